@@ -1,0 +1,63 @@
+// Header-only walk of a MindSpore .ckpt file (spec §1). Tensor bytes are seeked over, never read
+// (unless a CRC check is asked for), so memory does not depend on file size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckptfs::ckpt {
+
+// A byte range of a source file, in absolute file offsets.
+struct Extent {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  bool operator==(const Extent&) const = default;
+};
+
+enum class EntryKind : uint8_t {
+  Tensor = 0,     // dense array of a known element type
+  String = 1,     // tensor_type "str": UTF-32LE code points, dims [0]
+  MapTensor = 2,  // Value.maptensor (field 3): copied as raw records, never resharded
+  Opaque = 3,     // Int4, random_op, unknown type names: copied, never resharded
+};
+
+// One parameter: consecutive records with the same tag, merged (spec §1.5).
+struct Param {
+  std::string name;
+  std::string dtype;             // tensor_type of the last record ("" for map tensors)
+  std::vector<int64_t> shape;    // empty for scalars (dims absent, or [0] on a non-string)
+  bool dims_zero = false;        // the file wrote dims [0] (≤2.2 scalar, or a string)
+  EntryKind kind = EntryKind::Tensor;
+  uint32_t element_size = 0;     // 0 unless kind == Tensor
+  std::vector<Extent> content;   // tensor_content of each record, in order
+  std::vector<Extent> records;   // each whole top-level record (0x0A, length, Value)
+
+  uint64_t nbytes() const;       // total content bytes
+  uint64_t elements() const;     // product of shape (1 for a scalar)
+};
+
+struct ScanOptions {
+  bool verify_crc = false;  // compare the CRC trailer (if any) with a CRC-32 of the body
+};
+
+struct FileScan {
+  uint64_t file_size = 0;
+  uint64_t body_size = 0;         // bytes before the CRC trailer (== file_size without one)
+  bool has_crc_trailer = false;
+  std::vector<Param> params;      // in file order, exactly as recorded
+};
+
+// Scans a checkpoint. Throws Error naming `path` and the byte offset for truncated or malformed
+// input, encrypted files (spec §1.8), content whose length does not match dims × element size,
+// and a CRC mismatch when asked to verify.
+FileScan scan_checkpoint(const std::string& path, const ScanOptions& options = {});
+FileScan scan_checkpoint_fd(int fd, const std::string& display_name,
+                            const ScanOptions& options = {});
+
+// The parameters as MindSpore's loader sees them (spec §1.5, §7): a later non-adjacent record
+// with an existing name replaces that entry in place; a "name.__param_key__<n>" entry is renamed
+// to "name" and moved to the end.
+std::vector<Param> loaded_params(const FileScan& scan);
+
+}  // namespace ckptfs::ckpt

@@ -1,0 +1,27 @@
+// Serving a Tree through libfuse3's low-level API, read-only.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ckptfs/fs/tree.h"
+
+namespace ckptfs::fs {
+
+struct MountOptions {
+  bool foreground = false;
+  bool cache = false;                     // page-cache mode with keep_cache (mmap users)
+  std::vector<std::string> fuse_options;  // the -o list, passed on to libfuse
+  std::string log_file;                   // where the daemon logs once detached
+};
+
+// Mounts and serves until unmounted. In the foreground it returns when unmounted. Otherwise the
+// parent returns 0 once the kernel mount exists and the child serves it, or throws Error (and
+// leaves no mount) if mounting failed.
+int mount(const std::filesystem::path& mountpoint, Tree tree, const MountOptions& options);
+
+// Unmounts a ckptfs mount; throws Error naming the mountpoint.
+void unmount(const std::filesystem::path& mountpoint);
+
+}  // namespace ckptfs::fs

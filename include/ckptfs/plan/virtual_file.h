@@ -1,0 +1,62 @@
+// A synthesized target file: its size and how any byte range of it maps to record-header bytes
+// held in memory and byte runs of source files. Built once at mount, immutable afterwards, safe
+// to read from many threads. Memory is O(records + source blocks), never O(bytes).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ckptfs::plan {
+
+// One contiguous piece of a reply, in file order.
+struct Run {
+  const char* mem = nullptr;  // set: `length` bytes at this address (record headers)
+  uint32_t source = 0;        // otherwise: index into the plan's source table
+  uint64_t offset = 0;        //   and the byte offset in that source file
+  uint64_t length = 0;
+};
+
+// Content of one resharded tensor record: a box of a global tensor assembled from the source
+// blocks that intersect it (spec §4.3). Produced by the planner.
+struct TensorContent;
+
+class VirtualFile {
+ public:
+  VirtualFile();
+  ~VirtualFile();
+  VirtualFile(VirtualFile&&) noexcept;
+  VirtualFile& operator=(VirtualFile&&) noexcept;
+
+  uint64_t size() const;
+  // Appends the runs covering [offset, offset + length), clipped at size(); consecutive runs of
+  // one source file at consecutive offsets are merged. Returns the bytes covered.
+  uint64_t map(uint64_t offset, uint64_t length, std::vector<Run>& out) const;
+  // Source indices this file reads from, sorted, unique.
+  const std::vector<uint32_t>& sources() const;
+
+  class Builder;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class VirtualFile::Builder {
+ public:
+  Builder();
+  ~Builder();
+  // Bytes held in memory (record headers).
+  void add_bytes(std::string bytes);
+  // A verbatim byte range of a source file.
+  void add_source_range(uint32_t source, uint64_t offset, uint64_t length);
+  // Bytes [begin, end) of a resharded tensor's content.
+  void add_tensor(std::shared_ptr<const TensorContent> content, uint64_t begin, uint64_t end);
+  VirtualFile finish();
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckptfs::plan

@@ -1,0 +1,53 @@
+// Which layouts apply to a target rank (spec §4.2, §4.4 roles) and which source ranks it needs
+// (§4.5). A null Strategy pointer means "unsharded" on that side.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "ckptfs/strategy/layout.h"
+#include "ckptfs/strategy/strategy.h"
+
+namespace ckptfs::strategy {
+
+class TargetMaps {
+ public:
+  enum class Role { Reshard, Passthrough, Drop };
+
+  TargetMaps(const Strategy* src, const Strategy* dst, int64_t target_rank);
+
+  int64_t src_devices() const { return n_src_; }
+  int64_t dst_devices() const { return n_dst_; }
+  int64_t target_stage() const { return t_stage_; }
+  int64_t target_local() const { return t_local_; }
+
+  // §4.4 steps 1–3 for a parameter name found in the source files.
+  Role role(std::string_view name) const;
+  // Layouts of a Reshard parameter: the source layout of its lowest source stage, the
+  // destination layout of the target's stage. Throws Error naming the parameter.
+  Layout src_layout(std::string_view name, size_t tensor_rank) const;
+  Layout dst_layout(std::string_view name, size_t tensor_rank) const;
+  // Source stages listing the parameter ({0} when the source is unsharded).
+  std::vector<uint32_t> src_stages(std::string_view name) const;
+
+ private:
+  const Strategy* src_;
+  const Strategy* dst_;
+  int64_t n_src_ = 1, n_dst_ = 1, t_stage_ = 0, t_local_ = 0;
+};
+
+// Per parameter, local source ranks MindSpore's planner gathers for target local rank t_local
+// (§4.5 a–f), ascending. A superset of minimal_needed.
+std::vector<int64_t> mindspore_needed(const Layout& src, const Layout& dst, int64_t t_local);
+
+// Local source ranks whose blocks intersect the target block, ascending; one per distinct block
+// is enough to serve it but every holder is listed.
+std::vector<int64_t> minimal_needed(const Layout& src, const Layout& dst, int64_t t_local);
+
+// rank_list_for_transform (§4.5 steps 1–3): global source ranks, descending. With `minimal`,
+// the union of minimal_needed instead. Throws Error for an empty effective source map.
+std::vector<int64_t> rank_list_for_transform(const Strategy* src, const Strategy* dst,
+                                             int64_t target_rank, bool minimal = false);
+
+}  // namespace ckptfs::strategy

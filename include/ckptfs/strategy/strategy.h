@@ -1,0 +1,50 @@
+// Parallel strategy files (spec §2): protobuf, JSON, or a directory of per-stage/per-rank files
+// merged as merge_pipeline_strategys does (§2.4).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ckptfs::strategy {
+
+// Device axes of one tensor dimension, in MindSpore's map convention (value a names device axis
+// len(dev_matrix)-1-a), most significant first. Empty = the dimension is not split.
+using DimAxes = std::vector<int32_t>;
+
+struct ParamLayout {
+  std::vector<int64_t> dev_matrix;
+  std::vector<DimAxes> tensor_map;        // one entry per tensor dimension (multi-axis aware)
+  std::vector<int64_t> param_split_shape;
+  std::vector<int64_t> indices_offset;
+  int32_t field = 0;
+  int32_t opt_shard_step = 0;
+  int32_t opt_shard_size = 0;
+  std::vector<int64_t> tensor_shape;      // JSON "tensor_shape"; empty when absent
+  bool operator==(const ParamLayout&) const = default;
+};
+
+struct StrategyParam {
+  std::string name;                        // without the "<stage>-" prefix
+  std::map<uint32_t, ParamLayout> stages;  // every stage that lists the parameter
+};
+
+struct Strategy {
+  std::string origin;                      // the path read, for messages
+  int64_t devices_per_stage = 1;           // product of every layout's dev_matrix
+  uint32_t num_stages = 1;                 // stages are exactly 0 .. num_stages-1
+  std::map<std::string, StrategyParam, std::less<>> params;
+
+  const StrategyParam* find(std::string_view name) const;
+};
+
+// Reads a protobuf file, a ".json" file, or a directory of such files (one per stage or rank,
+// merged; byte-identical duplicates of a stage are skipped). Names split at the first "-" only
+// when the prefix is all digits. Throws Error naming the file for unreadable input, a layout
+// whose device count differs from the others, or missing stages.
+Strategy read_strategy(const std::filesystem::path& path);
+
+}  // namespace ckptfs::strategy

@@ -1,0 +1,36 @@
+#include "ckptfs/ckpt/varint.h"
+
+namespace ckptfs::ckpt {
+
+void put_varint(std::string& out, uint64_t value) {
+  while (value >= 0x80) {
+    out.push_back(static_cast<char>((value & 0x7F) | 0x80));
+    value >>= 7;
+  }
+  out.push_back(static_cast<char>(value));
+}
+
+size_t varint_size(uint64_t value) {
+  size_t n = 1;
+  while (value >= 0x80) {
+    value >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+std::optional<uint64_t> get_varint(std::span<const uint8_t> in, size_t& used) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < in.size() && i < 10; ++i) {
+    value |= static_cast<uint64_t>(in[i] & 0x7F) << (7 * i);
+    if ((in[i] & 0x80) == 0) {
+      // The tenth byte may only carry the top bit of a 64-bit value.
+      if (i == 9 && in[i] > 1) return std::nullopt;
+      used = i + 1;
+      return value;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace ckptfs::ckpt

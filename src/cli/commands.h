@@ -1,0 +1,17 @@
+// Each subcommand registers itself on the CLI11 app; callbacks throw ckptfs::Error, which main
+// prints as one line on stderr with a non-zero exit.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace ckptfs::cli {
+
+void add_inspect_command(CLI::App& app);
+void add_strategy_command(CLI::App& app);
+void add_ranks_command(CLI::App& app);
+void add_mount_commands(CLI::App& app);  // mount, umount
+void add_index_command(CLI::App& app);
+
+}  // namespace ckptfs::cli

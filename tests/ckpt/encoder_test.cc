@@ -1,0 +1,78 @@
+// Record headers against the byte-level examples of spec §1.3.
+#include "ckptfs/ckpt/encoder.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckptfs/ckpt/varint.h"
+
+namespace ckptfs::ckpt {
+namespace {
+
+std::string bytes(std::initializer_list<int> values) {
+  std::string out;
+  for (int v : values) out.push_back(static_cast<char>(v));
+  return out;
+}
+
+TEST(RecordHeader, SpecExampleFloat32Vector) {
+  const std::vector<int64_t> dims{2};
+  const std::string header = record_header("w", dims, "Float32", 8);
+  const std::string expected = bytes({0x0A, 0x1A, 0x0A, 0x01, 'w', 0x12, 0x15, 0x08, 0x02, 0x12,
+                                      0x07, 'F', 'l', 'o', 'a', 't', '3', '2', 0x1A, 0x08});
+  EXPECT_EQ(header, expected);
+  EXPECT_EQ(header.size() + 8, 28u);
+}
+
+TEST(RecordHeader, SpecExampleScalarWithoutDims) {
+  const std::string header = record_header("epoch_num", {}, "Int64", 8);
+  std::string expected = bytes({0x0A, 0x1E, 0x0A, 0x09});
+  expected += "epoch_num";
+  expected += bytes({0x12, 0x11, 0x12, 0x05});
+  expected += "Int64";
+  expected += bytes({0x1A, 0x08});
+  EXPECT_EQ(header, expected);
+}
+
+TEST(RecordHeader, RealRouterRecordPrefix) {
+  // mindformers_golden_router.ckpt: 0A A2 02 | 0A 0D "gating.weight" | 12 90 02 | 08 04 08 10 |
+  // 12 07 "Float32" | 1A 80 02
+  const std::vector<int64_t> dims{4, 16};
+  std::string expected = bytes({0x0A, 0xA2, 0x02, 0x0A, 0x0D});
+  expected += "gating.weight";
+  expected += bytes({0x12, 0x90, 0x02, 0x08, 0x04, 0x08, 0x10, 0x12, 0x07});
+  expected += "Float32";
+  expected += bytes({0x1A, 0x80, 0x02});
+  EXPECT_EQ(record_header("gating.weight", dims, "Float32", 256), expected);
+}
+
+TEST(Varint, RoundTripsAndSizes) {
+  for (uint64_t v : {0ull, 1ull, 127ull, 128ull, 300ull, 536870912ull, ~0ull}) {
+    std::string out;
+    put_varint(out, v);
+    EXPECT_EQ(out.size(), varint_size(v));
+    size_t used = 0;
+    auto decoded = get_varint(
+        std::span(reinterpret_cast<const uint8_t*>(out.data()), out.size()), used);
+    ASSERT_TRUE(decoded.has_value());
+    EXPECT_EQ(*decoded, v);
+    EXPECT_EQ(used, out.size());
+  }
+  std::string minus_one;
+  put_varint(minus_one, static_cast<uint64_t>(int64_t{-1}));
+  EXPECT_EQ(minus_one, bytes({0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01}));
+}
+
+TEST(Varint, RejectsTruncatedAndOverlong) {
+  size_t used = 0;
+  const uint8_t truncated[] = {0x80, 0x80};
+  EXPECT_FALSE(get_varint(truncated, used).has_value());
+  const uint8_t overlong[] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01};
+  EXPECT_FALSE(get_varint(overlong, used).has_value());
+}
+
+}  // namespace
+}  // namespace ckptfs::ckpt
