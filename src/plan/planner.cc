@@ -1,0 +1,388 @@
+#include "ckptfs/plan/planner.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <string_view>
+#include <unordered_map>
+
+#include "ckptfs/ckpt/encoder.h"
+#include "ckptfs/error.h"
+#include "ckptfs/plan/read_map.h"
+#include "ckptfs/strategy/rank_list.h"
+
+namespace ckptfs::plan {
+
+namespace {
+
+using strategy::Layout;
+using strategy::TargetMaps;
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ","));
+}
+
+// A layout's identity for memo tables: layouts repeat across thousands of parameters.
+std::string layout_key(const Layout& layout) {
+  std::string key = fmt::format("{}|", fmt::join(layout.axes(), ","));
+  for (const auto& dim : layout.dim_axes()) key += fmt::format("{};", fmt::join(dim, ","));
+  return key + fmt::format("|{}", fmt::join(layout.splits(), ","));
+}
+
+// The source files and what they hold, by global rank, with fast name lookup.
+class SourceSet {
+ public:
+  SourceSet(std::vector<index::IndexedSource>& sources, const std::vector<int64_t>& ranks) {
+    for (size_t i = 0; i < sources.size(); ++i) {
+      auto& by_name = by_rank_[ranks[i]];
+      by_name.index = static_cast<uint32_t>(i);
+      by_name.path = sources[i].file.path.string();
+      for (const ckpt::Param& p : sources[i].scan.params) by_name.params.emplace(p.name, &p);
+      by_name.order = &sources[i].scan.params;
+    }
+  }
+
+  struct File {
+    uint32_t index = 0;
+    std::string path;
+    std::unordered_map<std::string_view, const ckpt::Param*> params;
+    const std::vector<ckpt::Param>* order = nullptr;
+    const ckpt::Param* find(std::string_view name) const {
+      auto it = params.find(name);
+      return it == params.end() ? nullptr : it->second;
+    }
+  };
+
+  const File* file(int64_t rank) const {
+    auto it = by_rank_.find(rank);
+    return it == by_rank_.end() ? nullptr : &it->second;
+  }
+  const std::map<int64_t, File>& files() const { return by_rank_; }
+
+ private:
+  std::map<int64_t, File> by_rank_;
+};
+
+// Which local ranks hold each block of a layout, computed once per distinct layout.
+class HolderTable {
+ public:
+  const std::vector<std::vector<int64_t>>& holders(const Layout& layout) {
+    auto [it, inserted] = memo_.try_emplace(layout_key(layout));
+    if (inserted) {
+      const auto& splits = layout.splits();
+      const int64_t blocks =
+          std::accumulate(splits.begin(), splits.end(), int64_t{1}, std::multiplies<>());
+      it->second.resize(static_cast<size_t>(blocks));
+      for (int64_t r = 0; r < layout.devices(); ++r)
+        it->second[static_cast<size_t>(flat_block(layout.block_of(r), splits))].push_back(r);
+    }
+    return it->second;
+  }
+
+  static int64_t flat_block(const std::vector<int64_t>& block, const std::vector<int64_t>& splits) {
+    int64_t flat = 0;
+    for (size_t j = 0; j < block.size(); ++j) flat = flat * splits[j] + block[j];
+    return flat;
+  }
+
+ private:
+  std::unordered_map<std::string, std::vector<std::vector<int64_t>>> memo_;
+};
+
+// Local source ranks MindSpore reads for a (source, target) layout pair; the minimal set where
+// MindSpore's planner has no answer (device counts that are not multiples of each other).
+class NeededTable {
+ public:
+  const std::vector<int64_t>& needed(const Layout& src, const Layout& dst, int64_t t_local) {
+    auto [it, inserted] =
+        memo_.try_emplace(layout_key(src) + ">" + layout_key(dst) + "@" + std::to_string(t_local));
+    if (inserted) {
+      try {
+        it->second = strategy::mindspore_needed(src, dst, t_local);
+      } catch (const Error&) {
+        it->second = strategy::minimal_needed(src, dst, t_local);
+      }
+    }
+    return it->second;
+  }
+
+ private:
+  std::unordered_map<std::string, std::vector<int64_t>> memo_;
+};
+
+// Global shape of a resharded parameter, checked once against every source copy of its stage.
+struct ParamFacts {
+  std::vector<int64_t> global_shape;
+  std::string dtype;
+  uint32_t element_size = 0;
+};
+
+class Planner {
+ public:
+  Planner(Plan& plan, const strategy::Strategy* src, const strategy::Strategy* dst)
+      : plan_(plan), files_(plan.sources, plan.source_ranks), src_(src), dst_(dst) {}
+
+  TargetFile plan_target(int64_t t) {
+    TargetMaps maps(src_, dst_, t);
+    const std::vector<int64_t> load_order = load_order_for(maps);
+
+    // L: first appearance over the loaded files (spec §4.4).
+    std::vector<const ckpt::Param*> order;
+    std::set<std::string_view> seen;
+    for (int64_t g : load_order) {
+      const SourceSet::File* f = files_.file(g);
+      if (!f) continue;
+      for (const ckpt::Param& p : *f->order)
+        if (seen.insert(p.name).second) order.push_back(&p);
+    }
+
+    VirtualFile::Builder builder;
+    std::vector<const ckpt::Param*> passthrough;
+    size_t resharded = 0;
+    for (const ckpt::Param* p : order) {
+      switch (maps.role(p->name)) {
+        case TargetMaps::Role::Drop:
+          break;
+        case TargetMaps::Role::Reshard:
+          if (p->kind == ckpt::EntryKind::Tensor) {
+            add_resharded(builder, maps, *p, t);
+            ++resharded;
+          } else {
+            passthrough.push_back(p);
+          }
+          break;
+        case TargetMaps::Role::Passthrough:
+          passthrough.push_back(p);
+          break;
+      }
+    }
+    if (resharded == 0)
+      fail(
+          "target rank {}: none of the parameters in the source checkpoints is in the source or "
+          "destination strategy",
+          t);
+    for (const ckpt::Param* p : passthrough) add_passthrough(builder, maps, *p, load_order, t);
+    return TargetFile{t, builder.finish()};
+  }
+
+ private:
+  // Global source ranks loaded for target t, descending (spec §4.5, §4.6).
+  std::vector<int64_t> load_order_for(const TargetMaps& maps) {
+    if (!src_) return {0};
+    std::set<int64_t> locals;
+    std::set<uint32_t> stages;
+    for (const auto& [name, param] : src_->params) {
+      if (maps.role(name) != TargetMaps::Role::Reshard) continue;
+      const size_t rank = param.stages.begin()->second.tensor_map.size();
+      const Layout s = maps.src_layout(name, rank);
+      const Layout d = maps.dst_layout(name, rank);
+      for (int64_t r : needed_.needed(s, d, maps.target_local())) locals.insert(r);
+      for (uint32_t st : maps.src_stages(name)) stages.insert(st);
+    }
+    if (locals.empty())
+      fail("target rank {}: the source strategy {} has no parameter for this target's stage",
+           maps.target_local() + maps.target_stage() * maps.dst_devices(), src_->origin);
+    std::vector<int64_t> ranks;
+    for (uint32_t st : stages)
+      for (int64_t r : locals) ranks.push_back(static_cast<int64_t>(st) * maps.src_devices() + r);
+    std::sort(ranks.rbegin(), ranks.rend());
+    return ranks;
+  }
+
+  const ParamFacts& facts_for(const TargetMaps& maps, const ckpt::Param& p, uint32_t stage,
+                              const Layout& src_layout) {
+    auto [it, inserted] = facts_.try_emplace(p.name);
+    if (!inserted) return it->second;
+    ParamFacts& facts = it->second;
+    facts.global_shape = src_layout.global_shape(p.shape);
+    facts.dtype = p.dtype;
+    facts.element_size = p.element_size;
+    // Every copy in the stage must be the slice the layout says, of the same type.
+    const std::vector<int64_t> slice = src_layout.slice_shape(facts.global_shape, p.name);
+    for (int64_t r = 0; r < maps.src_devices(); ++r) {
+      const SourceSet::File* f = files_.file(stage * maps.src_devices() + r);
+      const ckpt::Param* copy = f ? f->find(p.name) : nullptr;
+      if (!copy) continue;
+      if (copy->shape != slice || copy->dtype != p.dtype)
+        fail(
+            "parameter {}: {} holds a {} {} slice but {} {} was expected from the other ranks "
+            "and the source strategy",
+            p.name, f->path, copy->dtype, shape_str(copy->shape), p.dtype, shape_str(slice));
+    }
+    return facts;
+  }
+
+  void add_resharded(VirtualFile::Builder& builder, const TargetMaps& maps, const ckpt::Param& p,
+                     int64_t t) {
+    const size_t rank = p.shape.size();
+    const Layout src = maps.src_layout(p.name, rank);
+    const Layout dst = maps.dst_layout(p.name, rank);
+    const std::vector<uint32_t> stages = maps.src_stages(p.name);
+    const uint32_t stage = stages.front();
+    const ParamFacts& facts = facts_for(maps, p, stage, src);
+
+    dst.slice_shape(facts.global_shape, p.name);  // divisibility check
+    const strategy::Box box = dst.slice_of(maps.target_local(), facts.global_shape);
+
+    auto content = std::make_shared<TensorContent>();
+    content->element_size = facts.element_size;
+    // A scalar is a one-element box: the read map works on rank >= 1.
+    const bool scalar = rank == 0;
+    const auto& splits = src.splits();
+    for (size_t j = 0; j < rank; ++j) {
+      const int64_t block = facts.global_shape[j] / splits[j];
+      content->target_begin.push_back(box.begin[j]);
+      content->target_shape.push_back(box.end[j] - box.begin[j]);
+      content->block_shape.push_back(block);
+    }
+    if (scalar) {
+      content->target_begin = {0};
+      content->target_shape = {1};
+      content->block_shape = {1};
+    }
+    if (content->nbytes() == 0) return;  // MindSpore writes no record for an empty tensor
+
+    const auto& holders = holders_.holders(src);
+    const std::vector<int64_t>& preferred = needed_.needed(src, dst, maps.target_local());
+    std::vector<int64_t> last(content->target_shape.size());
+    for (size_t j = 0; j < content->target_shape.size(); ++j) {
+      const int64_t b = content->block_shape[j];
+      content->first_block.push_back(content->target_begin[j] / b);
+      last[j] = (content->target_begin[j] + content->target_shape[j] - 1) / b;
+      content->grid.push_back(last[j] - content->first_block[j] + 1);
+    }
+    // Walk the intersecting blocks in C order and pick, for each, the replica MindSpore reads
+    // (the holder in its needed set) or else any holder whose file exists.
+    std::vector<int64_t> coord = content->first_block;
+    const std::vector<int64_t> split_vec = scalar ? std::vector<int64_t>{1} : splits;
+    for (bool more = true; more;) {
+      const auto& candidates =
+          holders[static_cast<size_t>(HolderTable::flat_block(coord, split_vec))];
+      content->blocks.push_back(pick_block(p, stage, maps, candidates, preferred, t));
+      more = false;
+      for (size_t j = coord.size(); j-- > 0;) {
+        if (++coord[j] <= last[j]) {
+          more = true;
+          break;
+        }
+        coord[j] = content->first_block[j];
+      }
+    }
+
+    const std::vector<int64_t> dims = scalar ? std::vector<int64_t>{} : content->target_shape;
+    add_chunked(builder, p.name, dims, facts.dtype, content->nbytes(),
+                [&](uint64_t begin, uint64_t end) { builder.add_tensor(content, begin, end); });
+  }
+
+  SourceBlock pick_block(const ckpt::Param& p, uint32_t stage, const TargetMaps& maps,
+                         const std::vector<int64_t>& candidates,
+                         const std::vector<int64_t>& preferred, int64_t t) {
+    auto usable = [&](int64_t local) -> const SourceSet::File* {
+      const SourceSet::File* f = files_.file(stage * maps.src_devices() + local);
+      return f && f->find(p.name) ? f : nullptr;
+    };
+    for (int64_t local : candidates)
+      if (std::binary_search(preferred.begin(), preferred.end(), local))
+        if (const auto* f = usable(local)) return SourceBlock{f->index, f->find(p.name)};
+    for (int64_t local : candidates)
+      if (const auto* f = usable(local)) return SourceBlock{f->index, f->find(p.name)};
+    const int64_t g = stage * maps.src_devices() + candidates.front();
+    if (!files_.file(g))
+      fail(
+          "the checkpoint of source rank {} (rank_{}/*.ckpt) is needed for target rank {} "
+          "(parameter {}) but is missing",
+          g, g, t, p.name);
+    fail("parameter {} is needed from source rank {} for target rank {}, but {} does not hold it",
+         p.name, g, t, files_.file(g)->path);
+  }
+
+  // Passthrough: the record of the file with local index t_local mod N_src, lowest stage first
+  // (spec §4.4 step 3, §7), re-serialized with ≥2.3 conventions.
+  void add_passthrough(VirtualFile::Builder& builder, const TargetMaps& maps, const ckpt::Param& p,
+                       const std::vector<int64_t>& load_order, int64_t t) {
+    const int64_t local = maps.target_local() % maps.src_devices();
+    const SourceSet::File* from = nullptr;
+    for (auto it = load_order.rbegin(); it != load_order.rend() && !from; ++it)
+      if (*it % maps.src_devices() == local && files_.file(*it) && files_.file(*it)->find(p.name))
+        from = files_.file(*it);
+    if (!from)
+      for (auto it = load_order.rbegin(); it != load_order.rend() && !from; ++it)
+        if (files_.file(*it) && files_.file(*it)->find(p.name)) from = files_.file(*it);
+    if (!from) fail("target rank {}: no loaded source file holds parameter {}", t, p.name);
+    const ckpt::Param& q = *from->find(p.name);
+
+    if (q.kind == ckpt::EntryKind::MapTensor) {
+      for (const ckpt::Extent& r : q.records)
+        builder.add_source_range(from->index, r.offset, r.length);
+      return;
+    }
+    if (q.kind == ckpt::EntryKind::Tensor && q.nbytes() == 0) return;
+    // Strings keep dims [0] (their only form); scalars lose it (≥2.3).
+    const std::vector<int64_t> dims =
+        q.kind == ckpt::EntryKind::String ? std::vector<int64_t>{0} : q.shape;
+    add_chunked(builder, q.name, dims, q.dtype, q.nbytes(), [&](uint64_t begin, uint64_t end) {
+      uint64_t pos = 0;
+      for (const ckpt::Extent& x : q.content) {
+        const uint64_t lo = std::max(begin, pos), hi = std::min(end, pos + x.length);
+        if (lo < hi) builder.add_source_range(from->index, x.offset + (lo - pos), hi - lo);
+        pos += x.length;
+      }
+    });
+  }
+
+  // One record per 512 MiB of content (≥2.3 byte chunking), each header followed by its bytes.
+  template <typename AddContent>
+  static void add_chunked(VirtualFile::Builder& builder, std::string_view name,
+                          const std::vector<int64_t>& dims, std::string_view dtype, uint64_t nbytes,
+                          AddContent add_content) {
+    uint64_t begin = 0;
+    do {
+      const uint64_t end = std::min(nbytes, begin + ckpt::kRecordChunkBytes);
+      builder.add_bytes(ckpt::record_header(name, dims, dtype, end - begin));
+      add_content(begin, end);
+      begin = end;
+    } while (begin < nbytes);
+  }
+
+  Plan& plan_;
+  SourceSet files_;
+  const strategy::Strategy* src_;
+  const strategy::Strategy* dst_;
+  HolderTable holders_;
+  NeededTable needed_;
+  std::unordered_map<std::string, ParamFacts> facts_;
+};
+
+}  // namespace
+
+std::string TargetFile::dir_name() const { return fmt::format("rank_{}", rank); }
+std::string TargetFile::file_name() const { return fmt::format("checkpoint_{}.ckpt", rank); }
+
+Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::Strategy* src,
+               const strategy::Strategy* dst) {
+  if (!src && !dst)
+    fail("give --src-strategy, --dst-strategy or both: with neither there is nothing to reshard");
+  if (sources.empty()) fail("no source checkpoint found (expected rank_<N>/*.ckpt directories)");
+  Plan plan;
+  for (auto& [rank, source] : sources) {
+    source.scan.params = ckpt::loaded_params(source.scan);
+    plan.source_ranks.push_back(rank);
+    plan.sources.push_back(std::move(source));
+  }
+  const int64_t n_src = src ? src->devices_per_stage * src->num_stages : 1;
+  for (int64_t rank : plan.source_ranks)
+    if (rank >= n_src)
+      spdlog::warn("source rank_{} is outside the source strategy's {} ranks; ignored", rank,
+                   n_src);
+
+  Planner planner(plan, src, dst);
+  const int64_t targets = dst ? dst->devices_per_stage * dst->num_stages : 1;
+  for (int64_t t = 0; t < targets; ++t) plan.targets.push_back(planner.plan_target(t));
+  return plan;
+}
+
+}  // namespace ckptfs::plan

@@ -1,0 +1,97 @@
+#include "ckptfs/plan/read_map.h"
+
+#include <algorithm>
+
+#include "append_run.h"
+
+namespace ckptfs::plan {
+
+namespace {
+
+// Emits block bytes [pos, pos + length) of `param`, whose content may span several records.
+void emit_block_bytes(const SourceBlock& block, uint64_t pos, uint64_t length,
+                      std::vector<Run>& out) {
+  for (const ckpt::Extent& extent : block.param->content) {
+    if (length == 0) return;
+    if (pos >= extent.length) {
+      pos -= extent.length;
+      continue;
+    }
+    const uint64_t n = std::min(length, extent.length - pos);
+    append_run(out, Run{nullptr, block.source, extent.offset + pos, n});
+    length -= n;
+    pos = 0;
+  }
+}
+
+}  // namespace
+
+uint64_t TensorContent::nbytes() const {
+  uint64_t n = element_size;
+  for (int64_t d : target_shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+// The target box is walked in C order as runs that are contiguous in the target AND in one
+// source block. Dimensions after `c` are covered whole and aligned (the target's extent equals
+// one block's), so a run is a segment along dimension c, cut where source blocks change, times
+// everything inside it. Each run costs O(rank) arithmetic, whatever its length.
+void TensorContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) const {
+  const size_t k = target_shape.size();
+  const uint64_t e = element_size;
+  if (begin >= end || e == 0 || k == 0) return;
+
+  size_t c = k - 1;
+  while (c > 0 && target_shape[c] == block_shape[c] && target_begin[c] % block_shape[c] == 0) --c;
+  uint64_t inner = 1;
+  for (size_t j = c + 1; j < k; ++j) inner *= static_cast<uint64_t>(target_shape[j]);
+  const uint64_t row = static_cast<uint64_t>(target_shape[c]) * inner;
+
+  // Offsets that depend only on dimensions after c are the same for every run.
+  uint64_t block_stride = inner;  // elements per step of dimension c inside a block
+  uint64_t tail_grid = 0;         // grid index contribution of dimensions after c
+  uint64_t grid_stride = 1;
+  for (size_t j = k; j-- > c + 1;) {
+    tail_grid +=
+        static_cast<uint64_t>(target_begin[j] / block_shape[j] - first_block[j]) * grid_stride;
+    grid_stride *= static_cast<uint64_t>(grid[j]);
+  }
+  const uint64_t grid_stride_c = grid_stride;
+
+  uint64_t q = begin / e;  // element holding byte `begin`
+  while (q * e < end) {
+    uint64_t outer = q / row;
+    const uint64_t rem = q % row;
+    const uint64_t xc = rem / inner;
+    const uint64_t within = rem % inner;
+
+    const int64_t gc = target_begin[c] + static_cast<int64_t>(xc);
+    const int64_t bc = gc / block_shape[c];
+    const uint64_t seg_end = std::min<uint64_t>(
+        target_shape[c], static_cast<uint64_t>((bc + 1) * block_shape[c] - target_begin[c]));
+    const uint64_t run_elems = (seg_end - xc) * inner - within;
+
+    uint64_t grid_index = tail_grid + static_cast<uint64_t>(bc - first_block[c]) * grid_stride_c;
+    uint64_t src_elem = static_cast<uint64_t>(gc - bc * block_shape[c]) * block_stride + within;
+    uint64_t gstride = grid_stride_c * static_cast<uint64_t>(grid[c]);
+    uint64_t bstride = block_stride * static_cast<uint64_t>(block_shape[c]);
+    for (size_t j = c; j-- > 0;) {
+      const uint64_t x = outer % static_cast<uint64_t>(target_shape[j]);
+      outer /= static_cast<uint64_t>(target_shape[j]);
+      const int64_t g = target_begin[j] + static_cast<int64_t>(x);
+      const int64_t b = g / block_shape[j];
+      grid_index += static_cast<uint64_t>(b - first_block[j]) * gstride;
+      src_elem += static_cast<uint64_t>(g - b * block_shape[j]) * bstride;
+      gstride *= static_cast<uint64_t>(grid[j]);
+      bstride *= static_cast<uint64_t>(block_shape[j]);
+    }
+
+    const uint64_t run_begin = std::max(q * e, begin);
+    const uint64_t run_end = std::min((q + run_elems) * e, end);
+    emit_block_bytes(blocks[grid_index], src_elem * e + (run_begin - q * e), run_end - run_begin,
+                     out);
+    q += run_elems;
+  }
+}
+
+}  // namespace ckptfs::plan

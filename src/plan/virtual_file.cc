@@ -1,0 +1,137 @@
+#include "ckptfs/plan/virtual_file.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "append_run.h"
+#include "ckptfs/plan/read_map.h"
+
+namespace ckptfs::plan {
+
+namespace {
+
+enum class PieceKind : uint8_t { Bytes, Source, Tensor };
+
+// A contiguous part of the virtual file. `pos` is the start in the header arena (Bytes), in the
+// source file (Source) or in the tensor's content (Tensor).
+struct Piece {
+  uint64_t start = 0;
+  uint64_t length = 0;
+  uint64_t pos = 0;
+  const TensorContent* tensor = nullptr;
+  uint32_t source = 0;
+  PieceKind kind = PieceKind::Bytes;
+};
+
+}  // namespace
+
+void append_run(std::vector<Run>& out, const Run& run) {
+  if (run.length == 0) return;
+  if (!out.empty()) {
+    Run& last = out.back();
+    const bool both_mem = last.mem && run.mem && last.mem + last.length == run.mem;
+    const bool both_source = !last.mem && !run.mem && last.source == run.source &&
+                             last.offset + last.length == run.offset;
+    if (both_mem || both_source) {
+      last.length += run.length;
+      return;
+    }
+  }
+  out.push_back(run);
+}
+
+struct VirtualFile::Impl {
+  std::string arena;  // every record header of the file, back to back
+  std::vector<Piece> pieces;
+  std::vector<std::shared_ptr<const TensorContent>> tensors;  // keeps Piece::tensor alive
+  std::vector<uint32_t> sources;
+  uint64_t size = 0;
+
+  void add(Piece piece) {
+    if (piece.length == 0) return;
+    piece.start = size;
+    size += piece.length;
+    pieces.push_back(piece);
+  }
+};
+
+VirtualFile::VirtualFile() : impl_(std::make_unique<Impl>()) {}
+VirtualFile::~VirtualFile() = default;
+VirtualFile::VirtualFile(VirtualFile&&) noexcept = default;
+VirtualFile& VirtualFile::operator=(VirtualFile&&) noexcept = default;
+
+uint64_t VirtualFile::size() const { return impl_->size; }
+
+const std::vector<uint32_t>& VirtualFile::sources() const { return impl_->sources; }
+
+uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& out) const {
+  const Impl& f = *impl_;
+  if (offset >= f.size) return 0;
+  const uint64_t end = offset + std::min(length, f.size - offset);
+  auto it = std::upper_bound(f.pieces.begin(), f.pieces.end(), offset,
+                             [](uint64_t off, const Piece& p) { return off < p.start; });
+  for (--it; it != f.pieces.end() && it->start < end; ++it) {
+    const uint64_t from = std::max(offset, it->start) - it->start;
+    const uint64_t to = std::min(end, it->start + it->length) - it->start;
+    switch (it->kind) {
+      case PieceKind::Bytes:
+        append_run(out, Run{f.arena.data() + it->pos + from, 0, 0, to - from});
+        break;
+      case PieceKind::Source:
+        append_run(out, Run{nullptr, it->source, it->pos + from, to - from});
+        break;
+      case PieceKind::Tensor:
+        it->tensor->map(it->pos + from, it->pos + to, out);
+        break;
+    }
+  }
+  return end - offset;
+}
+
+VirtualFile::Builder::Builder() : impl_(std::make_unique<Impl>()) {}
+VirtualFile::Builder::~Builder() = default;
+
+void VirtualFile::Builder::add_bytes(std::string bytes) {
+  Piece piece;
+  piece.kind = PieceKind::Bytes;
+  piece.pos = impl_->arena.size();
+  piece.length = bytes.size();
+  impl_->arena += bytes;
+  impl_->add(piece);
+}
+
+void VirtualFile::Builder::add_source_range(uint32_t source, uint64_t offset, uint64_t length) {
+  Piece piece;
+  piece.kind = PieceKind::Source;
+  piece.source = source;
+  piece.pos = offset;
+  piece.length = length;
+  impl_->add(piece);
+  impl_->sources.push_back(source);
+}
+
+void VirtualFile::Builder::add_tensor(std::shared_ptr<const TensorContent> content, uint64_t begin,
+                                      uint64_t end) {
+  Piece piece;
+  piece.kind = PieceKind::Tensor;
+  piece.tensor = content.get();
+  piece.pos = begin;
+  piece.length = end - begin;
+  for (const SourceBlock& block : content->blocks) impl_->sources.push_back(block.source);
+  if (impl_->tensors.empty() || impl_->tensors.back() != content)
+    impl_->tensors.push_back(std::move(content));
+  impl_->add(piece);
+}
+
+VirtualFile VirtualFile::Builder::finish() {
+  auto& sources = impl_->sources;
+  std::sort(sources.begin(), sources.end());
+  sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
+  impl_->arena.shrink_to_fit();
+  impl_->pieces.shrink_to_fit();
+  VirtualFile file;
+  file.impl_ = std::exchange(impl_, std::make_unique<Impl>());
+  return file;
+}
+
+}  // namespace ckptfs::plan

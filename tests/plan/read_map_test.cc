@@ -1,0 +1,212 @@
+// The read map against brute force: a global tensor is cut into source blocks stored in a file
+// (some blocks split across two records), and every target box read through TensorContent::map
+// must equal the box sliced element by element from the global tensor.
+#include "ckptfs/plan/read_map.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ckptfs/plan/virtual_file.h"
+
+namespace ckptfs::plan {
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+int64_t product(const Shape& s) {
+  return std::accumulate(s.begin(), s.end(), int64_t{1}, std::multiplies<>());
+}
+
+// Row-major index helpers, written independently of the code under test.
+Shape unflatten(int64_t index, const Shape& shape) {
+  Shape out(shape.size());
+  for (size_t j = shape.size(); j-- > 0;) {
+    out[j] = index % shape[j];
+    index /= shape[j];
+  }
+  return out;
+}
+int64_t flatten(const Shape& coord, const Shape& shape) {
+  int64_t index = 0;
+  for (size_t j = 0; j < shape.size(); ++j) index = index * shape[j] + coord[j];
+  return index;
+}
+
+class SourceFileFixture {
+ public:
+  SourceFileFixture() {
+    char name[] = "/tmp/ckptfs_readmap_XXXXXX";
+    fd_ = mkstemp(name);
+    path_ = name;
+  }
+  ~SourceFileFixture() {
+    close(fd_);
+    unlink(path_.c_str());
+  }
+  uint64_t append(const std::string& bytes) {
+    const uint64_t at = size_;
+    EXPECT_EQ(pwrite(fd_, bytes.data(), bytes.size(), static_cast<off_t>(at)),
+              static_cast<ssize_t>(bytes.size()));
+    size_ += bytes.size();
+    return at;
+  }
+  std::string read(uint64_t offset, uint64_t length) const {
+    std::string out(length, '\0');
+    EXPECT_EQ(pread(fd_, out.data(), length, static_cast<off_t>(offset)),
+              static_cast<ssize_t>(length));
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+  uint64_t size_ = 0;
+};
+
+struct Case {
+  Shape global;
+  Shape splits;
+  Shape target_begin;
+  Shape target_shape;
+  uint32_t element_size;
+};
+
+class ReadMapTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ReadMapTest, EveryWindowMatchesBruteForce) {
+  const Case& c = GetParam();
+  std::mt19937_64 rng(42);
+  const int64_t elems = product(c.global);
+  std::string global(static_cast<size_t>(elems) * c.element_size, '\0');
+  for (char& b : global) b = static_cast<char>(rng());
+
+  // Store every source block in C order; every third block as two records with junk between.
+  SourceFileFixture file;
+  file.append("junk-prefix");
+  Shape block_shape(c.global.size());
+  for (size_t j = 0; j < c.global.size(); ++j) block_shape[j] = c.global[j] / c.splits[j];
+  std::vector<std::unique_ptr<ckpt::Param>> params;
+  for (int64_t b = 0; b < product(c.splits); ++b) {
+    const Shape block = unflatten(b, c.splits);
+    std::string bytes;
+    for (int64_t i = 0; i < product(block_shape); ++i) {
+      Shape coord = unflatten(i, block_shape);
+      for (size_t j = 0; j < coord.size(); ++j) coord[j] += block[j] * block_shape[j];
+      bytes += global.substr(static_cast<size_t>(flatten(coord, c.global)) * c.element_size,
+                             c.element_size);
+    }
+    auto param = std::make_unique<ckpt::Param>();
+    if (b % 3 == 1 && bytes.size() > 3) {
+      const size_t cut = bytes.size() / 3;
+      param->content.push_back({file.append(bytes.substr(0, cut)), cut});
+      file.append("gap");
+      param->content.push_back({file.append(bytes.substr(cut)), bytes.size() - cut});
+    } else {
+      param->content.push_back({file.append(bytes), bytes.size()});
+    }
+    params.push_back(std::move(param));
+  }
+
+  auto content = std::make_shared<TensorContent>();
+  content->element_size = c.element_size;
+  content->target_begin = c.target_begin;
+  content->target_shape = c.target_shape;
+  content->block_shape = block_shape;
+  for (size_t j = 0; j < c.global.size(); ++j) {
+    const int64_t first = c.target_begin[j] / block_shape[j];
+    const int64_t last = (c.target_begin[j] + c.target_shape[j] - 1) / block_shape[j];
+    content->first_block.push_back(first);
+    content->grid.push_back(last - first + 1);
+  }
+  for (int64_t g = 0; g < product(content->grid); ++g) {
+    Shape block = unflatten(g, content->grid);
+    for (size_t j = 0; j < block.size(); ++j) block[j] += content->first_block[j];
+    content->blocks.push_back(
+        SourceBlock{7, params[static_cast<size_t>(flatten(block, c.splits))].get()});
+  }
+
+  std::string expected;
+  for (int64_t i = 0; i < product(c.target_shape); ++i) {
+    Shape coord = unflatten(i, c.target_shape);
+    for (size_t j = 0; j < coord.size(); ++j) coord[j] += c.target_begin[j];
+    expected += global.substr(static_cast<size_t>(flatten(coord, c.global)) * c.element_size,
+                              c.element_size);
+  }
+  ASSERT_EQ(content->nbytes(), expected.size());
+
+  auto resolve = [&](uint64_t begin, uint64_t end) {
+    std::vector<plan::Run> runs;
+    content->map(begin, end, runs);
+    std::string got;
+    for (const plan::Run& r : runs) {
+      EXPECT_EQ(r.mem, nullptr);
+      EXPECT_EQ(r.source, 7u);
+      got += file.read(r.offset, r.length);
+    }
+    return got;
+  };
+  EXPECT_EQ(resolve(0, expected.size()), expected);
+  std::uniform_int_distribution<uint64_t> pick(0, expected.size());
+  for (int i = 0; i < 300; ++i) {
+    uint64_t a = pick(rng), b = pick(rng);
+    if (a > b) std::swap(a, b);
+    ASSERT_EQ(resolve(a, b), expected.substr(a, b - a)) << "window " << a << ".." << b;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Boxes, ReadMapTest,
+    ::testing::Values(
+        // whole tensor from row blocks (contiguous case)
+        Case{{8, 6}, {4, 1}, {0, 0}, {8, 6}, 4},
+        // column slice of row blocks: strided, many short runs
+        Case{{8, 6}, {4, 1}, {0, 2}, {8, 2}, 2},
+        // target box straddling block boundaries in every dimension
+        Case{{6, 8, 10}, {3, 2, 5}, {1, 3, 1}, {4, 4, 7}, 4},
+        // 3-D, target equals one block exactly
+        Case{{4, 6, 8}, {2, 3, 2}, {2, 2, 4}, {2, 2, 4}, 2},
+        // blocks split on the last dimension only, target a row range
+        Case{{5, 12}, {1, 4}, {1, 0}, {3, 12}, 8},
+        // one-dimensional, odd element size
+        Case{{30}, {6}, {7}, {17}, 1},
+        // inner dimensions whole and aligned, outer cut: long runs spanning blocks
+        Case{{12, 4, 4}, {4, 1, 1}, {2, 0, 0}, {9, 4, 4}, 2}));
+
+TEST(VirtualFile, MapsHeadersRangesAndMergesNeighbours) {
+  VirtualFile::Builder builder;
+  builder.add_bytes("HEAD");
+  builder.add_source_range(3, 100, 10);
+  builder.add_source_range(3, 110, 5);  // continues the previous range: one run
+  builder.add_bytes("");
+  builder.add_bytes("TAIL!");
+  const VirtualFile file = builder.finish();
+  EXPECT_EQ(file.size(), 24u);
+  EXPECT_EQ(file.sources(), std::vector<uint32_t>{3});
+
+  std::vector<plan::Run> runs;
+  EXPECT_EQ(file.map(2, 100, runs), 22u);
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(std::string(runs[0].mem, runs[0].length), "AD");
+  EXPECT_EQ(runs[1].mem, nullptr);
+  EXPECT_EQ(runs[1].offset, 100u);
+  EXPECT_EQ(runs[1].length, 15u);
+  EXPECT_EQ(std::string(runs[2].mem, runs[2].length), "TAIL!");
+
+  runs.clear();
+  EXPECT_EQ(file.map(24, 10, runs), 0u);
+  EXPECT_TRUE(runs.empty());
+  EXPECT_EQ(file.map(5, 3, runs), 3u);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].offset, 101u);
+  EXPECT_EQ(runs[0].length, 3u);
+}
+
+}  // namespace
+}  // namespace ckptfs::plan
