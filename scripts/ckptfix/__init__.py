@@ -1,0 +1,1 @@
+"""ckptfix: the independent fixture generator and oracle behind scripts/ckpt_fixture.py."""

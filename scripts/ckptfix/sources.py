@@ -1,0 +1,117 @@
+"""What each source rank's checkpoint holds, in file order, before anything is written.
+
+The same description drives the writer and the expected-file builder (passthrough records are
+copies of source records), so both agree on every byte by construction.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List
+
+from . import ckptio, data
+from .case import Case, ParamSpec
+
+
+@dataclass
+class SourceRecord:
+    name: str
+    tensor_type: str
+    dims: List[int]       # exactly as written to the source file
+    nbytes: int
+    chunks: Callable[[], Iterator[bytes]]
+    kind: str             # "sliced" (per src layout), "full" (unsharded or per-rank), "extra"
+
+    @property
+    def is_scalar(self) -> bool:
+        return self.tensor_type != ckptio.STRING_TYPE and self.dims in ([], [0])
+
+
+class TensorBank:
+    """Lazily built tensor contents of a case, keyed by (name, variant).
+
+    variant 0 is the global tensor every layout slices; variant g+1 is the rank-specific tensor
+    that rank g stores for a parameter outside the src strategy; decoys use other seeds.
+    """
+
+    def __init__(self, case: Case, seed_offset: int = 0):
+        self.case = case
+        self.seed = case.seed + seed_offset
+        self._cache: Dict[tuple, data.TensorData] = {}
+
+    def get(self, param: ParamSpec, variant: int = 0) -> data.TensorData:
+        key = (param.name, variant)
+        if key not in self._cache:
+            self._cache[key] = data.make_tensor(param.shape, param.dtype, self.seed, param.name,
+                                                variant, self.case.options.materialize_limit)
+        return self._cache[key]
+
+
+def source_ranks(case: Case) -> List[int]:
+    return [0] if case.src is None else list(range(case.src.ranks))
+
+
+def _block_record(param: ParamSpec, tensor: data.TensorData, box, kind: str) -> SourceRecord:
+    return SourceRecord(param.name, param.dtype, [hi - lo for lo, hi in box],
+                        tensor.block_nbytes(box), lambda: tensor.block_chunks(box), kind)
+
+
+def _extra_record(case: Case, extra, rank: int) -> SourceRecord:
+    value = data.rank_variant(extra.dtype, extra.value, rank) if extra.per_rank else extra.value
+    content = data.scalar_bytes(extra.dtype, value)
+    if extra.dtype == ckptio.STRING_TYPE or case.options.old_scalars:
+        dims = [0]
+    else:
+        dims = []
+    return SourceRecord(extra.name, extra.dtype, dims, len(content), lambda: iter([content]),
+                        "extra")
+
+
+def source_records(case: Case, rank: int, bank: TensorBank) -> List[SourceRecord]:
+    """Records of global source rank `rank`: its stage's parameters in case order, then extras."""
+    records = []
+    if case.src is None:
+        for p in case.params:
+            t = bank.get(p)
+            records.append(_block_record(p, t, data.full_box(p.shape), "full"))
+    else:
+        stage, local = divmod(rank, case.src.devices)
+        for p in case.params:
+            if p.src is None:
+                # Not in the src strategy: saved whole, and different on every rank.
+                t = bank.get(p, variant=rank + 1)
+                records.append(_block_record(p, t, data.full_box(p.shape), "full"))
+            elif stage in p.src.stages:
+                t = bank.get(p)
+                records.append(_block_record(p, t, p.src.layout().box(local, p.shape), "sliced"))
+    records.extend(_extra_record(case, e, rank) for e in case.extras)
+    return records
+
+
+class SourcePlan:
+    """Source records of every rank, computed once."""
+
+    def __init__(self, case: Case, bank: TensorBank):
+        self.case = case
+        self.bank = bank
+        self._records = {g: source_records(case, g, bank) for g in source_ranks(case)}
+
+    def ranks(self) -> List[int]:
+        return list(self._records)
+
+    def records(self, rank: int) -> List[SourceRecord]:
+        return self._records[rank]
+
+    def record(self, rank: int, name: str):
+        return next((r for r in self._records[rank] if r.name == name), None)
+
+    def total_bytes(self) -> int:
+        return sum(r.nbytes for recs in self._records.values() for r in recs)
+
+
+def scalar_dims_23(record: SourceRecord) -> List[int]:
+    """Dims a ≥2.3 re-save writes: 0-d tensors lose their [0]; strings keep it (§4.4 step 5)."""
+    if record.tensor_type == ckptio.STRING_TYPE:
+        return list(record.dims)
+    if record.dims == [0]:
+        return []
+    return list(record.dims)
+

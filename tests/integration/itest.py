@@ -1,0 +1,127 @@
+"""Shared helpers of the end-to-end tests: arguments, mounting through the real ckptfs binary,
+and a tiny check runner that prints the closing "N passed, M failed" line.
+
+Every test script is run by ctest as
+    /usr/bin/python3 test_X.py --ckptfs BIN --shared SHARED_DIR --work WORK_DIR
+"""
+
+import argparse
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ckptfs", required=True)
+    parser.add_argument("--shared", required=True)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("-k", dest="only", default=None, help="run checks whose name contains this")
+    args = parser.parse_args()
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    return args
+
+
+class Checks:
+    """Runs named checks, reports each, and exits with the summary line ctest logs."""
+
+    def __init__(self, only=None):
+        self.passed = 0
+        self.failed = []
+        self.only = only
+
+    def run(self, name, fn, *args):
+        if self.only and self.only not in name:
+            return
+        start = time.monotonic()
+        try:
+            fn(*args)
+        except Exception:  # report every failure, then go on with the next check
+            self.failed.append(name)
+            print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
+        else:
+            self.passed += 1
+            print(f"ok   {name} ({time.monotonic() - start:.1f}s)", flush=True)
+
+    def finish(self):
+        for name in self.failed:
+            print(f"failed: {name}")
+        print(f"{self.passed} passed, {len(self.failed)} failed")
+        sys.exit(1 if self.failed else 0)
+
+
+def is_mounted(path):
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts") as mounts:
+        return any(line.split()[1] == path for line in mounts)
+
+
+def run(cmd, timeout=120, check=True):
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout: {proc.stdout}\n"
+                             f"stderr: {proc.stderr}")
+    return proc
+
+
+def mount_cmd(ckptfs, src, mnt, src_strategy=None, dst_strategy=None, index_dir=None,
+              log_file=None, options=None):
+    cmd = [ckptfs, "mount", src, mnt]
+    if src_strategy:
+        cmd += ["--src-strategy", src_strategy]
+    if dst_strategy:
+        cmd += ["--dst-strategy", dst_strategy]
+    if index_dir:
+        cmd += ["--index-dir", index_dir]
+    if log_file:
+        cmd += ["--log-file", log_file]
+    if options:
+        cmd += ["-o", options]
+    return cmd
+
+
+def unmount(ckptfs, mnt):
+    if not is_mounted(mnt):
+        return
+    proc = subprocess.run([ckptfs, "umount", mnt], capture_output=True, text=True, timeout=60)
+    if is_mounted(mnt):  # never leave a mount behind, even if umount failed
+        subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True, timeout=60)
+    if proc.returncode != 0:
+        raise AssertionError(f"ckptfs umount {mnt} failed: {proc.stderr}")
+    assert not is_mounted(mnt), f"{mnt} still mounted"
+
+
+@contextlib.contextmanager
+def mounted(ckptfs, src, mnt, **kwargs):
+    """Mounts in the background (the command returns once the mount serves) and always unmounts."""
+    os.makedirs(mnt, exist_ok=True)
+    proc = run(mount_cmd(ckptfs, src, mnt, **kwargs), timeout=120, check=False)
+    try:
+        if proc.returncode != 0:
+            raise AssertionError(f"mount failed ({proc.returncode}): {proc.stderr}")
+        assert is_mounted(mnt), "mount returned 0 but nothing is mounted"
+        yield mnt
+    finally:
+        unmount(ckptfs, mnt)
+
+
+def read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def tree_files(root):
+    """Relative paths of the regular files below root, sorted."""
+    out = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            out.append(os.path.relpath(os.path.join(dirpath, name), root))
+    return sorted(out)
