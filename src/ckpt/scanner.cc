@@ -1,0 +1,594 @@
+// Record-by-record walk of a checkpoint (spec §1). Only headers pass through memory: a small
+// window refilled by pread at the current position; tensor_content is stepped over by offset.
+#include "ckptfs/ckpt/scanner.h"
+
+#include <fcntl.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include "ckptfs/ckpt/crc32.h"
+#include "ckptfs/ckpt/dtype.h"
+#include "ckptfs/ckpt/varint.h"
+#include "ckptfs/error.h"
+#include "ckptfs/util/fd.h"
+
+namespace ckptfs::ckpt {
+
+namespace {
+
+// A jump (after skipped content) reads a little: the next header is usually a few dozen bytes,
+// and reading more would pull tensor bytes nobody asked for. Sequential reads use the window.
+constexpr size_t kWindowBytes = 64 * 1024;
+constexpr size_t kJumpReadBytes = 4 * 1024;
+constexpr size_t kCrcBlockBytes = 1024 * 1024;
+
+// Names and type strings are held in memory; these bounds keep a hostile length prefix from
+// turning into a huge allocation. Real names are well below a kilobyte.
+constexpr uint64_t kMaxStringBytes = 1 << 20;
+constexpr size_t kMaxDims = 64;
+
+constexpr std::string_view kCrcMagic = "crc_num";
+
+enum WireType : uint32_t {
+  kVarint = 0,
+  kFixed64 = 1,
+  kLen = 2,
+  kStartGroup = 3,
+  kEndGroup = 4,
+  kFixed32 = 5
+};
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+// Reads exactly out.size() bytes at `offset`; a short file is an error, not a partial result.
+void pread_exact(int fd, const std::string& name, uint64_t offset, std::span<uint8_t> out) {
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n =
+        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("{}: byte offset {}: read failed: {}", name, offset + done, errno_text(errno));
+    }
+    if (n == 0)
+      fail("{}: byte offset {}: file ended early (was it truncated?)", name, offset + done);
+    done += static_cast<size_t>(n);
+  }
+}
+
+// A fixed window over [0, end) of the file.
+class Window {
+ public:
+  Window(int fd, const std::string& name, uint64_t end)
+      : fd_(fd), name_(name), end_(end), buf_(kWindowBytes) {}
+
+  // Up to n bytes at pos, fewer only where `limit` (<= end) cuts them.
+  std::span<const uint8_t> peek(uint64_t pos, size_t n, uint64_t limit) {
+    const uint64_t avail = limit > pos ? limit - pos : 0;
+    n = static_cast<size_t>(std::min<uint64_t>(n, avail));
+    if (n == 0) return {};
+    if (pos < buf_off_ || pos + n > buf_off_ + buf_len_) fill(pos, n);
+    return std::span<const uint8_t>(buf_.data() + (pos - buf_off_), n);
+  }
+
+  void copy(uint64_t pos, std::span<uint8_t> out) {
+    if (out.size() > buf_.size()) {
+      pread_exact(fd_, name_, pos, out);
+      return;
+    }
+    auto bytes = peek(pos, out.size(), end_);
+    std::copy(bytes.begin(), bytes.end(), out.begin());
+  }
+
+ private:
+  void fill(uint64_t pos, size_t need) {
+    // Reading on from inside the window (a header straddling its end) is sequential too.
+    const bool sequential = pos >= buf_off_ && pos <= buf_off_ + buf_len_;
+    size_t want = std::max(need, sequential ? buf_.size() : kJumpReadBytes);
+    want = static_cast<size_t>(std::min<uint64_t>(want, end_ - pos));
+    pread_exact(fd_, name_, pos, std::span<uint8_t>(buf_.data(), want));
+    buf_off_ = pos;
+    buf_len_ = want;
+  }
+
+  int fd_;
+  const std::string& name_;
+  uint64_t end_;
+  std::vector<uint8_t> buf_;
+  uint64_t buf_off_ = 0;
+  size_t buf_len_ = 0;
+};
+
+struct Key {
+  uint64_t offset;
+  uint32_t field;
+  uint32_t wire;
+};
+
+struct TensorFields {
+  std::vector<int64_t> dims;
+  std::optional<std::string> type;
+  std::optional<Extent> content;
+};
+
+struct Record {
+  std::string tag;
+  bool is_map = false;
+  TensorFields tensor;  // unused for map tensors
+  Extent record;
+};
+
+// Protobuf wire reading with every length checked against the enclosing message. `scope`
+// names that message in errors ("file", "Checkpoint.Value", ...).
+class Parser {
+ public:
+  Parser(int fd, const std::string& name, uint64_t end, std::string_view top_scope)
+      : name_(name), end_(end), top_scope_(top_scope), in_(fd, name, end) {}
+
+  bool at(uint64_t limit) const { return pos_ >= limit; }
+
+  [[noreturn]] void error_at(uint64_t offset, std::string_view what) const {
+    fail("{}: byte offset {}: {}", name_, offset, what);
+  }
+
+  uint64_t varint(uint64_t limit, std::string_view what) {
+    const uint64_t start = pos_;
+    const auto bytes = in_.peek(pos_, 10, limit);
+    size_t used = 0;
+    const auto value = get_varint(bytes, used);
+    if (!value) {
+      const bool cut = bytes.size() < 10 &&
+                       std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b & 0x80; });
+      if (cut)
+        error_at(start, fmt::format("truncated varint ({}): the enclosing message ends at byte {}",
+                                    what, limit));
+      error_at(start, fmt::format("malformed varint ({}): more than 64 bits", what));
+    }
+    pos_ += used;
+    return *value;
+  }
+
+  Key key(uint64_t limit, std::string_view scope) {
+    const uint64_t start = pos_;
+    const uint64_t v = varint(limit, fmt::format("field key in {}", scope));
+    if (v > 0xFFFFFFFFull || (v >> 3) == 0)
+      error_at(start, fmt::format("invalid field key 0x{:x} in {}", v, scope));
+    return Key{start, static_cast<uint32_t>(v >> 3), static_cast<uint32_t>(v & 7)};
+  }
+
+  // A length prefix, checked to leave the payload inside [pos, limit).
+  uint64_t length(uint64_t limit, std::string_view what, std::string_view scope) {
+    const uint64_t start = pos_;
+    const uint64_t len = varint(limit, fmt::format("length of {}", what));
+    if (len > limit - pos_)
+      error_at(start, fmt::format("length {} of {} runs past byte {}, the end of the enclosing {}",
+                                  len, what, limit, scope));
+    return len;
+  }
+
+  void skip(uint64_t n) { pos_ += n; }
+
+  void expect_wire(const Key& k, uint32_t wire, std::string_view what) const {
+    if (k.wire != wire)
+      error_at(k.offset, fmt::format("{} (field {}) has wire type {}, expected {}", what, k.field,
+                                     k.wire, wire));
+  }
+
+  void skip_field(const Key& k, uint64_t limit, std::string_view scope) {
+    switch (k.wire) {
+      case kVarint:
+        varint(limit, fmt::format("unknown field {} in {}", k.field, scope));
+        return;
+      case kFixed64:
+      case kFixed32: {
+        const uint64_t n = k.wire == kFixed64 ? 8 : 4;
+        if (n > limit - pos_)
+          error_at(k.offset, fmt::format("{}-byte field {} runs past byte {}, the end of the "
+                                         "enclosing {}",
+                                         n, k.field, limit, scope));
+        pos_ += n;
+        return;
+      }
+      case kLen:
+        pos_ += length(limit, fmt::format("unknown field {}", k.field), scope);
+        return;
+      case kStartGroup:
+      case kEndGroup:
+        error_at(k.offset, fmt::format("field {} in {} is a group (wire type {}), which a "
+                                       "checkpoint never contains",
+                                       k.field, scope, k.wire));
+      default:
+        error_at(k.offset,
+                 fmt::format("field {} in {} has invalid wire type {}", k.field, scope, k.wire));
+    }
+  }
+
+  std::string string(uint64_t limit, std::string_view what, std::string_view scope) {
+    const uint64_t start = pos_;
+    const uint64_t len = length(limit, what, scope);
+    if (len > kMaxStringBytes)
+      error_at(start, fmt::format("{} is {} bytes long, more than the {} this reader accepts", what,
+                                  len, kMaxStringBytes));
+    std::string out(static_cast<size_t>(len), '\0');
+    in_.copy(pos_, std::span<uint8_t>(reinterpret_cast<uint8_t*>(out.data()), out.size()));
+    pos_ += len;
+    return out;
+  }
+
+  void add_dim(TensorFields& t, uint64_t raw, uint64_t offset) {
+    const auto dim = static_cast<int64_t>(raw);
+    if (dim < 0) error_at(offset, fmt::format("negative dimension {}", dim));
+    if (t.dims.size() >= kMaxDims)
+      error_at(offset, fmt::format("more than {} dimensions", kMaxDims));
+    t.dims.push_back(dim);
+  }
+
+  // TensorProto fields merge into `t` as protobuf merges a repeated occurrence of a message:
+  // dims append, type and content are replaced.
+  void tensor(uint64_t limit, TensorFields& t) {
+    static constexpr std::string_view kScope = "TensorProto";
+    while (!at(limit)) {
+      const Key k = key(limit, kScope);
+      switch (k.field) {
+        case 1:
+          if (k.wire == kVarint) {
+            const uint64_t at_dim = pos_;
+            add_dim(t, varint(limit, "dims"), at_dim);
+          } else if (k.wire == kLen) {
+            const uint64_t len = length(limit, "packed dims", kScope);
+            const uint64_t packed_end = pos_ + len;
+            while (!at(packed_end)) {
+              const uint64_t at_dim = pos_;
+              add_dim(t, varint(packed_end, "packed dims"), at_dim);
+            }
+          } else {
+            expect_wire(k, kVarint, "TensorProto.dims");
+          }
+          break;
+        case 2:
+          expect_wire(k, kLen, "TensorProto.tensor_type");
+          t.type = string(limit, "tensor_type", kScope);
+          break;
+        case 3: {
+          expect_wire(k, kLen, "TensorProto.tensor_content");
+          const uint64_t len = length(limit, "tensor_content", kScope);
+          t.content = Extent{pos_, len};
+          pos_ += len;
+          break;
+        }
+        default:
+          skip_field(k, limit, kScope);
+      }
+    }
+  }
+
+  void require_tensor_fields(const TensorFields& t, uint64_t offset, std::string_view where) const {
+    if (!t.type) error_at(offset, fmt::format("{} has no tensor_type (a required field)", where));
+    if (!t.content)
+      error_at(offset, fmt::format("{} has no tensor_content (a required field)", where));
+  }
+
+  // Map tensor components are checked for structure only: ckptfs copies their records whole.
+  void map_tensor(uint64_t limit) {
+    static constexpr std::string_view kScope = "MapTensorProto";
+    while (!at(limit)) {
+      const Key k = key(limit, kScope);
+      if (k.field != 1) {
+        skip_field(k, limit, kScope);
+        continue;
+      }
+      expect_wire(k, kLen, "MapTensorProto.tensor");
+      const uint64_t len = length(limit, "MapTensorProto.tensor", kScope);
+      TensorFields component;
+      tensor(pos_ + len, component);
+      require_tensor_fields(component, k.offset, "map tensor component");
+    }
+  }
+
+  // One Checkpoint.value occurrence; pos is just past its key.
+  Record record(uint64_t key_offset) {
+    static constexpr std::string_view kScope = "Checkpoint.Value";
+    const uint64_t len = length(end_, "Checkpoint.value", top_scope_);
+    const uint64_t limit = pos_ + len;
+    Record r;
+    r.record = Extent{key_offset, limit - key_offset};
+    bool has_tag = false;
+    enum { kNone, kTensor, kMap } which = kNone;
+    while (!at(limit)) {
+      const Key k = key(limit, kScope);
+      switch (k.field) {
+        case 1:
+          expect_wire(k, kLen, "Checkpoint.Value.tag");
+          r.tag = string(limit, "tag", kScope);
+          has_tag = true;
+          break;
+        case 2: {
+          expect_wire(k, kLen, "Checkpoint.Value.tensor");
+          const uint64_t tlen = length(limit, "Checkpoint.Value.tensor", kScope);
+          // tensor and maptensor form a oneof: setting one clears the other.
+          if (which != kTensor) r.tensor = TensorFields{};
+          which = kTensor;
+          tensor(pos_ + tlen, r.tensor);
+          break;
+        }
+        case 3: {
+          expect_wire(k, kLen, "Checkpoint.Value.maptensor");
+          const uint64_t mlen = length(limit, "Checkpoint.Value.maptensor", kScope);
+          which = kMap;
+          map_tensor(pos_ + mlen);
+          break;
+        }
+        default:
+          skip_field(k, limit, kScope);
+      }
+    }
+    if (!has_tag) error_at(key_offset, "record has no tag (a required field)");
+    if (which == kNone)
+      error_at(key_offset, fmt::format("record '{}' has neither tensor nor maptensor", r.tag));
+    r.is_map = which == kMap;
+    if (!r.is_map) require_tensor_fields(r.tensor, key_offset, fmt::format("record '{}'", r.tag));
+    return r;
+  }
+
+  // Calls on_record for each Checkpoint.value in file order.
+  template <typename F>
+  void walk(F&& on_record) {
+    while (!at(end_)) {
+      const Key k = key(end_, top_scope_);
+      if (k.field != 1) {
+        skip_field(k, end_, top_scope_);
+        continue;
+      }
+      expect_wire(k, kLen, "Checkpoint.value");
+      on_record(record(k.offset));
+    }
+  }
+
+ private:
+  const std::string& name_;
+  uint64_t end_;
+  std::string_view top_scope_;  // "file", or the body before a CRC trailer
+  Window in_;
+  uint64_t pos_ = 0;
+};
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ","));
+}
+
+// Builds Params from records, merging runs of equal tags (spec §1.5).
+class Grouper {
+ public:
+  explicit Grouper(const std::string& name) : name_(name) {}
+
+  void add(Record r) {
+    if (open_ && current_.name == r.tag) {
+      append(r);
+      return;
+    }
+    close();
+    start(r);
+  }
+
+  std::vector<Param> finish() {
+    close();
+    return std::move(params_);
+  }
+
+ private:
+  void start(Record& r) {
+    current_ = Param{};
+    current_.name = std::move(r.tag);
+    raw_dims_ = r.tensor.dims;
+    if (r.is_map) {
+      current_.kind = EntryKind::MapTensor;
+    } else {
+      current_.dtype = *r.tensor.type;
+      current_.content.push_back(*r.tensor.content);
+    }
+    current_.records.push_back(r.record);
+    open_ = true;
+  }
+
+  void append(const Record& r) {
+    const bool was_map = current_.kind == EntryKind::MapTensor;
+    const uint64_t at = r.record.offset;
+    if (was_map != r.is_map)
+      fail("{}: byte offset {}: parameter '{}' continues a {} record with a {} record", name_, at,
+           current_.name, was_map ? "map tensor" : "tensor", r.is_map ? "map tensor" : "tensor");
+    if (!r.is_map) {
+      if (*r.tensor.type != current_.dtype)
+        fail("{}: byte offset {}: chunk of parameter '{}' has type {}, earlier chunks {}", name_,
+             at, current_.name, *r.tensor.type, current_.dtype);
+      if (r.tensor.dims != raw_dims_)
+        fail("{}: byte offset {}: chunk of parameter '{}' has dims {}, earlier chunks {}", name_,
+             at, current_.name, shape_text(r.tensor.dims), shape_text(raw_dims_));
+      current_.content.push_back(*r.tensor.content);
+    }
+    current_.records.push_back(r.record);
+  }
+
+  void close() {
+    if (!open_) return;
+    open_ = false;
+    Param& p = current_;
+    if (p.kind != EntryKind::MapTensor) {
+      const bool is_string = p.dtype == "str";
+      const uint32_t size = element_size(p.dtype);
+      p.kind = size > 0 ? EntryKind::Tensor : is_string ? EntryKind::String : EntryKind::Opaque;
+      p.element_size = size;
+      p.dims_zero = raw_dims_.size() == 1 && raw_dims_[0] == 0;
+      // [0] is a 0-d tensor for every loader, except on strings where it is what is always written.
+      if (!(p.dims_zero && !is_string)) p.shape = raw_dims_;
+      if (p.kind == EntryKind::Tensor) validate(p);
+    }
+    params_.push_back(std::move(p));
+  }
+
+  void validate(const Param& p) const {
+    const uint64_t at = p.records.front().offset;
+    unsigned __int128 need = p.element_size;
+    for (int64_t d : p.shape) {
+      need *= static_cast<uint64_t>(d);
+      if (need > UINT64_MAX)
+        fail("{}: byte offset {}: parameter '{}' has shape {} whose size overflows 64 bits", name_,
+             at, p.name, shape_text(p.shape));
+    }
+    if (p.nbytes() != static_cast<uint64_t>(need))
+      fail("{}: byte offset {}: parameter '{}' has {} content bytes, but shape {} of {} needs {}",
+           name_, at, p.name, p.nbytes(), shape_text(p.shape), p.dtype,
+           static_cast<uint64_t>(need));
+  }
+
+  const std::string& name_;
+  std::vector<Param> params_;
+  Param current_;
+  std::vector<int64_t> raw_dims_;
+  bool open_ = false;
+};
+
+const char* encryption_mode(uint32_t magic) {
+  switch (magic) {
+    case 0x7F3A5ED8:
+      return "AES-GCM";
+    case 0x7F3A5ED9:
+      return "AES-CBC";
+    case 0x7F3A5EDA:
+      return "SM4-CBC";
+    default:
+      return nullptr;
+  }
+}
+
+void verify_crc(int fd, const std::string& name, uint64_t body_size, uint32_t expected_low,
+                bool high_bytes_zero) {
+  std::vector<uint8_t> block(kCrcBlockBytes);
+  uint32_t crc = 0;
+  for (uint64_t off = 0; off < body_size;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), body_size - off));
+    pread_exact(fd, name, off, std::span<uint8_t>(block.data(), n));
+    crc = crc32_update(crc, std::span<const uint8_t>(block.data(), n));
+    off += n;
+  }
+  if (!high_bytes_zero || crc != expected_low)
+    fail(
+        "{}: crc check failed: the trailer at byte offset {} holds {}0x{:08X}, the CRC-32 of the "
+        "{} body bytes is 0x{:08X}",
+        name, body_size, high_bytes_zero ? "" : "a value above 32 bits, low word ", expected_low,
+        body_size, crc);
+}
+
+}  // namespace
+
+uint64_t Param::nbytes() const {
+  uint64_t total = 0;
+  for (const Extent& e : content) total += e.length;
+  return total;
+}
+
+uint64_t Param::elements() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+FileScan scan_checkpoint(const std::string& path, const ScanOptions& options) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) fail("{}: cannot open: {}", path, errno_text(errno));
+  return scan_checkpoint_fd(fd.get(), path, options);
+}
+
+FileScan scan_checkpoint_fd(int fd, const std::string& display_name, const ScanOptions& options) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) fail("{}: cannot stat: {}", display_name, errno_text(errno));
+  if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", display_name);
+
+  FileScan scan;
+  scan.file_size = static_cast<uint64_t>(st.st_size);
+  scan.body_size = scan.file_size;
+
+  if (scan.file_size >= 4) {
+    std::array<uint8_t, 4> head;
+    pread_exact(fd, display_name, 0, head);
+    const uint32_t magic = static_cast<uint32_t>(head[0]) | static_cast<uint32_t>(head[1]) << 8 |
+                           static_cast<uint32_t>(head[2]) << 16 |
+                           static_cast<uint32_t>(head[3]) << 24;
+    if (const char* mode = encryption_mode(magic))
+      fail("{}: byte offset 0: encrypted checkpoint ({}), not supported (magic 0x{:08X})",
+           display_name, mode, magic);
+  }
+
+  if (scan.file_size >= kCrcTrailerBytes) {
+    std::array<uint8_t, kCrcTrailerBytes> trailer;
+    const uint64_t at = scan.file_size - kCrcTrailerBytes;
+    pread_exact(fd, display_name, at, trailer);
+    if (std::equal(kCrcMagic.begin(), kCrcMagic.end(), trailer.begin())) {
+      scan.has_crc_trailer = true;
+      scan.body_size = at;
+      if (options.verify_crc) {
+        // The value is a 10-byte big-endian integer; a CRC-32 only ever fills the last four.
+        const bool high_zero = std::all_of(trailer.begin() + 7, trailer.begin() + 13,
+                                           [](uint8_t b) { return b == 0; });
+        const uint32_t expected = static_cast<uint32_t>(trailer[13]) << 24 |
+                                  static_cast<uint32_t>(trailer[14]) << 16 |
+                                  static_cast<uint32_t>(trailer[15]) << 8 | trailer[16];
+        verify_crc(fd, display_name, scan.body_size, expected, high_zero);
+      }
+    }
+  }
+
+  Parser parser(fd, display_name, scan.body_size,
+                scan.has_crc_trailer ? "checkpoint body (before the CRC trailer)" : "file");
+  Grouper grouper(display_name);
+  parser.walk([&](Record r) { grouper.add(std::move(r)); });
+  scan.params = grouper.finish();
+  return scan;
+}
+
+std::vector<Param> loaded_params(const FileScan& scan) {
+  // Python dict semantics: assigning an existing key keeps its position, a new key goes last.
+  std::vector<std::optional<Param>> slots;
+  std::unordered_map<std::string, size_t> index;
+  auto assign = [&](Param p) {
+    auto it = index.find(p.name);
+    if (it != index.end()) {
+      slots[it->second] = std::move(p);
+    } else {
+      index.emplace(p.name, slots.size());
+      slots.push_back(std::move(p));
+    }
+  };
+  for (const Param& p : scan.params) assign(p);
+
+  // MindSpore then pops every "<name>.__param_key__<n>" entry, in order, and stores it as <name>.
+  static constexpr std::string_view kSuffix = ".__param_key__";
+  std::vector<size_t> keyed;
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (slots[i]->name.find(kSuffix) != std::string::npos) keyed.push_back(i);
+  for (size_t i : keyed) {
+    Param p = std::move(*slots[i]);
+    slots[i].reset();
+    index.erase(p.name);
+    p.name.resize(p.name.find(kSuffix));
+    assign(std::move(p));
+  }
+
+  std::vector<Param> out;
+  out.reserve(slots.size());
+  for (auto& slot : slots)
+    if (slot) out.push_back(std::move(*slot));
+  return out;
+}
+
+}  // namespace ckptfs::ckpt
