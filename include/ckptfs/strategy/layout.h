@@ -33,25 +33,31 @@ class Layout {
   const std::vector<int64_t>& splits() const;
   // Block coordinates of a local rank (0 <= local_rank < devices()).
   std::vector<int64_t> block_of(int64_t local_rank) const;
-  // Global shape from a stored slice shape.
+  // Global shape from a stored slice shape (throws Error if its rank differs).
   std::vector<int64_t> global_shape(std::span<const int64_t> slice_shape) const;
   // Stored slice shape of a global shape; throws Error naming `param` if a dimension does not
   // divide by its split.
   std::vector<int64_t> slice_shape(std::span<const int64_t> global_shape,
                                    std::string_view param) const;
+  // The block of `global_shape` a local rank stores; throws Error if a dimension does not
+  // divide by its split.
   Box slice_of(int64_t local_rank, std::span<const int64_t> global_shape) const;
 
   // The expanded form used by the needed-rank rule (spec §4.5 a): device axes outer->inner and,
   // per tensor dimension, the indices into those axes that split it, most significant first.
+  // Axes of size 1 are left out (they never split anything); an axis that carries only part of
+  // the optimizer split appears as two axes (rest, optimizer part), and the optimizer axes are
+  // the least significant ones of dimension 0. The product of axes() is devices().
   const std::vector<int64_t>& axes() const;
   const std::vector<std::vector<int32_t>>& dim_axes() const;
 
   bool operator==(const Layout&) const = default;
 
  private:
-  std::vector<int64_t> axes_;                  // device axis sizes, outer -> inner
-  std::vector<std::vector<int32_t>> dim_axes_; // per tensor dim: indices into axes_
-  std::vector<int64_t> splits_;
+  std::vector<int64_t> axes_;                   // device axis sizes, outer -> inner
+  std::vector<std::vector<int32_t>> dim_axes_;  // per tensor dim: indices into axes_
+  std::vector<int64_t> splits_;                 // per tensor dim: product of its axes
+  int64_t devices_ = 1;
 };
 
 }  // namespace ckptfs::strategy

@@ -15,6 +15,7 @@ class TargetMaps {
  public:
   enum class Role { Reshard, Passthrough, Drop };
 
+  // Throws Error if target_rank is outside [0, N_dst * S_dst).
   TargetMaps(const Strategy* src, const Strategy* dst, int64_t target_rank);
 
   int64_t src_devices() const { return n_src_; }
@@ -22,10 +23,15 @@ class TargetMaps {
   int64_t target_stage() const { return t_stage_; }
   int64_t target_local() const { return t_local_; }
 
+  // §4.2 step 3: a null side counts as containing every name.
+  bool in_effective_src(std::string_view name) const;
+  bool in_effective_dst(std::string_view name) const;
+
   // §4.4 steps 1–3 for a parameter name found in the source files.
   Role role(std::string_view name) const;
   // Layouts of a Reshard parameter: the source layout of its lowest source stage, the
-  // destination layout of the target's stage. Throws Error naming the parameter.
+  // destination layout of the target's stage; Layout::unsharded for a null side. Throws Error
+  // naming the parameter (and the strategy file).
   Layout src_layout(std::string_view name, size_t tensor_rank) const;
   Layout dst_layout(std::string_view name, size_t tensor_rank) const;
   // Source stages listing the parameter ({0} when the source is unsharded).
@@ -38,15 +44,23 @@ class TargetMaps {
 };
 
 // Per parameter, local source ranks MindSpore's planner gathers for target local rank t_local
-// (§4.5 a–f), ascending. A superset of minimal_needed.
+// (§4.5 a–f), ascending. Among the holders of one source block exactly one is listed: the
+// replica MindSpore reads. Throws Error when the device counts are not multiples of each other
+// or the device matrices do not unify (§4.5 c).
 std::vector<int64_t> mindspore_needed(const Layout& src, const Layout& dst, int64_t t_local);
 
-// Local source ranks whose blocks intersect the target block, ascending; one per distinct block
-// is enough to serve it but every holder is listed.
+// Local source ranks whose blocks intersect the target block, ascending. Every holder of such a
+// block is listed (replicas included), so this is not a subset of mindspore_needed; their
+// intersection is the set of replicas whose data a MindSpore-faithful reader touches.
 std::vector<int64_t> minimal_needed(const Layout& src, const Layout& dst, int64_t t_local);
 
-// rank_list_for_transform (§4.5 steps 1–3): global source ranks, descending. With `minimal`,
-// the union of minimal_needed instead. Throws Error for an empty effective source map.
+// rank_list_for_transform (§4.5 steps 1–3): global source ranks, descending; [0] when `src` is
+// null. Throws Error for an empty effective source map, a target rank outside the destination's
+// devices x stages, or a parameter whose layouts cannot be used (message names it).
+// With `minimal`: per Reshard parameter, the ranks of mindspore_needed whose blocks intersect
+// the target block, in the parameter's lowest source stage (the copy whose data is used); the
+// source of passthrough parameters (local t_local mod N_src) is not included, since it depends
+// on which parameters the checkpoints hold.
 std::vector<int64_t> rank_list_for_transform(const Strategy* src, const Strategy* dst,
                                              int64_t target_rank, bool minimal = false);
 

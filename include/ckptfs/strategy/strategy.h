@@ -17,34 +17,47 @@ using DimAxes = std::vector<int32_t>;
 
 struct ParamLayout {
   std::vector<int64_t> dev_matrix;
-  std::vector<DimAxes> tensor_map;        // one entry per tensor dimension (multi-axis aware)
+  std::vector<DimAxes> tensor_map;  // one entry per tensor dimension (multi-axis aware)
   std::vector<int64_t> param_split_shape;
   std::vector<int64_t> indices_offset;
   int32_t field = 0;
   int32_t opt_shard_step = 0;
   int32_t opt_shard_size = 0;
-  std::vector<int64_t> tensor_shape;      // JSON "tensor_shape"; empty when absent
+  std::vector<int64_t> tensor_shape;  // JSON "tensor_shape"; empty when absent
   bool operator==(const ParamLayout&) const = default;
 };
 
 struct StrategyParam {
   std::string name;                        // without the "<stage>-" prefix
   std::map<uint32_t, ParamLayout> stages;  // every stage that lists the parameter
+  bool operator==(const StrategyParam&) const = default;
+};
+
+// A parallel_strategy_item (§2.2): an operator's input split factors. Only its stage matters
+// (it names the pipeline stage of a per-stage file); the rest is kept for display.
+struct OperatorStrategy {
+  uint32_t stage = 0;
+  std::vector<std::vector<uint32_t>> inputs;  // one list of split factors per operator input
+  bool operator==(const OperatorStrategy&) const = default;
 };
 
 struct Strategy {
-  std::string origin;                      // the path read, for messages
-  int64_t devices_per_stage = 1;           // product of every layout's dev_matrix
-  uint32_t num_stages = 1;                 // stages are exactly 0 .. num_stages-1
+  std::string origin;             // the path read, for messages
+  int64_t devices_per_stage = 1;  // product of every layout's dev_matrix
+  uint32_t num_stages = 1;        // stages are exactly 0 .. num_stages-1
   std::map<std::string, StrategyParam, std::less<>> params;
+  // Node name -> strategy item; the first one wins when merged files repeat a node name.
+  std::map<std::string, OperatorStrategy, std::less<>> operators;
 
   const StrategyParam* find(std::string_view name) const;
 };
 
 // Reads a protobuf file, a ".json" file, or a directory of such files (one per stage or rank,
-// merged; byte-identical duplicates of a stage are skipped). Names split at the first "-" only
-// when the prefix is all digits. Throws Error naming the file for unreadable input, a layout
-// whose device count differs from the others, or missing stages.
+// merged in name order; a file whose stage was already merged is skipped). A file's stage is the
+// stage of its first strategy item (0 for a single file without any); a layout name
+// "<digits>-<name>" carries its own stage (split at the first "-" only). Throws Error naming the
+// file for unreadable or empty input, a file without layouts, a layout whose device count
+// differs from the others (naming the parameter), or stages that are not exactly 0..S-1.
 Strategy read_strategy(const std::filesystem::path& path);
 
 }  // namespace ckptfs::strategy

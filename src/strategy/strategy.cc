@@ -1,0 +1,398 @@
+#include "ckptfs/strategy/strategy.h"
+
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "ckptfs/error.h"
+#include "strategy.pb.h"
+
+namespace ckptfs::strategy {
+
+const StrategyParam* Strategy::find(std::string_view name) const {
+  auto it = params.find(name);
+  return it == params.end() ? nullptr : &it->second;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = mindspore::straspb;
+// Ordered, because the stage of a JSON file is the stage of its FIRST strategy item in file
+// order, and MindSpore's two writers order keys differently (§2.3).
+using Json = nlohmann::ordered_json;
+
+// One strategy file as written, before stages are merged.
+struct FileStrategy {
+  std::string file;
+  std::optional<uint32_t> first_stage;  // stage of the first strategy item, if any
+  std::vector<std::pair<std::string, OperatorStrategy>> operators;
+  std::vector<std::pair<std::string, ParamLayout>> layouts;  // names as written
+};
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open strategy file: {}", path.string(), std::strerror(errno));
+  std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) fail("{}: cannot read strategy file: {}", path.string(), std::strerror(errno));
+  return bytes;
+}
+
+// --- protobuf -------------------------------------------------------------------------------
+
+// Classic form: one TensorMap, one value per dimension. Layout-API form (≥2.6): one TensorMap per
+// dimension, plus an empty one for 1-D tensors so that the count exceeds one (§2.2).
+std::vector<DimAxes> tensor_map_of(const pb::ParallelLayouts& layouts) {
+  std::vector<DimAxes> map;
+  if (layouts.tensor_map_size() == 1) {
+    for (int32_t value : layouts.tensor_map(0).dim())
+      map.push_back(value == -1 ? DimAxes{} : DimAxes{value});
+    return map;
+  }
+  for (const pb::TensorMap& dim : layouts.tensor_map()) {
+    if (dim.dim_size() == 0) continue;
+    if (dim.dim_size() == 1 && dim.dim(0) == -1) {
+      map.emplace_back();
+    } else {
+      map.emplace_back(dim.dim().begin(), dim.dim().end());
+    }
+  }
+  return map;
+}
+
+FileStrategy parse_protobuf(const std::string& bytes, const std::string& file) {
+  pb::ParallelStrategyMap map;
+  if (!map.ParsePartialFromString(bytes))
+    fail("{}: not a protobuf strategy file (ParallelStrategyMap does not parse)", file);
+  if (!map.IsInitialized())
+    fail("{}: not a complete protobuf strategy file, missing required field(s): {}", file,
+         map.InitializationErrorString());
+
+  FileStrategy out;
+  out.file = file;
+  for (const pb::ParallelStrategyItem& item : map.parallel_strategy_item()) {
+    OperatorStrategy op;
+    op.stage = item.parallel_strategys().stage();
+    for (const pb::ParallelStrategy& input : item.parallel_strategys().parallel_strategy())
+      op.inputs.emplace_back(input.dim().begin(), input.dim().end());
+    if (!out.first_stage) out.first_stage = op.stage;
+    out.operators.emplace_back(item.node_name(), std::move(op));
+  }
+  for (const pb::ParallelLayoutItem& item : map.parallel_layout_item()) {
+    const pb::ParallelLayouts& in = item.parallel_layouts();
+    if (in.dev_matrix_size() == 0)
+      fail("{}: parameter {}: layout has no dev_matrix", file, item.param_name());
+    if (in.tensor_map_size() == 0)
+      fail("{}: parameter {}: layout has no tensor_map", file, item.param_name());
+    ParamLayout layout;
+    layout.dev_matrix.assign(in.dev_matrix(0).dim().begin(), in.dev_matrix(0).dim().end());
+    layout.tensor_map = tensor_map_of(in);
+    if (in.param_split_shape_size() > 0)
+      layout.param_split_shape.assign(in.param_split_shape(0).dim().begin(),
+                                      in.param_split_shape(0).dim().end());
+    if (in.indices_offset_size() > 0)
+      layout.indices_offset.assign(in.indices_offset(0).dim().begin(),
+                                   in.indices_offset(0).dim().end());
+    layout.field = in.field();
+    layout.opt_shard_step = in.opt_weight_shard_step();
+    layout.opt_shard_size = in.opt_weight_shard_size();
+    out.layouts.emplace_back(item.param_name(), std::move(layout));
+  }
+  return out;
+}
+
+// --- JSON -----------------------------------------------------------------------------------
+
+// Where a JSON value sits, for messages.
+struct JsonPlace {
+  const std::string& file;
+  std::string_view param;
+  std::string_view key;
+};
+
+[[noreturn]] void json_fail(const JsonPlace& at, std::string_view what) {
+  fail("{}: parameter {}: \"{}\" {}", at.file, at.param, at.key, what);
+}
+
+int64_t json_int(const Json& value, const JsonPlace& at, int64_t lo, int64_t hi) {
+  if (!value.is_number_integer()) json_fail(at, "is not an integer");
+  int64_t v = 0;
+  if (value.is_number_unsigned()) {
+    const uint64_t u = value.get<uint64_t>();
+    if (u > static_cast<uint64_t>(hi)) json_fail(at, "is out of range");
+    v = static_cast<int64_t>(u);
+  } else {
+    v = value.get<int64_t>();
+  }
+  if (v < lo || v > hi) json_fail(at, fmt::format("value {} is out of range", v));
+  return v;
+}
+
+std::vector<int64_t> json_ints(const Json& value, const JsonPlace& at, int64_t lo, int64_t hi) {
+  if (!value.is_array()) json_fail(at, "is not a list of integers");
+  std::vector<int64_t> out;
+  for (const Json& v : value) out.push_back(json_int(v, at, lo, hi));
+  return out;
+}
+
+const Json& json_required(const Json& object, const JsonPlace& at) {
+  auto it = object.find(at.key);
+  if (it == object.end())
+    fail("{}: parameter {}: required key \"{}\" is missing", at.file, at.param, at.key);
+  return *it;
+}
+
+// MindSpore writes one integer per dimension; a nested list (our own `strategy show --json`
+// form) names the axes of a multi-axis dimension.
+std::vector<DimAxes> json_tensor_map(const Json& value, const JsonPlace& at) {
+  constexpr int64_t kMin = std::numeric_limits<int32_t>::min();
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (!value.is_array()) json_fail(at, "is not a list");
+  std::vector<DimAxes> map;
+  for (const Json& dim : value) {
+    if (dim.is_array()) {
+      DimAxes axes;
+      for (int64_t a : json_ints(dim, at, kMin, kMax)) axes.push_back(static_cast<int32_t>(a));
+      if (axes == DimAxes{-1}) axes.clear();
+      map.push_back(std::move(axes));
+    } else {
+      const int64_t a = json_int(dim, at, kMin, kMax);
+      map.push_back(a == -1 ? DimAxes{} : DimAxes{static_cast<int32_t>(a)});
+    }
+  }
+  return map;
+}
+
+ParamLayout json_layout(const Json& object, const std::string& file, std::string_view param) {
+  constexpr int64_t kI32Min = std::numeric_limits<int32_t>::min();
+  constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
+  constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
+  constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
+  if (!object.is_object()) fail("{}: parameter {}: layout is not a JSON object", file, param);
+  auto place = [&](std::string_view key) { return JsonPlace{file, param, key}; };
+  auto required = [&](std::string_view key) -> const Json& {
+    return json_required(object, place(key));
+  };
+
+  ParamLayout layout;
+  layout.dev_matrix = json_ints(required("dev_matrix"), place("dev_matrix"), 0,
+                                std::numeric_limits<uint32_t>::max());
+  layout.tensor_map = json_tensor_map(required("tensor_map"), place("tensor_map"));
+  layout.field =
+      static_cast<int32_t>(json_int(required("field"), place("field"), kI32Min, kI32Max));
+  layout.opt_shard_step = static_cast<int32_t>(json_int(
+      required("opt_weight_shard_step"), place("opt_weight_shard_step"), kI32Min, kI32Max));
+  layout.opt_shard_size = static_cast<int32_t>(json_int(
+      required("opt_weight_shard_size"), place("opt_weight_shard_size"), kI32Min, kI32Max));
+  if (auto it = object.find("tensor_shape"); it != object.end())
+    layout.tensor_shape = json_ints(*it, place("tensor_shape"), 0, kI64Max);
+  const bool has_split = object.contains("param_split_shape");
+  const bool has_offset = object.contains("indices_offset");
+  if (has_split != has_offset)
+    fail("{}: parameter {}: \"param_split_shape\" and \"indices_offset\" must come together", file,
+         param);
+  if (has_split) {
+    layout.param_split_shape =
+        json_ints(object["param_split_shape"], place("param_split_shape"), kI64Min, kI64Max);
+    layout.indices_offset =
+        json_ints(object["indices_offset"], place("indices_offset"), kI64Min, kI64Max);
+  }
+  return layout;
+}
+
+FileStrategy parse_json(const std::string& text, const std::string& file) {
+  Json doc;
+  try {
+    doc = Json::parse(text);
+  } catch (const Json::exception& e) {
+    fail("{}: not a JSON strategy file: {}", file, e.what());
+  }
+  if (!doc.is_object()) fail("{}: not a JSON strategy file: top level is not an object", file);
+
+  FileStrategy out;
+  out.file = file;
+  if (auto items = doc.find("parallel_strategy_item"); items != doc.end()) {
+    if (!items->is_object()) fail("{}: \"parallel_strategy_item\" is not a JSON object", file);
+    for (const auto& [node, item] : items->items()) {
+      if (!item.is_object()) fail("{}: strategy item {} is not a JSON object", file, node);
+      const JsonPlace stage_at{file, node, "stage"};
+      OperatorStrategy op;
+      op.stage = static_cast<uint32_t>(json_int(json_required(item, stage_at), stage_at, 0,
+                                                std::numeric_limits<uint32_t>::max()));
+      if (auto inputs = item.find("parallel_strategy"); inputs != item.end()) {
+        const JsonPlace at{file, node, "parallel_strategy"};
+        if (!inputs->is_array()) json_fail(at, "is not a list of lists");
+        for (const Json& input : *inputs) {
+          std::vector<uint32_t> dims;
+          for (int64_t d : json_ints(input, at, 0, std::numeric_limits<uint32_t>::max()))
+            dims.push_back(static_cast<uint32_t>(d));
+          op.inputs.push_back(std::move(dims));
+        }
+      }
+      if (!out.first_stage) out.first_stage = op.stage;
+      out.operators.emplace_back(node, std::move(op));
+    }
+  }
+  if (auto items = doc.find("parallel_layout_item"); items != doc.end()) {
+    if (!items->is_object()) fail("{}: \"parallel_layout_item\" is not a JSON object", file);
+    for (const auto& [name, object] : items->items())
+      out.layouts.emplace_back(name, json_layout(object, file, name));
+  }
+  return out;
+}
+
+bool is_json_name(const fs::path& path) {
+  const std::string name = path.filename().string();
+  return name.size() >= 5 && name.compare(name.size() - 5, 5, ".json") == 0;
+}
+
+FileStrategy parse_file(const fs::path& path) {
+  const std::string file = path.string();
+  const std::string bytes = read_bytes(path);
+  if (bytes.empty()) fail("{}: strategy file is empty", file);
+  return is_json_name(path) ? parse_json(bytes, file) : parse_protobuf(bytes, file);
+}
+
+// --- merging --------------------------------------------------------------------------------
+
+// "<digits>-<name>" -> (stage, name). MindSpore splits at every "-", which breaks on parameter
+// names containing one; only a leading all-digit prefix is a stage here.
+std::optional<std::pair<uint32_t, std::string_view>> split_stage(std::string_view name) {
+  const size_t dash = name.find('-');
+  if (dash == std::string_view::npos || dash == 0) return std::nullopt;
+  const std::string_view prefix = name.substr(0, dash);
+  if (!std::all_of(prefix.begin(), prefix.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  uint32_t stage = 0;
+  auto [end, ec] = std::from_chars(prefix.data(), prefix.data() + prefix.size(), stage);
+  if (ec != std::errc() || end != prefix.data() + prefix.size()) return std::nullopt;
+  return std::pair{stage, name.substr(dash + 1)};
+}
+
+class Merger {
+ public:
+  explicit Merger(std::string origin) { out_.origin = std::move(origin); }
+
+  // Layout items of `f` belong to `file_stage` unless their name carries a stage prefix.
+  void add(const FileStrategy& f, uint32_t file_stage) {
+    for (const auto& [node, op] : f.operators) out_.operators.emplace(node, op);
+    for (const auto& [written, layout] : f.layouts) {
+      uint32_t stage = file_stage;
+      std::string_view name = written;
+      if (auto split = split_stage(written)) std::tie(stage, name) = *split;
+      if (name.empty()) fail("{}: layout item \"{}\" has an empty parameter name", f.file, written);
+      check_devices(f.file, written, layout);
+
+      StrategyParam& param = out_.params[std::string(name)];
+      param.name = std::string(name);
+      auto [it, inserted] = param.stages.emplace(stage, layout);
+      if (!inserted && !(it->second == layout))
+        fail("{}: parameter {} is listed twice for stage {} with different layouts", f.file, name,
+             stage);
+    }
+  }
+
+  Strategy finish() && {
+    if (out_.params.empty()) fail("{}: strategy has no parameter layouts", out_.origin);
+    std::set<uint32_t> stages;
+    for (const auto& [name, param] : out_.params)
+      for (const auto& [stage, layout] : param.stages) stages.insert(stage);
+    if (*stages.rbegin() + 1 != stages.size())
+      fail("{}: pipeline strategy does not contain all stages: has stages [{}], expected 0..{}",
+           out_.origin, fmt::join(stages, ","), *stages.rbegin());
+    out_.num_stages = static_cast<uint32_t>(stages.size());
+    out_.devices_per_stage = devices_;
+    return std::move(out_);
+  }
+
+ private:
+  // Global rank = stage * N + local needs one device count for every layout (§3.3, §7).
+  void check_devices(const std::string& file, std::string_view name, const ParamLayout& layout) {
+    if (layout.dev_matrix.empty()) fail("{}: parameter {}: dev_matrix is empty", file, name);
+    int64_t product = 1;
+    for (int64_t d : layout.dev_matrix) {
+      if (d <= 0)
+        fail("{}: parameter {}: dev_matrix [{}] has a non-positive axis", file, name,
+             fmt::join(layout.dev_matrix, ","));
+      if (product > (int64_t{1} << 40) / d)
+        fail("{}: parameter {}: dev_matrix [{}] has too many devices", file, name,
+             fmt::join(layout.dev_matrix, ","));
+      product *= d;
+    }
+    if (ref_param_.empty()) {
+      devices_ = product;
+      ref_file_ = file;
+      ref_param_ = std::string(name);
+    } else if (product != devices_) {
+      fail(
+          "{}: parameter {}: dev_matrix [{}] spans {} devices, but parameter {} in {} spans {}; "
+          "every layout must span the same devices per stage",
+          file, name, fmt::join(layout.dev_matrix, ","), product, ref_param_, ref_file_, devices_);
+    }
+  }
+
+  Strategy out_;
+  int64_t devices_ = 1;
+  std::string ref_file_, ref_param_;
+};
+
+Strategy read_directory(const fs::path& dir) {
+  std::vector<fs::path> protobufs, jsons;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name[0] == '.') continue;
+    std::error_code ec;
+    if (!entry.is_regular_file(ec)) continue;  // follows symlinks
+    if (entry.path().extension() == ".ckpt") protobufs.push_back(entry.path());
+    if (entry.path().extension() == ".json") jsons.push_back(entry.path());
+  }
+  if (!protobufs.empty() && !jsons.empty())
+    fail("{}: strategy directory mixes *.ckpt and *.json files", dir.string());
+  std::vector<fs::path>& files = protobufs.empty() ? jsons : protobufs;
+  if (files.empty()) fail("{}: strategy directory holds no *.ckpt or *.json files", dir.string());
+  std::sort(files.begin(), files.end());
+
+  Merger merger(dir.string());
+  std::set<uint32_t> merged;
+  for (const fs::path& path : files) {
+    FileStrategy f = parse_file(path);
+    if (!f.first_stage)
+      fail("{}: strategy file has no parallel_strategy_item, so its pipeline stage is unknown",
+           f.file);
+    if (f.layouts.empty()) fail("{}: strategy file has no parallel_layout_item", f.file);
+    if (!merged.insert(*f.first_stage).second) {
+      spdlog::debug("{}: stage {} already merged, skipping", f.file, *f.first_stage);
+      continue;
+    }
+    merger.add(f, *f.first_stage);
+  }
+  return std::move(merger).finish();
+}
+
+}  // namespace
+
+Strategy read_strategy(const std::filesystem::path& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) fail("{}: strategy file does not exist", path.string());
+  if (fs::is_directory(status)) return read_directory(path);
+
+  FileStrategy f = parse_file(path);
+  if (f.layouts.empty()) fail("{}: strategy file has no parallel_layout_item", f.file);
+  Merger merger(path.string());
+  merger.add(f, f.first_stage.value_or(0));
+  return std::move(merger).finish();
+}
+
+}  // namespace ckptfs::strategy
