@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -16,33 +17,57 @@
 
 namespace ckptfs::index {
 
-// $XDG_CACHE_HOME/ckptfs/index, else $HOME/.cache/ckptfs/index.
+// On disk: an LMDB environment (data.mdb, lock.mdb) in the index directory, with two named
+// databases. kScansDb maps Fingerprint::key() to a serialized indexpb::ScannedFile
+// (proto/index.proto). kPathsDb maps a 64-bit hash of a path (LMDB keys are short) to the key
+// last stored for that path followed by the path, so that the entry of a file's previous version
+// is dropped when the new one is stored instead of piling up.
+inline constexpr char kScansDb[] = "scans";
+inline constexpr char kPathsDb[] = "paths";
+// The LMDB map is address space, not disk (the file is sparse), so start big enough for
+// millions of parameters; a full map is doubled and the write retried.
+inline constexpr size_t kDefaultMapSize = size_t{8} << 30;
+
+// Bumped whenever ckpt::FileScan or its stored form changes meaning: entries written with
+// another version read as absent, and the files are scanned again.
+inline constexpr uint32_t kFormatVersion = 1;
+
+// $XDG_CACHE_HOME/ckptfs/index (if that is an absolute path), else $HOME/.cache/ckptfs/index.
+// Throws Error if neither variable is usable.
 std::filesystem::path default_dir();
 
 struct Entry {
   std::string path;
   source::Fingerprint fingerprint;
-  uint64_t params = 0;
+  uint64_t params = 0;  // FileScan::params.size()
 };
 
+// Safe to share between threads (operations take turns) and between processes (LMDB's locks).
+// A process can hold only one Store per directory at a time (LMDB's rule); a second one throws.
 class Store {
  public:
-  // Opens (creating) the LMDB environment in `dir`; throws Error naming it.
-  explicit Store(const std::filesystem::path& dir);
+  // Opens the LMDB environment in `dir`, creating the directory (mode 0700, parents included)
+  // and the environment if missing; throws Error naming `dir` and LMDB's reason.
+  explicit Store(const std::filesystem::path& dir, size_t initial_map_size = kDefaultMapSize);
   ~Store();
   Store(Store&&) noexcept;
   Store& operator=(Store&&) noexcept;
 
+  const std::filesystem::path& dir() const;
+
+  // The stored scan of the file with this fingerprint; nullopt if there is none, or it was
+  // written with another kFormatVersion, or it does not decode.
   std::optional<ckpt::FileScan> lookup(const source::Fingerprint& fingerprint) const;
   struct NewEntry {
     std::string path;
     source::Fingerprint fingerprint;
     const ckpt::FileScan* scan = nullptr;
   };
-  // All in one write transaction.
+  // All in one write transaction; the map grows as needed.
   void insert(std::span<const NewEntry> items);
+  // The current-version entries, sorted by path.
   std::vector<Entry> entries() const;
-  size_t clear();  // removes every entry, returns how many
+  size_t clear();  // removes every entry (of any version), returns how many
 
  private:
   struct Impl;
@@ -56,8 +81,10 @@ struct IndexedSource {
 };
 
 // Opens every path, takes scans from the store where the fingerprint matches and scans the
-// rest (header only), then records the new scans in one transaction. A file that changes while
-// it is scanned is an Error.
+// rest (header only, two files at a time), then records the new scans in one transaction under
+// the absolute paths. Results are in the order of `paths`. A file that changes while it is
+// scanned is an Error, as is any open or scan failure; failing to record the new scans is only
+// logged, since the index is a cache.
 std::vector<IndexedSource> index_sources(Store& store,
                                          const std::vector<std::filesystem::path>& paths);
 

@@ -2,21 +2,31 @@
 // and tells whether the file changed underneath a mount.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "ckptfs/util/fd.h"
 
 namespace ckptfs::source {
 
+// Identity of a file's contents as far as stat can tell: a rewrite in place moves the mtime (or
+// the size), a replacement by rename changes the inode.
 struct Fingerprint {
   uint64_t dev = 0;
   uint64_t ino = 0;
   uint64_t size = 0;
-  int64_t mtime_ns = 0;
+  int64_t mtime_ns = 0;  // st_mtim in nanoseconds since the epoch
   bool operator==(const Fingerprint&) const = default;
-  std::string key() const;  // fixed-width big-endian bytes, the LMDB key
+
+  static constexpr size_t kKeySize = 32;
+  // dev, ino, size, mtime_ns as 8-byte big-endian words (mtime_ns two's complement): the LMDB key.
+  std::string key() const;
+  // The inverse of key(); nullopt unless `key` is kKeySize bytes.
+  static std::optional<Fingerprint> from_key(std::string_view key);
 };
 
 // Throws Error naming `display_name` if fstat fails.
@@ -27,9 +37,12 @@ struct SourceFile {
   UniqueFd fd;
   Fingerprint fingerprint;
 
-  // Opens read-only and fingerprints; throws Error naming the path.
+  // Opens read-only (O_CLOEXEC) and fingerprints; throws Error naming the path if it cannot be
+  // opened or is not a regular file.
   static SourceFile open(const std::filesystem::path& path);
-  // True while fstat still gives the fingerprint taken at open.
+  // True while fstat of the open descriptor still gives the fingerprint taken at open; false if
+  // fstat fails. A file replaced by rename still counts as unchanged: the descriptor keeps
+  // reading the bytes that were fingerprinted.
   bool unchanged() const;
 };
 

@@ -1,0 +1,98 @@
+// Minimal RAII over the LMDB C API, for the index. Every failure becomes an Error naming the
+// environment's directory, the operation and mdb_strerror's text; the two outcomes a caller
+// must act on (a full map, a key not found) are return values instead.
+#pragma once
+
+#include <lmdb.h>
+
+#include <cstddef>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace ckptfs::index::lmdb {
+
+// Throws Error "<dir>: <what>: <mdb_strerror(rc)>" unless rc is MDB_SUCCESS.
+void check(int rc, const std::filesystem::path& dir, std::string_view what);
+
+class Env {
+ public:
+  // mdb_env_open on an existing directory, with up to `max_dbs` named databases.
+  static Env open(const std::filesystem::path& dir, size_t map_size, unsigned max_dbs,
+                  unsigned flags);
+
+  Env() = default;
+  Env(Env&& other) noexcept;
+  Env& operator=(Env&& other) noexcept;
+  Env(const Env&) = delete;
+  Env& operator=(const Env&) = delete;
+  ~Env();
+
+  MDB_env* get() const { return env_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  size_t map_size() const;
+  // Only while this process has no transaction open in the environment (LMDB's rule).
+  // 0 adopts the size another process grew the map to.
+  void set_map_size(size_t bytes);
+
+ private:
+  MDB_env* env_ = nullptr;
+  std::filesystem::path dir_;
+};
+
+// Aborted on destruction unless committed.
+class Txn {
+ public:
+  // A write transaction unless `flags` holds MDB_RDONLY. Returns nullopt (and opens nothing)
+  // on MDB_MAP_RESIZED, which the caller resolves with set_map_size(0) and a retry.
+  static std::optional<Txn> begin(const Env& env, unsigned flags);
+
+  Txn(Txn&& other) noexcept;
+  Txn& operator=(Txn&& other) noexcept;
+  Txn(const Txn&) = delete;
+  Txn& operator=(const Txn&) = delete;
+  ~Txn();
+
+  MDB_txn* get() const { return txn_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  // nullopt if the database does not exist and `flags` lacks MDB_CREATE.
+  std::optional<MDB_dbi> open_db(const char* name, unsigned flags);
+  // The bytes stay valid until the transaction ends or writes.
+  std::optional<std::string_view> get(MDB_dbi dbi, std::string_view key) const;
+  // False on MDB_MAP_FULL: the transaction is then unusable and must be aborted.
+  [[nodiscard]] bool put(MDB_dbi dbi, std::string_view key, std::string_view value);
+  // Deleting an absent key is not an error. False on MDB_MAP_FULL, as for put.
+  [[nodiscard]] bool del(MDB_dbi dbi, std::string_view key);
+  // Empties the database (mdb_drop without deleting it). False on MDB_MAP_FULL.
+  [[nodiscard]] bool drop(MDB_dbi dbi);
+  size_t count(MDB_dbi dbi) const;
+  // False on MDB_MAP_FULL. Either way the transaction is over.
+  [[nodiscard]] bool commit();
+  void abort();
+
+ private:
+  Txn(MDB_txn* txn, std::filesystem::path dir) : txn_(txn), dir_(std::move(dir)) {}
+  MDB_txn* txn_ = nullptr;
+  std::filesystem::path dir_;  // for messages
+};
+
+// Walks one database in key order.
+class Cursor {
+ public:
+  Cursor(const Txn& txn, MDB_dbi dbi);
+  Cursor(const Cursor&) = delete;
+  Cursor& operator=(const Cursor&) = delete;
+  ~Cursor();
+
+  // The first entry, then the following ones; false past the last.
+  bool next(std::string_view& key, std::string_view& value);
+
+ private:
+  MDB_cursor* cursor_ = nullptr;
+  std::filesystem::path dir_;
+  bool started_ = false;
+};
+
+}  // namespace ckptfs::index::lmdb

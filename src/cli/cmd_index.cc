@@ -1,0 +1,97 @@
+// ckptfs index list|clear|build: look after the persistent index of source scans.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckptfs/error.h"
+#include "ckptfs/index/store.h"
+#include "ckptfs/source/discover.h"
+#include "commands.h"
+
+namespace ckptfs::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct IndexOptions {
+  std::string index_dir;  // empty: index::default_dir()
+  std::string src_dir;
+};
+
+fs::path index_dir(const IndexOptions& options) {
+  return options.index_dir.empty() ? index::default_dir() : fs::path(options.index_dir);
+}
+
+void add_index_dir_option(CLI::App* command, IndexOptions& options) {
+  command->add_option("--index-dir", options.index_dir,
+                      "Index directory (default $XDG_CACHE_HOME/ckptfs/index or "
+                      "~/.cache/ckptfs/index)");
+}
+
+void list(const IndexOptions& options) {
+  const index::Store store(index_dir(options));
+  const std::vector<index::Entry> entries = store.entries();
+  if (!entries.empty()) fmt::print("{:>10} {:>16}  {}\n", "PARAMS", "BYTES", "PATH");
+  for (const index::Entry& entry : entries) {
+    fmt::print("{:>10} {:>16}  {}\n", entry.params, entry.fingerprint.size, entry.path);
+  }
+  fmt::print("{} files in {}\n", entries.size(), store.dir().string());
+}
+
+void clear(const IndexOptions& options) {
+  index::Store store(index_dir(options));
+  const size_t removed = store.clear();
+  fmt::print("removed {} entries from {}\n", removed, store.dir().string());
+}
+
+void build(const IndexOptions& options) {
+  const source::Discovery discovery = source::discover(options.src_dir);
+  for (const std::string& warning : discovery.warnings) spdlog::warn("{}", warning);
+  if (discovery.files.empty()) {
+    fail("{}: no rank_<digits> directory holds a *.ckpt file", options.src_dir);
+  }
+  std::vector<fs::path> paths;
+  paths.reserve(discovery.files.size());
+  for (const auto& [rank, path] : discovery.files) paths.push_back(path);
+
+  index::Store store(index_dir(options));
+  const std::vector<index::IndexedSource> sources = index::index_sources(store, paths);
+  uint64_t params = 0;
+  size_t hits = 0;
+  for (const index::IndexedSource& source : sources) {
+    params += source.scan.params.size();
+    hits += source.from_index ? 1 : 0;
+  }
+  fmt::print("{} files, {} parameters: {} from the index, {} scanned; index in {}\n",
+             sources.size(), params, hits, sources.size() - hits, store.dir().string());
+}
+
+}  // namespace
+
+void add_index_command(CLI::App& app) {
+  auto options = std::make_shared<IndexOptions>();
+  CLI::App* command = app.add_subcommand("index", "Manage the index of scanned source checkpoints");
+  command->require_subcommand(1);
+
+  CLI::App* list_command = command->add_subcommand("list", "List the indexed source files");
+  add_index_dir_option(list_command, *options);
+  list_command->callback([options] { list(*options); });
+
+  CLI::App* clear_command = command->add_subcommand("clear", "Remove every entry of the index");
+  add_index_dir_option(clear_command, *options);
+  clear_command->callback([options] { clear(*options); });
+
+  CLI::App* build_command = command->add_subcommand(
+      "build", "Scan the checkpoints of SRC_DIR/rank_*/ that the index does not hold yet");
+  build_command->add_option("SRC_DIR", options->src_dir, "Source checkpoint directory")->required();
+  add_index_dir_option(build_command, *options);
+  build_command->callback([options] { build(*options); });
+}
+
+}  // namespace ckptfs::cli

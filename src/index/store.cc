@@ -1,0 +1,309 @@
+#include "ckptfs/index/store.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "ckptfs/error.h"
+#include "ckptfs/index/lmdb.h"
+#include "index.pb.h"
+
+namespace ckptfs::index {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Beyond this a full map is an error rather than another doubling: the index of even a huge
+// source is far smaller, so something else is wrong.
+constexpr size_t kMaxMapSize = size_t{1} << 40;
+// A begin that keeps reporting MDB_MAP_RESIZED after adopting the new size is not going to stop.
+constexpr int kMaxResizeRetries = 4;
+
+// mkdir -p with mode 0700 for what it creates: the index holds paths of the user's files.
+void make_dirs(const fs::path& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      fail("{}: cannot use as index directory: not a directory", dir.string());
+    }
+    return;
+  }
+  if (errno != ENOENT) {
+    fail("{}: cannot use as index directory: {}", dir.string(), std::strerror(errno));
+  }
+  if (dir.has_parent_path() && dir.parent_path() != dir) make_dirs(dir.parent_path());
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    fail("{}: cannot create index directory: {}", dir.string(), std::strerror(errno));
+  }
+}
+
+// FNV-1a: stable across builds and platforms, which std::hash is not promised to be.
+std::string path_key(std::string_view path) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : path) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  std::string key(8, '\0');
+  for (int i = 0; i < 8; ++i) key[i] = static_cast<char>(h >> (56 - 8 * i));
+  return key;
+}
+
+void to_proto(const ckpt::Extent& extent, indexpb::Extent* out) {
+  out->set_offset(extent.offset);
+  out->set_length(extent.length);
+}
+
+std::string encode(const std::string& path, const ckpt::FileScan& scan) {
+  indexpb::ScannedFile file;
+  file.set_format_version(kFormatVersion);
+  file.set_path(path);
+  file.set_file_size(scan.file_size);
+  file.set_body_size(scan.body_size);
+  file.set_has_crc_trailer(scan.has_crc_trailer);
+  file.mutable_params()->Reserve(static_cast<int>(scan.params.size()));
+  for (const ckpt::Param& param : scan.params) {
+    indexpb::ScannedParam* p = file.add_params();
+    p->set_name(param.name);
+    p->set_dtype(param.dtype);
+    for (int64_t dim : param.shape) p->add_shape(dim);
+    p->set_dims_zero(param.dims_zero);
+    p->set_kind(static_cast<uint32_t>(param.kind));
+    p->set_element_size(param.element_size);
+    for (const ckpt::Extent& e : param.content) to_proto(e, p->add_content());
+    for (const ckpt::Extent& e : param.records) to_proto(e, p->add_records());
+  }
+  return file.SerializeAsString();
+}
+
+// nullopt for anything that is not a current-version scan of a file of this size.
+std::optional<ckpt::FileScan> decode(std::string_view bytes, uint64_t file_size) {
+  indexpb::ScannedFile file;
+  if (!file.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return std::nullopt;
+  if (file.format_version() != kFormatVersion || file.file_size() != file_size) return std::nullopt;
+  ckpt::FileScan scan;
+  scan.file_size = file.file_size();
+  scan.body_size = file.body_size();
+  scan.has_crc_trailer = file.has_crc_trailer();
+  scan.params.reserve(file.params_size());
+  for (const indexpb::ScannedParam& p : file.params()) {
+    if (p.kind() > static_cast<uint32_t>(ckpt::EntryKind::Opaque)) return std::nullopt;
+    ckpt::Param& param = scan.params.emplace_back();
+    param.name = p.name();
+    param.dtype = p.dtype();
+    param.shape.assign(p.shape().begin(), p.shape().end());
+    param.dims_zero = p.dims_zero();
+    param.kind = static_cast<ckpt::EntryKind>(p.kind());
+    param.element_size = p.element_size();
+    param.content.reserve(p.content_size());
+    for (const indexpb::Extent& e : p.content()) param.content.push_back({e.offset(), e.length()});
+    param.records.reserve(p.records_size());
+    for (const indexpb::Extent& e : p.records()) param.records.push_back({e.offset(), e.length()});
+  }
+  return scan;
+}
+
+// LMDB forbids opening one environment twice in a process (closing either would drop the
+// other's locks), so Store refuses instead of corrupting.
+class OpenOnce {
+ public:
+  explicit OpenOnce(const fs::path& dir) {
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0) {
+      fail("{}: cannot use as index directory: {}", dir.string(), std::strerror(errno));
+    }
+    id_ = {st.st_dev, st.st_ino};
+    std::lock_guard lock(mu());
+    if (!open().insert(id_).second) {
+      fail("{}: the index is already open in this process", dir.string());
+    }
+  }
+  ~OpenOnce() {
+    std::lock_guard lock(mu());
+    open().erase(id_);
+  }
+  OpenOnce(const OpenOnce&) = delete;
+  OpenOnce& operator=(const OpenOnce&) = delete;
+
+ private:
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::set<std::pair<dev_t, ino_t>>& open() {
+    static std::set<std::pair<dev_t, ino_t>> dirs;
+    return dirs;
+  }
+  std::pair<dev_t, ino_t> id_;
+};
+
+}  // namespace
+
+fs::path default_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  // The XDG spec says to ignore a relative value.
+  if (xdg && xdg[0] == '/') return fs::path(xdg) / "ckptfs" / "index";
+  const char* home = std::getenv("HOME");
+  if (home && home[0] != '\0') return fs::path(home) / ".cache" / "ckptfs" / "index";
+  fail("no index directory: neither XDG_CACHE_HOME nor HOME is set; pass --index-dir");
+}
+
+struct Store::Impl {
+  explicit Impl(const fs::path& dir) : once(dir) {}
+
+  OpenOnce once;  // first member, so the environment is closed before it is released
+  lmdb::Env env;
+  MDB_dbi scans = 0;
+  MDB_dbi paths = 0;
+  // One operation at a time: a map resize is only allowed while this process has no
+  // transaction open, and the index is far from any hot path.
+  mutable std::mutex mu;
+
+  // Callers hold mu.
+  lmdb::Txn begin(unsigned flags) {
+    for (int attempt = 0; attempt < kMaxResizeRetries; ++attempt) {
+      if (std::optional<lmdb::Txn> txn = lmdb::Txn::begin(env, flags)) return std::move(*txn);
+      // Another process grew the map past ours; adopt its size.
+      env.set_map_size(0);
+    }
+    fail("{}: the index map keeps being resized by another process", env.dir().string());
+  }
+
+  // Callers hold mu and have no transaction open.
+  void grow() {
+    const size_t size = env.map_size();
+    if (size >= kMaxMapSize) {
+      fail("{}: the index is full at {} bytes; run `ckptfs index clear`", env.dir().string(), size);
+    }
+    env.set_map_size(std::min(size * 2, kMaxMapSize));
+    spdlog::info("{}: index map grown to {} bytes", env.dir().string(), env.map_size());
+  }
+};
+
+Store::Store(const fs::path& dir, size_t initial_map_size) {
+  make_dirs(dir);
+  impl_ = std::make_unique<Impl>(dir);
+  impl_->env = lmdb::Env::open(dir, initial_map_size, 2, MDB_NOTLS);
+  // Reader slots of processes that died mid-transaction would otherwise pin old pages forever.
+  int dead = 0;
+  lmdb::check(mdb_reader_check(impl_->env.get(), &dead), dir, "LMDB reader check failed");
+  // Usually the databases exist: find them without taking the writer lock or syncing, which a
+  // mount would otherwise wait for.
+  {
+    lmdb::Txn txn = impl_->begin(MDB_RDONLY);
+    const std::optional<MDB_dbi> scans = txn.open_db(kScansDb, 0);
+    const std::optional<MDB_dbi> paths = txn.open_db(kPathsDb, 0);
+    if (scans && paths && txn.commit()) {  // a read-only commit keeps the handles open
+      impl_->scans = *scans;
+      impl_->paths = *paths;
+      return;
+    }
+  }
+  for (;;) {
+    lmdb::Txn txn = impl_->begin(0);
+    impl_->scans = *txn.open_db(kScansDb, MDB_CREATE);
+    impl_->paths = *txn.open_db(kPathsDb, MDB_CREATE);
+    if (txn.commit()) break;
+    impl_->grow();
+  }
+}
+
+Store::~Store() = default;
+Store::Store(Store&&) noexcept = default;
+Store& Store::operator=(Store&&) noexcept = default;
+
+const fs::path& Store::dir() const { return impl_->env.dir(); }
+
+std::optional<ckpt::FileScan> Store::lookup(const source::Fingerprint& fingerprint) const {
+  std::lock_guard lock(impl_->mu);
+  const lmdb::Txn txn = impl_->begin(MDB_RDONLY);
+  const std::optional<std::string_view> value = txn.get(impl_->scans, fingerprint.key());
+  if (!value) return std::nullopt;
+  return decode(*value, fingerprint.size);
+}
+
+void Store::insert(std::span<const NewEntry> items) {
+  struct Encoded {
+    std::string path_key;
+    std::string path_value;  // scan key, then path
+    std::string scan_key;
+    std::string scan_value;
+  };
+  std::vector<Encoded> encoded;
+  encoded.reserve(items.size());
+  for (const NewEntry& item : items) {
+    if (!item.scan) fail("{}: no scan given for {}", dir().string(), item.path);
+    Encoded& e = encoded.emplace_back();
+    e.path_key = path_key(item.path);
+    e.scan_key = item.fingerprint.key();
+    e.path_value = e.scan_key + item.path;
+    e.scan_value = encode(item.path, *item.scan);
+  }
+  if (encoded.empty()) return;
+
+  std::lock_guard lock(impl_->mu);
+  const auto put_all = [&](lmdb::Txn& txn) {
+    for (const Encoded& e : encoded) {
+      if (std::optional<std::string_view> old = txn.get(impl_->paths, e.path_key)) {
+        const size_t n = source::Fingerprint::kKeySize;
+        // Hash collisions between paths are harmless: the old entry is only dropped when the
+        // stored path is really this one.
+        if (old->size() > n && old->substr(n) == std::string_view(e.path_value).substr(n) &&
+            old->substr(0, n) != e.scan_key) {
+          const std::string stale(old->substr(0, n));
+          if (!txn.del(impl_->scans, stale)) return false;
+        }
+      }
+      if (!txn.put(impl_->scans, e.scan_key, e.scan_value)) return false;
+      if (!txn.put(impl_->paths, e.path_key, e.path_value)) return false;
+    }
+    return txn.commit();
+  };
+  for (;;) {
+    lmdb::Txn txn = impl_->begin(0);
+    if (put_all(txn)) return;
+    txn.abort();
+    impl_->grow();
+  }
+}
+
+std::vector<Entry> Store::entries() const {
+  std::vector<Entry> out;
+  {
+    std::lock_guard lock(impl_->mu);
+    const lmdb::Txn txn = impl_->begin(MDB_RDONLY);
+    lmdb::Cursor cursor(txn, impl_->scans);
+    std::string_view key, value;
+    indexpb::ScannedFile file;
+    while (cursor.next(key, value)) {
+      const std::optional<source::Fingerprint> fingerprint = source::Fingerprint::from_key(key);
+      if (!fingerprint || !file.ParseFromArray(value.data(), static_cast<int>(value.size())) ||
+          file.format_version() != kFormatVersion) {
+        continue;
+      }
+      out.push_back(Entry{file.path(), *fingerprint, static_cast<uint64_t>(file.params_size())});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
+    return a.path != b.path ? a.path < b.path : a.fingerprint.key() < b.fingerprint.key();
+  });
+  return out;
+}
+
+size_t Store::clear() {
+  std::lock_guard lock(impl_->mu);
+  for (;;) {
+    lmdb::Txn txn = impl_->begin(0);
+    const size_t removed = txn.count(impl_->scans);
+    if (txn.drop(impl_->scans) && txn.drop(impl_->paths) && txn.commit()) return removed;
+    txn.abort();
+    impl_->grow();
+  }
+}
+
+}  // namespace ckptfs::index

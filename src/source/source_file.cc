@@ -1,0 +1,83 @@
+#include "ckptfs/source/source_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ckptfs/error.h"
+
+namespace ckptfs::source {
+
+namespace {
+
+void put_big_endian(std::string& out, uint64_t value) {
+  for (int shift = 56; shift >= 0; shift -= 8) out.push_back(static_cast<char>(value >> shift));
+}
+
+uint64_t get_big_endian(std::string_view bytes) {
+  uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value = value << 8 | static_cast<uint8_t>(bytes[i]);
+  return value;
+}
+
+Fingerprint from_stat(const struct stat& st) {
+  Fingerprint fp;
+  fp.dev = static_cast<uint64_t>(st.st_dev);
+  fp.ino = static_cast<uint64_t>(st.st_ino);
+  fp.size = static_cast<uint64_t>(st.st_size);
+  fp.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  return fp;
+}
+
+}  // namespace
+
+std::string Fingerprint::key() const {
+  std::string out;
+  out.reserve(kKeySize);
+  put_big_endian(out, dev);
+  put_big_endian(out, ino);
+  put_big_endian(out, size);
+  put_big_endian(out, static_cast<uint64_t>(mtime_ns));
+  return out;
+}
+
+std::optional<Fingerprint> Fingerprint::from_key(std::string_view key) {
+  if (key.size() != kKeySize) return std::nullopt;
+  Fingerprint fp;
+  fp.dev = get_big_endian(key.substr(0, 8));
+  fp.ino = get_big_endian(key.substr(8, 8));
+  fp.size = get_big_endian(key.substr(16, 8));
+  fp.mtime_ns = static_cast<int64_t>(get_big_endian(key.substr(24, 8)));
+  return fp;
+}
+
+Fingerprint fingerprint_of(int fd, const std::string& display_name) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) fail("{}: fstat failed: {}", display_name, std::strerror(errno));
+  return from_stat(st);
+}
+
+SourceFile SourceFile::open(const std::filesystem::path& path) {
+  SourceFile file;
+  file.path = path;
+  file.fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!file.fd) fail("{}: cannot open: {}", path.string(), std::strerror(errno));
+  struct stat st;
+  if (::fstat(file.fd.get(), &st) != 0) {
+    fail("{}: fstat failed: {}", path.string(), std::strerror(errno));
+  }
+  // Opening a directory read-only succeeds; reading it would fail later with a worse message.
+  if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", path.string());
+  file.fingerprint = from_stat(st);
+  return file;
+}
+
+bool SourceFile::unchanged() const {
+  struct stat st;
+  if (!fd || ::fstat(fd.get(), &st) != 0) return false;
+  return from_stat(st) == fingerprint;
+}
+
+}  // namespace ckptfs::source

@@ -1,0 +1,199 @@
+// index_sources over real (tiny) checkpoint files: what is scanned, what comes from the index,
+// and what happens when files change between runs.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ckptfs/ckpt/encoder.h"
+#include "ckptfs/error.h"
+#include "ckptfs/index/store.h"
+
+namespace ckptfs::index {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// Spec §1.3: parameter "w", shape [2], Float32 1.0, 2.0, as 28 bytes.
+const std::string kSpecRecord{
+    "\x0A\x1A\x0A\x01w\x12\x15\x08\x02\x12\x07"
+    "Float32\x1A\x08\x00\x00\x80\x3F\x00\x00\x00\x40",
+    28};
+
+// One Float32 record per name, each of `elements` elements.
+std::string records(const std::vector<std::string>& names, int64_t elements) {
+  std::string out;
+  for (const std::string& name : names) {
+    const std::vector<int64_t> dims{elements};
+    out += ckpt::record_header(name, dims, "Float32", 4 * elements);
+    out += std::string(4 * elements, '\x11');
+  }
+  return out;
+}
+
+class IndexSourcesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "ckptfs-sources-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // Writes root_/relative with an old, distinct mtime, so that a later rewrite moves it.
+  fs::path write(const std::string& relative, const std::string& bytes) {
+    const fs::path path = root_ / relative;
+    fs::create_directories(path.parent_path());
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    const struct timespec times[2] = {{1'000'000'000, 0}, {1'000'000'000, 0}};
+    EXPECT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+    return path;
+  }
+
+  std::vector<bool> hits(const std::vector<IndexedSource>& sources) {
+    std::vector<bool> out;
+    for (const IndexedSource& s : sources) out.push_back(s.from_index);
+    return out;
+  }
+
+  fs::path root_;
+};
+
+TEST_F(IndexSourcesTest, SpecRecordIsScannedThenServedFromTheIndex) {
+  const fs::path path = write("src/rank_0/net.ckpt", kSpecRecord);
+  for (bool second : {false, true}) {
+    Store store(root_ / "index");
+    const std::vector<IndexedSource> sources = index_sources(store, {path});
+    ASSERT_EQ(sources.size(), 1u);
+    const IndexedSource& s = sources[0];
+    EXPECT_EQ(s.from_index, second);
+    EXPECT_EQ(s.file.path, path);
+    EXPECT_TRUE(s.file.fd);
+    EXPECT_EQ(s.file.fingerprint.size, 28u);
+    EXPECT_EQ(s.scan.file_size, 28u);
+    EXPECT_EQ(s.scan.body_size, 28u);
+    EXPECT_FALSE(s.scan.has_crc_trailer);
+    ASSERT_EQ(s.scan.params.size(), 1u);
+    const ckpt::Param& w = s.scan.params[0];
+    EXPECT_EQ(w.name, "w");
+    EXPECT_EQ(w.dtype, "Float32");
+    EXPECT_EQ(w.shape, std::vector<int64_t>{2});
+    EXPECT_EQ(w.kind, ckpt::EntryKind::Tensor);
+    EXPECT_EQ(w.element_size, 4u);
+    EXPECT_EQ(w.content, (std::vector<ckpt::Extent>{{20, 8}}));
+    EXPECT_EQ(w.records, (std::vector<ckpt::Extent>{{0, 28}}));
+  }
+  // Stored under the absolute path, with the file's fingerprint.
+  const std::vector<Entry> entries = Store(root_ / "index").entries();
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].path, path.string());
+  EXPECT_EQ(entries[0].params, 1u);
+  EXPECT_EQ(entries[0].fingerprint.size, 28u);
+}
+
+TEST_F(IndexSourcesTest, ChangedFilesAreRescannedAndUnchangedOnesAreHits) {
+  const std::vector<fs::path> paths = {write("src/rank_0/a.ckpt", records({"x", "y"}, 2)),
+                                       write("src/rank_1/b.ckpt", records({"x", "y"}, 3)),
+                                       write("src/rank_2/c.ckpt", records({"x", "y"}, 4)),
+                                       write("src/rank_3/d.ckpt", records({"x", "y"}, 5))};
+  Store store(root_ / "index");
+  EXPECT_EQ(hits(index_sources(store, paths)), (std::vector<bool>{false, false, false, false}));
+  EXPECT_EQ(hits(index_sources(store, paths)), (std::vector<bool>{true, true, true, true}));
+
+  // b: rewritten with other content; c: only touched; d: replaced by rename.
+  { std::ofstream(paths[1], std::ios::binary | std::ios::trunc) << records({"x", "y", "z"}, 3); }
+  const struct timespec later[2] = {{1'000'000'001, 0}, {1'000'000'001, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, paths[2].c_str(), later, 0), 0);
+  const fs::path next = write("src/rank_3/d.tmp", records({"x", "y"}, 5));
+  fs::rename(next, paths[3]);
+
+  const std::vector<IndexedSource> after = index_sources(store, paths);
+  EXPECT_EQ(hits(after), (std::vector<bool>{true, false, false, false}));
+  EXPECT_EQ(after[1].scan.params.size(), 3u);
+  EXPECT_EQ(after[1].scan.params[2].name, "z");
+  for (size_t i = 0; i < paths.size(); ++i) EXPECT_EQ(after[i].file.path, paths[i]);
+
+  EXPECT_EQ(hits(index_sources(store, paths)), (std::vector<bool>{true, true, true, true}));
+  // The previous versions' entries were replaced, not kept beside the new ones.
+  EXPECT_EQ(store.entries().size(), 4u);
+}
+
+TEST_F(IndexSourcesTest, ResultsKeepInputOrderAcrossManyFiles) {
+  std::vector<fs::path> paths;
+  for (int rank = 63; rank >= 0; --rank) {
+    paths.push_back(write(fmt::format("src/rank_{}/net.ckpt", rank),
+                          records({fmt::format("p{}", rank)}, 1 + rank % 7)));
+  }
+  Store store(root_ / "index");
+  for (bool second : {false, true}) {
+    const std::vector<IndexedSource> sources = index_sources(store, paths);
+    ASSERT_EQ(sources.size(), paths.size());
+    for (size_t i = 0; i < paths.size(); ++i) {
+      const int rank = 63 - static_cast<int>(i);
+      SCOPED_TRACE(rank);
+      EXPECT_EQ(sources[i].from_index, second);
+      EXPECT_EQ(sources[i].file.path, paths[i]);
+      ASSERT_EQ(sources[i].scan.params.size(), 1u);
+      EXPECT_EQ(sources[i].scan.params[0].name, fmt::format("p{}", rank));
+      EXPECT_EQ(sources[i].scan.params[0].shape, std::vector<int64_t>{1 + rank % 7});
+    }
+  }
+  EXPECT_EQ(store.entries().size(), 64u);
+}
+
+TEST_F(IndexSourcesTest, SamePathTwiceGivesTwoResults) {
+  const fs::path path = write("src/rank_0/a.ckpt", kSpecRecord);
+  Store store(root_ / "index");
+  EXPECT_EQ(hits(index_sources(store, {path, path})), (std::vector<bool>{false, false}));
+  EXPECT_EQ(hits(index_sources(store, {path, path})), (std::vector<bool>{true, true}));
+  EXPECT_EQ(store.entries().size(), 1u);
+}
+
+TEST_F(IndexSourcesTest, EmptyInputIsEmptyOutput) {
+  Store store(root_ / "index");
+  EXPECT_TRUE(index_sources(store, {}).empty());
+}
+
+TEST_F(IndexSourcesTest, MissingFileIsAnErrorNamingIt) {
+  const fs::path missing = root_ / "src/rank_0/missing.ckpt";
+  Store store(root_ / "index");
+  try {
+    index_sources(store, {missing});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(missing.string()));
+  }
+}
+
+TEST_F(IndexSourcesTest, MalformedFileIsAnErrorAndTheGoodOnesBeforeItAreKept) {
+  std::vector<fs::path> paths;
+  for (int rank = 0; rank < 5; ++rank) {
+    paths.push_back(write(fmt::format("src/rank_{}/a.ckpt", rank), kSpecRecord));
+  }
+  // A record cut short: the scanner must refuse it.
+  paths.push_back(write("src/rank_5/a.ckpt", kSpecRecord.substr(0, 25)));
+  Store store(root_ / "index");
+  try {
+    index_sources(store, paths);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(paths[5].string()));
+  }
+  // The five good files were recorded; the retry only scans the bad one (now fixed).
+  EXPECT_EQ(store.entries().size(), 5u);
+  write("src/rank_5/a.ckpt", kSpecRecord);
+  const std::vector<IndexedSource> retry = index_sources(store, paths);
+  EXPECT_EQ(hits(retry), (std::vector<bool>{true, true, true, true, true, false}));
+}
+
+}  // namespace
+}  // namespace ckptfs::index

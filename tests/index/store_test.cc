@@ -1,0 +1,455 @@
+// The LMDB store: round trips of hand-built scans, invalidation, persistence and failures.
+#include "ckptfs/index/store.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "ckptfs/error.h"
+#include "ckptfs/index/lmdb.h"
+#include "index.pb.h"
+
+namespace ckptfs::index {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+void expect_same(const ckpt::FileScan& a, const ckpt::FileScan& b) {
+  EXPECT_EQ(a.file_size, b.file_size);
+  EXPECT_EQ(a.body_size, b.body_size);
+  EXPECT_EQ(a.has_crc_trailer, b.has_crc_trailer);
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    SCOPED_TRACE(a.params[i].name);
+    EXPECT_EQ(a.params[i].name, b.params[i].name);
+    EXPECT_EQ(a.params[i].dtype, b.params[i].dtype);
+    EXPECT_EQ(a.params[i].shape, b.params[i].shape);
+    EXPECT_EQ(a.params[i].dims_zero, b.params[i].dims_zero);
+    EXPECT_EQ(a.params[i].kind, b.params[i].kind);
+    EXPECT_EQ(a.params[i].element_size, b.params[i].element_size);
+    EXPECT_EQ(a.params[i].content, b.params[i].content);
+    EXPECT_EQ(a.params[i].records, b.params[i].records);
+  }
+}
+
+// Every field set, and values that need all the bits of their types.
+ckpt::FileScan full_scan() {
+  ckpt::FileScan scan;
+  scan.file_size = (uint64_t{1} << 40) + 27;
+  scan.body_size = uint64_t{1} << 40;
+  scan.has_crc_trailer = true;
+
+  ckpt::Param& w = scan.params.emplace_back();
+  w.name = "model.layers.0.attention.wq.weight";
+  w.dtype = "BFloat16";
+  w.shape = {4096, 4096};
+  w.kind = ckpt::EntryKind::Tensor;
+  w.element_size = 2;
+  w.content = {{100, 536870912}, {536871100, 536870912}};
+  w.records = {{0, 536871012}, {536871012, 536871000}};
+
+  ckpt::Param& epoch = scan.params.emplace_back();
+  epoch.name = "epoch_num";
+  epoch.dtype = "Int64";
+  epoch.dims_zero = true;
+  epoch.element_size = 8;
+  epoch.content = {{1073742100, 8}};
+  epoch.records = {{1073742080, 34}};
+
+  ckpt::Param& note = scan.params.emplace_back();
+  note.name = "note";
+  note.dtype = "str";
+  note.shape = {};
+  note.dims_zero = true;
+  note.kind = ckpt::EntryKind::String;
+  note.content = {{1073742200, 8}};
+  note.records = {{1073742180, 27}};
+
+  ckpt::Param& map = scan.params.emplace_back();
+  map.name = "embedding.table";
+  map.kind = ckpt::EntryKind::MapTensor;
+  map.records = {{(uint64_t{1} << 40) - 1000, 1000}};
+
+  ckpt::Param& opaque = scan.params.emplace_back();
+  opaque.name = "quant.weight";
+  opaque.dtype = "Int4";
+  opaque.shape = {-1, 0, int64_t{1} << 62};
+  opaque.kind = ckpt::EntryKind::Opaque;
+  opaque.content = {{~uint64_t{0} - 5, 5}};
+  opaque.records = {{~uint64_t{0} - 40, 40}};
+  return scan;
+}
+
+ckpt::FileScan small_scan(uint64_t file_size, size_t params) {
+  ckpt::FileScan scan;
+  scan.file_size = scan.body_size = file_size;
+  for (size_t i = 0; i < params; ++i) {
+    ckpt::Param& p = scan.params.emplace_back();
+    p.name = fmt::format("p{}", i);
+    p.dtype = "Float32";
+    p.shape = {1};
+    p.element_size = 4;
+    p.content = {{i * 30 + 26, 4}};
+    p.records = {{i * 30, 30}};
+  }
+  return scan;
+}
+
+// Runs `body` in a child process that has dropped root (root writes anywhere, so permission
+// failures need another user). Returns what body returned, or nullopt if root cannot be dropped.
+std::optional<std::string> unprivileged(const std::function<std::string()>& body) {
+  if (::geteuid() != 0) return body();
+  int fds[2];
+  if (::pipe(fds) != 0) return std::nullopt;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(77);
+    std::string out;
+    try {
+      out = body();
+    } catch (const std::exception& e) {
+      out = std::string("exception: ") + e.what();
+    }
+    (void)!::write(fds[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, n);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
+  return out;
+}
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "ckptfs-store-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+    dir_ = root_ / "index";
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // Rewrites the stored entry of `fp` through LMDB directly, as another version would have.
+  void tamper(const source::Fingerprint& fp, const std::function<void(std::string&)>& change) {
+    lmdb::Env env = lmdb::Env::open(dir_, kDefaultMapSize, 2, MDB_NOTLS);
+    std::optional<lmdb::Txn> txn = lmdb::Txn::begin(env, 0);
+    ASSERT_TRUE(txn);
+    const MDB_dbi scans = txn->open_db(kScansDb, 0).value();
+    std::optional<std::string_view> value = txn->get(scans, fp.key());
+    ASSERT_TRUE(value);
+    std::string bytes(*value);
+    change(bytes);
+    ASSERT_TRUE(txn->put(scans, fp.key(), bytes));
+    ASSERT_TRUE(txn->commit());
+  }
+
+  fs::path root_;
+  fs::path dir_;
+  const source::Fingerprint fp_{2049, 1234567, (uint64_t{1} << 40) + 27, 1700000000123456789};
+};
+
+TEST_F(StoreTest, RoundTripKeepsEveryField) {
+  const ckpt::FileScan scan = full_scan();
+  Store store(dir_);
+  EXPECT_FALSE(store.lookup(fp_).has_value());
+  const Store::NewEntry item{"/src/rank_0/net.ckpt", fp_, &scan};
+  store.insert(std::span(&item, 1));
+  const std::optional<ckpt::FileScan> got = store.lookup(fp_);
+  ASSERT_TRUE(got.has_value());
+  expect_same(*got, scan);
+}
+
+TEST_F(StoreTest, AnyChangeOfTheFingerprintMisses) {
+  const ckpt::FileScan scan = full_scan();
+  Store store(dir_);
+  const Store::NewEntry item{"/a.ckpt", fp_, &scan};
+  store.insert(std::span(&item, 1));
+  ASSERT_TRUE(store.lookup(fp_).has_value());
+  for (auto change :
+       {+[](source::Fingerprint& f) { f.dev += 1; }, +[](source::Fingerprint& f) { f.ino += 1; },
+        +[](source::Fingerprint& f) { f.size -= 1; },
+        +[](source::Fingerprint& f) { f.mtime_ns += 1; }}) {
+    source::Fingerprint other = fp_;
+    change(other);
+    EXPECT_FALSE(store.lookup(other).has_value());
+  }
+}
+
+TEST_F(StoreTest, ScanOfAnotherSizeThanTheFingerprintIsNotTrusted) {
+  const ckpt::FileScan scan = small_scan(90, 3);
+  Store store(dir_);
+  const Store::NewEntry item{"/a.ckpt", fp_, &scan};  // fp_.size is not 90
+  store.insert(std::span(&item, 1));
+  EXPECT_FALSE(store.lookup(fp_).has_value());
+}
+
+TEST_F(StoreTest, ReopenFindsWhatWasStored) {
+  const ckpt::FileScan scan = full_scan();
+  {
+    Store store(dir_);
+    const Store::NewEntry item{"/a.ckpt", fp_, &scan};
+    store.insert(std::span(&item, 1));
+  }
+  EXPECT_TRUE(fs::exists(dir_ / "data.mdb"));
+  Store store(dir_);
+  const std::optional<ckpt::FileScan> got = store.lookup(fp_);
+  ASSERT_TRUE(got.has_value());
+  expect_same(*got, scan);
+  Store moved = std::move(store);
+  EXPECT_TRUE(moved.lookup(fp_).has_value());
+}
+
+TEST_F(StoreTest, OtherFormatVersionReadsAsAbsent) {
+  const ckpt::FileScan scan = full_scan();
+  { Store(dir_).insert(std::vector<Store::NewEntry>{{"/a.ckpt", fp_, &scan}}); }
+  tamper(fp_, [](std::string& bytes) {
+    indexpb::ScannedFile file;
+    ASSERT_TRUE(file.ParseFromString(bytes));
+    EXPECT_EQ(file.format_version(), kFormatVersion);
+    EXPECT_EQ(file.path(), "/a.ckpt");
+    file.set_format_version(kFormatVersion + 1);
+    bytes = file.SerializeAsString();
+  });
+  Store store(dir_);
+  EXPECT_FALSE(store.lookup(fp_).has_value());
+  EXPECT_TRUE(store.entries().empty());
+  // Still there until cleared or replaced.
+  EXPECT_EQ(store.clear(), 1u);
+}
+
+TEST_F(StoreTest, UndecodableEntryReadsAsAbsent) {
+  const ckpt::FileScan scan = full_scan();
+  { Store(dir_).insert(std::vector<Store::NewEntry>{{"/a.ckpt", fp_, &scan}}); }
+  tamper(fp_, [](std::string& bytes) { bytes = "\xff\xff\xff garbage"; });
+  Store store(dir_);
+  EXPECT_FALSE(store.lookup(fp_).has_value());
+  EXPECT_TRUE(store.entries().empty());
+}
+
+TEST_F(StoreTest, EntriesListPathFingerprintAndParamCount) {
+  const ckpt::FileScan a = small_scan(60, 2);
+  const ckpt::FileScan b = small_scan(150, 5);
+  const source::Fingerprint fa{1, 10, 60, 5};
+  const source::Fingerprint fb{1, 11, 150, 6};
+  Store store(dir_);
+  EXPECT_TRUE(store.entries().empty());
+  // Inserted out of path order; entries() sorts.
+  store.insert(
+      std::vector<Store::NewEntry>{{"/src/rank_1/b.ckpt", fb, &b}, {"/src/rank_0/a.ckpt", fa, &a}});
+  const std::vector<Entry> entries = store.entries();
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].path, "/src/rank_0/a.ckpt");
+  EXPECT_EQ(entries[0].fingerprint, fa);
+  EXPECT_EQ(entries[0].params, 2u);
+  EXPECT_EQ(entries[1].path, "/src/rank_1/b.ckpt");
+  EXPECT_EQ(entries[1].fingerprint, fb);
+  EXPECT_EQ(entries[1].params, 5u);
+}
+
+TEST_F(StoreTest, NewVersionOfAPathReplacesTheOldEntry) {
+  const ckpt::FileScan v1 = small_scan(60, 2);
+  const ckpt::FileScan v2 = small_scan(90, 3);
+  const source::Fingerprint f1{1, 10, 60, 5};
+  const source::Fingerprint f2{1, 10, 90, 7};
+  const source::Fingerprint other{1, 12, 60, 5};
+  Store store(dir_);
+  store.insert(std::vector<Store::NewEntry>{{"/a.ckpt", f1, &v1}, {"/b.ckpt", other, &v1}});
+  store.insert(std::vector<Store::NewEntry>{{"/a.ckpt", f2, &v2}});
+  EXPECT_FALSE(store.lookup(f1).has_value());
+  ASSERT_TRUE(store.lookup(f2).has_value());
+  EXPECT_EQ(store.lookup(f2)->params.size(), 3u);
+  EXPECT_TRUE(store.lookup(other).has_value());
+  EXPECT_EQ(store.entries().size(), 2u);
+  // Storing the same version again keeps it.
+  store.insert(std::vector<Store::NewEntry>{{"/a.ckpt", f2, &v2}});
+  EXPECT_TRUE(store.lookup(f2).has_value());
+}
+
+TEST_F(StoreTest, ClearRemovesEverything) {
+  const ckpt::FileScan a = small_scan(60, 2);
+  const source::Fingerprint fa{1, 10, 60, 5};
+  const source::Fingerprint fb{1, 11, 60, 5};
+  Store store(dir_);
+  EXPECT_EQ(store.clear(), 0u);
+  store.insert(std::vector<Store::NewEntry>{{"/a.ckpt", fa, &a}, {"/b.ckpt", fb, &a}});
+  EXPECT_EQ(store.clear(), 2u);
+  EXPECT_FALSE(store.lookup(fa).has_value());
+  EXPECT_TRUE(store.entries().empty());
+  EXPECT_EQ(store.clear(), 0u);
+  // Still usable afterwards, and across a reopen.
+  store.insert(std::vector<Store::NewEntry>{{"/a.ckpt", fa, &a}});
+  store = Store(root_ / "elsewhere");
+  EXPECT_TRUE(Store(dir_).lookup(fa).has_value());
+}
+
+TEST_F(StoreTest, EmptyInsertIsANoOp) {
+  Store store(dir_);
+  store.insert({});
+  EXPECT_TRUE(store.entries().empty());
+}
+
+TEST_F(StoreTest, FullMapGrows) {
+  // 20000 parameters are about 600 KiB stored, far past a 64 KiB map.
+  const ckpt::FileScan big = small_scan(600000, 20000);
+  const source::Fingerprint fp{1, 10, 600000, 5};
+  {
+    Store store(dir_, 64 << 10);
+    store.insert(std::vector<Store::NewEntry>{{"/big.ckpt", fp, &big}});
+    const std::optional<ckpt::FileScan> got = store.lookup(fp);
+    ASSERT_TRUE(got.has_value());
+    expect_same(*got, big);
+  }
+  // A small map asked for again does not hide what is already there.
+  Store store(dir_, 64 << 10);
+  ASSERT_TRUE(store.lookup(fp).has_value());
+  const ckpt::FileScan more = small_scan(60000, 2000);
+  const source::Fingerprint fp2{1, 11, 60000, 5};
+  store.insert(std::vector<Store::NewEntry>{{"/more.ckpt", fp2, &more}});
+  EXPECT_EQ(store.lookup(fp2)->params.size(), 2000u);
+  EXPECT_EQ(store.entries().size(), 2u);
+}
+
+TEST_F(StoreTest, CreatesTheDirectoryTreePrivately) {
+  const fs::path deep = root_ / "a" / "b" / "c";
+  Store store(deep);
+  struct stat st;
+  ASSERT_EQ(::stat(deep.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_EQ(store.dir(), deep);
+}
+
+TEST_F(StoreTest, OneStorePerDirectoryPerProcess) {
+  Store store(dir_);
+  try {
+    Store second(dir_);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(dir_.string()));
+    EXPECT_THAT(e.what(), HasSubstr("already open"));
+  }
+  // Through another spelling of the same directory too.
+  EXPECT_THROW(Store(root_ / "." / "index"), Error);
+  EXPECT_FALSE(store.lookup(fp_).has_value());  // the first one is unharmed
+}
+
+TEST_F(StoreTest, DirectoryBeneathAFileIsAnError) {
+  std::ofstream(root_ / "file") << "x";
+  try {
+    Store store(root_ / "file" / "index");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr((root_ / "file").string()));
+    EXPECT_THAT(e.what(), HasSubstr("Not a directory"));
+  }
+  try {
+    Store store(root_ / "file");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr((root_ / "file").string() + ": "));
+    EXPECT_THAT(e.what(), HasSubstr("not a directory"));
+  }
+}
+
+TEST_F(StoreTest, UnopenableEnvironmentNamesTheDirectoryAndLmdbReason) {
+  fs::create_directories(dir_ / "data.mdb");
+  try {
+    Store store(dir_);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(dir_.string() + ": cannot open the LMDB environment: "));
+    EXPECT_THAT(e.what(), HasSubstr("Is a directory"));
+  }
+  // The failed open released the directory.
+  fs::remove(dir_ / "data.mdb");
+  Store store(dir_);
+}
+
+TEST_F(StoreTest, UnwritableDirectoryIsAnError) {
+  const fs::path ro = root_ / "ro";
+  fs::create_directories(ro);
+  fs::permissions(root_, fs::perms::owner_all | fs::perms::others_exec | fs::perms::group_exec);
+  fs::permissions(ro, fs::perms::owner_all | fs::perms::others_exec | fs::perms::group_exec |
+                          fs::perms::others_read | fs::perms::group_read);
+  const std::optional<std::string> out = unprivileged([&]() -> std::string {
+    std::string result;
+    for (const fs::path& dir : {ro, ro / "index"}) {
+      try {
+        Store store(dir);
+        result += "opened;";
+      } catch (const Error& e) {
+        result += std::string(e.what()) + ";";
+      }
+    }
+    return result;
+  });
+  if (!out) GTEST_SKIP() << "cannot drop root privileges here";
+  EXPECT_THAT(*out,
+              HasSubstr(ro.string() + ": cannot open the LMDB environment: Permission denied;"));
+  EXPECT_THAT(*out, HasSubstr((ro / "index").string() +
+                              ": cannot create index directory: Permission denied;"));
+}
+
+class DefaultDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* name : {"XDG_CACHE_HOME", "HOME"}) {
+      const char* value = std::getenv(name);
+      saved_.emplace_back(name, value ? std::optional<std::string>(value) : std::nullopt);
+    }
+  }
+  void TearDown() override {
+    for (const auto& [name, value] : saved_) {
+      if (value) {
+        ::setenv(name, value->c_str(), 1);
+      } else {
+        ::unsetenv(name);
+      }
+    }
+  }
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
+};
+
+TEST_F(DefaultDirTest, PrefersXdgCacheHome) {
+  ::setenv("XDG_CACHE_HOME", "/var/cache/me", 1);
+  ::setenv("HOME", "/home/me", 1);
+  EXPECT_EQ(default_dir(), fs::path("/var/cache/me/ckptfs/index"));
+}
+
+TEST_F(DefaultDirTest, FallsBackToHomeWhenXdgIsUnsetEmptyOrRelative) {
+  ::setenv("HOME", "/home/me", 1);
+  for (const char* xdg : {static_cast<const char*>(nullptr), "", "relative/cache"}) {
+    if (xdg) {
+      ::setenv("XDG_CACHE_HOME", xdg, 1);
+    } else {
+      ::unsetenv("XDG_CACHE_HOME");
+    }
+    EXPECT_EQ(default_dir(), fs::path("/home/me/.cache/ckptfs/index")) << (xdg ? xdg : "unset");
+  }
+}
+
+TEST_F(DefaultDirTest, NeitherVariableIsAnError) {
+  ::unsetenv("XDG_CACHE_HOME");
+  ::unsetenv("HOME");
+  EXPECT_THROW(default_dir(), Error);
+}
+
+}  // namespace
+}  // namespace ckptfs::index

@@ -1,0 +1,284 @@
+// Source discovery against the rules of spec §4.6 step 1 and the decisions of §7.
+#include "ckptfs/source/discover.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "ckptfs/error.h"
+
+namespace ckptfs::source {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+
+class DiscoverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "ckptfs-discover-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::permissions(root_, fs::perms::owner_all, ec);
+    fs::remove_all(root_, ec);
+  }
+
+  // Creates root_/relative (and its parents) holding `contents`.
+  fs::path file(const std::string& relative, const std::string& contents = "x") {
+    const fs::path path = root_ / relative;
+    fs::create_directories(path.parent_path());
+    std::ofstream(path) << contents;
+    return path;
+  }
+  fs::path dir(const std::string& relative) {
+    fs::create_directories(root_ / relative);
+    return root_ / relative;
+  }
+
+  // Whether some warning mentions `text`.
+  bool warned(const Discovery& d, const std::string& text) {
+    for (const std::string& w : d.warnings) {
+      if (w.find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+  fs::path root_;
+};
+
+TEST_F(DiscoverTest, EmptyDirectoryIsNotAnError) {
+  const Discovery d = discover(root_);
+  EXPECT_TRUE(d.files.empty());
+  EXPECT_TRUE(d.warnings.empty());
+}
+
+TEST_F(DiscoverTest, RanksWithLeadingZeros) {
+  file("rank_0/a.ckpt");
+  file("rank_03/b.ckpt");
+  file("rank_000010/c.ckpt");
+  const Discovery d = discover(root_);
+  EXPECT_THAT(d.files,
+              ElementsAre(Pair(0, root_ / "rank_0/a.ckpt"), Pair(3, root_ / "rank_03/b.ckpt"),
+                          Pair(10, root_ / "rank_000010/c.ckpt")));
+  EXPECT_TRUE(d.warnings.empty());
+}
+
+TEST_F(DiscoverTest, DuplicateRankIsAnErrorNamingBoth) {
+  file("rank_3/a.ckpt");
+  file("rank_03/b.ckpt");
+  try {
+    discover(root_);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank_3"));
+    EXPECT_THAT(e.what(), HasSubstr("rank_03"));
+    EXPECT_THAT(e.what(), HasSubstr(root_.string()));
+  }
+}
+
+TEST_F(DiscoverTest, DuplicateRankWithoutCheckpointOnlyWarns) {
+  file("rank_3/a.ckpt");
+  dir("rank_003");
+  const Discovery d = discover(root_);
+  EXPECT_THAT(d.files, ElementsAre(Pair(3, root_ / "rank_3/a.ckpt")));
+  EXPECT_TRUE(warned(d, "rank_003"));
+}
+
+TEST_F(DiscoverTest, LastInPlainStringOrderWins) {
+  file("rank_0/net-10_1.ckpt");
+  file("rank_0/net-9_1.ckpt");
+  file("rank_0/net-1_100.ckpt");
+  const Discovery d = discover(root_);
+  EXPECT_THAT(d.files, ElementsAre(Pair(0, root_ / "rank_0/net-9_1.ckpt")));
+  // The losers are named, so a user wondering why epoch 10 was not taken can tell.
+  EXPECT_TRUE(warned(d, "net-10_1.ckpt"));
+  EXPECT_TRUE(warned(d, "net-1_100.ckpt"));
+}
+
+TEST_F(DiscoverTest, HiddenFilesAreExcluded) {
+  // '-' sorts before '.', so the hidden file would be the last name if it counted.
+  file("rank_0/-a.ckpt");
+  file("rank_0/.b.ckpt");
+  file("rank_1/-b.ckpt");
+  file("rank_1/.ckpt");
+  const Discovery d = discover(root_);
+  EXPECT_EQ(d.files.at(0), root_ / "rank_0/-a.ckpt");
+  EXPECT_EQ(d.files.at(1), root_ / "rank_1/-b.ckpt");
+  EXPECT_TRUE(warned(d, "rank_0/.b.ckpt: ignored, hidden"));
+  EXPECT_TRUE(warned(d, "rank_1/.ckpt: ignored, hidden"));
+}
+
+TEST_F(DiscoverTest, HiddenFileIsNeverChosenEvenAlone) {
+  file("rank_2/.only.ckpt");
+  const Discovery d = discover(root_);
+  EXPECT_TRUE(d.files.empty());
+  EXPECT_TRUE(warned(d, ".only.ckpt"));
+  EXPECT_TRUE(warned(d, "rank_2: ignored, no regular *.ckpt"));
+}
+
+TEST_F(DiscoverTest, SuffixIsCaseSensitiveAndExact) {
+  file("rank_0/a.ckpt");
+  file("rank_0/b.CKPT");
+  file("rank_0/c.Ckpt");
+  file("rank_0/d.ckpt.bak");
+  file("rank_0/e.ckpt~");
+  file("rank_0/strategy.pb");
+  const Discovery d = discover(root_);
+  EXPECT_EQ(d.files.at(0), root_ / "rank_0/a.ckpt");
+  for (const char* name : {"b.CKPT", "c.Ckpt", "d.ckpt.bak", "e.ckpt~", "strategy.pb"}) {
+    EXPECT_TRUE(warned(d, name)) << name;
+  }
+  EXPECT_FALSE(warned(d, "a.ckpt"));
+}
+
+TEST_F(DiscoverTest, RankDirectoryNamesAreCaseSensitiveAndStrict) {
+  file("Rank_1/a.ckpt");
+  file("rank_/a.ckpt");
+  file("rank_1a/a.ckpt");
+  file("rank_-1/a.ckpt");
+  file("rank_ 1/a.ckpt");
+  file("ranks_1/a.ckpt");
+  file("rank_99999999999999999999/a.ckpt");
+  file("top.ckpt");
+  const Discovery d = discover(root_);
+  EXPECT_TRUE(d.files.empty());
+  for (const char* name :
+       {"Rank_1", "rank_:", "rank_1a", "rank_-1", "rank_ 1", "ranks_1", "rank_9999", "top.ckpt"}) {
+    // "rank_:" stands for the entry named exactly "rank_" followed by the ": " of the warning.
+    EXPECT_TRUE(warned(d, name)) << name;
+  }
+  EXPECT_EQ(d.warnings.size(), 8u);
+}
+
+TEST_F(DiscoverTest, NonDirectoryNamedLikeARankIsIgnored) {
+  file("rank_5", "not a dir");
+  fs::create_symlink(root_ / "missing", root_ / "rank_6");
+  file("rank_7/a.ckpt");
+  const Discovery d = discover(root_);
+  EXPECT_THAT(d.files, ElementsAre(Pair(7, root_ / "rank_7/a.ckpt")));
+  EXPECT_TRUE(warned(d, "rank_5: ignored, not a directory"));
+  EXPECT_TRUE(warned(d, "rank_6: ignored, cannot stat"));
+}
+
+TEST_F(DiscoverTest, EmptyRankDirectoryIsIgnoredWithAWarning) {
+  dir("rank_0");
+  file("rank_1/notes.txt");
+  const Discovery d = discover(root_);
+  EXPECT_TRUE(d.files.empty());
+  EXPECT_TRUE(warned(d, "rank_0: ignored, no regular *.ckpt"));
+  EXPECT_TRUE(warned(d, "rank_1: ignored, no regular *.ckpt"));
+  EXPECT_TRUE(warned(d, "notes.txt"));
+}
+
+TEST_F(DiscoverTest, SymlinksAreFollowed) {
+  const fs::path real = file("elsewhere/real.bin");
+  const fs::path other = file("outside/rank_dir/x.ckpt");
+  dir("rank_0");
+  fs::create_symlink(real, root_ / "rank_0/z.ckpt");
+  file("rank_0/a.ckpt");
+  fs::create_symlink(other.parent_path(), root_ / "rank_1");
+  const Discovery d = discover(root_);
+  // The symlinked file is the last name; the path stays the link's, not its target's.
+  EXPECT_EQ(d.files.at(0), root_ / "rank_0/z.ckpt");
+  EXPECT_EQ(d.files.at(1), root_ / "rank_1/x.ckpt");
+}
+
+TEST_F(DiscoverTest, BrokenLinksAndDirectoriesAreNotCheckpoints) {
+  file("rank_0/a.ckpt");
+  dir("rank_0/y.ckpt");
+  fs::create_symlink(root_ / "nowhere", root_ / "rank_0/z.ckpt");
+  const Discovery d = discover(root_);
+  EXPECT_EQ(d.files.at(0), root_ / "rank_0/a.ckpt");
+  EXPECT_TRUE(warned(d, "y.ckpt: ignored, not a regular file"));
+  EXPECT_TRUE(warned(d, "z.ckpt: ignored, cannot stat"));
+}
+
+TEST_F(DiscoverTest, MissingSourceIsAnErrorNamingIt) {
+  const fs::path missing = root_ / "nope";
+  try {
+    discover(missing);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(missing.string()));
+    EXPECT_THAT(e.what(), HasSubstr("No such file"));
+  }
+}
+
+TEST_F(DiscoverTest, SourceThatIsAFileIsAnError) {
+  const fs::path path = file("plain.ckpt");
+  EXPECT_THROW(
+      {
+        try {
+          discover(path);
+        } catch (const Error& e) {
+          EXPECT_THAT(e.what(), HasSubstr(path.string() + ": source is not a directory"));
+          throw;
+        }
+      },
+      Error);
+}
+
+// Runs `body` in a child process that has dropped root (root reads any directory, so permission
+// failures need another user). Returns what body returned, or nullopt if root cannot be dropped.
+std::optional<std::string> unprivileged(const std::function<std::string()>& body) {
+  if (::geteuid() != 0) return body();
+  int fds[2];
+  if (::pipe(fds) != 0) return std::nullopt;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(77);
+    const std::string out = body();
+    (void)!::write(fds[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, n);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
+  return out;
+}
+
+std::string discover_error(const fs::path& dir) {
+  try {
+    discover(dir);
+    return "no error";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+TEST_F(DiscoverTest, UnreadableDirectoriesAreErrors) {
+  file("rank_0/a.ckpt");
+  fs::permissions(root_, fs::perms::owner_all | fs::perms::others_exec | fs::perms::others_read);
+  fs::permissions(root_ / "rank_0", fs::perms::owner_all | fs::perms::others_exec);
+  const fs::path locked = dir("locked");
+  fs::permissions(locked, fs::perms::owner_all);
+  const std::optional<std::string> out =
+      unprivileged([&] { return discover_error(root_) + "\n" + discover_error(locked); });
+  if (!out) GTEST_SKIP() << "cannot drop root privileges here";
+  EXPECT_THAT(*out, HasSubstr((root_ / "rank_0").string() +
+                              ": cannot read directory: Permission denied\n"));
+  EXPECT_THAT(*out, HasSubstr(locked.string() + ": cannot read directory: Permission denied"));
+}
+
+}  // namespace
+}  // namespace ckptfs::source

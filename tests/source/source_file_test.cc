@@ -1,0 +1,152 @@
+// Fingerprints: what changes them, what does not, and the key encoding the index relies on.
+#include "ckptfs/source/source_file.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "ckptfs/error.h"
+
+namespace ckptfs::source {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+class SourceFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "ckptfs-source-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+    path_ = root_ / "a.ckpt";
+    write(path_, "0123456789");
+    // An old, exact timestamp, so that any later write moves the mtime even on filesystems
+    // whose clock ticks coarsely.
+    set_mtime(path_, 1'000'000'000, 123'456'789);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  static void write(const fs::path& path, const std::string& contents) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << contents;
+  }
+  static void set_mtime(const fs::path& path, time_t sec, long nsec) {
+    const struct timespec times[2] = {{sec, nsec}, {sec, nsec}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  }
+
+  fs::path root_;
+  fs::path path_;
+};
+
+TEST(FingerprintKey, IsFixedWidthBigEndian) {
+  const Fingerprint fp{0x0102030405060708, 0x1112131415161718, 0x21, -1};
+  const std::string key = fp.key();
+  ASSERT_EQ(key.size(), Fingerprint::kKeySize);
+  const std::string expected =
+      std::string("\x01\x02\x03\x04\x05\x06\x07\x08\x11\x12\x13\x14\x15\x16\x17\x18", 16) +
+      std::string("\0\0\0\0\0\0\0\x21", 8) + std::string(8, '\xff');
+  EXPECT_EQ(key, expected);
+  EXPECT_EQ(Fingerprint::from_key(key), fp);
+  EXPECT_EQ(Fingerprint{}.key(), std::string(32, '\0'));
+}
+
+TEST(FingerprintKey, FromKeyRejectsOtherLengths) {
+  EXPECT_FALSE(Fingerprint::from_key("").has_value());
+  EXPECT_FALSE(Fingerprint::from_key(std::string(31, 'x')).has_value());
+  EXPECT_FALSE(Fingerprint::from_key(std::string(33, 'x')).has_value());
+}
+
+TEST_F(SourceFileTest, OpenTakesTheStatIdentity) {
+  const SourceFile file = SourceFile::open(path_);
+  struct stat st;
+  ASSERT_EQ(::stat(path_.c_str(), &st), 0);
+  EXPECT_EQ(file.path, path_);
+  EXPECT_TRUE(file.fd);
+  EXPECT_EQ(file.fingerprint.dev, st.st_dev);
+  EXPECT_EQ(file.fingerprint.ino, st.st_ino);
+  EXPECT_EQ(file.fingerprint.size, 10u);
+  EXPECT_EQ(file.fingerprint.mtime_ns, 1'000'000'000'123'456'789);
+  EXPECT_EQ(fingerprint_of(file.fd.get(), "x"), file.fingerprint);
+  EXPECT_TRUE(file.unchanged());
+  const int flags = ::fcntl(file.fd.get(), F_GETFD);
+  EXPECT_TRUE(flags & FD_CLOEXEC);
+  EXPECT_EQ(::fcntl(file.fd.get(), F_GETFL) & O_ACCMODE, O_RDONLY);
+}
+
+TEST_F(SourceFileTest, TouchChangesOnlyTheMtime) {
+  const SourceFile file = SourceFile::open(path_);
+  set_mtime(path_, 1'000'000'000, 123'456'790);
+  const Fingerprint now = fingerprint_of(file.fd.get(), path_.string());
+  EXPECT_NE(now, file.fingerprint);
+  EXPECT_NE(now.key(), file.fingerprint.key());
+  EXPECT_EQ(now.mtime_ns, file.fingerprint.mtime_ns + 1);
+  EXPECT_EQ(now.ino, file.fingerprint.ino);
+  EXPECT_FALSE(file.unchanged());
+}
+
+TEST_F(SourceFileTest, TruncateChangesTheSize) {
+  const SourceFile file = SourceFile::open(path_);
+  ASSERT_EQ(::truncate(path_.c_str(), 4), 0);
+  set_mtime(path_, 1'000'000'000, 123'456'789);  // even with the old mtime put back
+  EXPECT_EQ(fingerprint_of(file.fd.get(), path_.string()).size, 4u);
+  EXPECT_FALSE(file.unchanged());
+}
+
+TEST_F(SourceFileTest, RewriteInPlaceWithTheSameSizeChangesTheMtime) {
+  const SourceFile file = SourceFile::open(path_);
+  write(path_, "9876543210");
+  const Fingerprint now = SourceFile::open(path_).fingerprint;
+  EXPECT_EQ(now.size, file.fingerprint.size);
+  EXPECT_EQ(now.ino, file.fingerprint.ino);
+  EXPECT_NE(now.mtime_ns, file.fingerprint.mtime_ns);
+  EXPECT_FALSE(file.unchanged());
+}
+
+TEST_F(SourceFileTest, ReplacementByRenameChangesTheInodeButNotTheOpenFile) {
+  const SourceFile file = SourceFile::open(path_);
+  const fs::path next = root_ / "a.ckpt.tmp";
+  write(next, "0123456789");
+  set_mtime(next, 1'000'000'000, 123'456'789);
+  fs::rename(next, path_);
+  const Fingerprint now = SourceFile::open(path_).fingerprint;
+  EXPECT_NE(now.ino, file.fingerprint.ino);
+  EXPECT_NE(now, file.fingerprint);
+  // The open descriptor still reads the bytes it fingerprinted.
+  EXPECT_TRUE(file.unchanged());
+}
+
+TEST_F(SourceFileTest, UnchangedIsFalseWithoutADescriptor) {
+  SourceFile file = SourceFile::open(path_);
+  file.fd.reset();
+  EXPECT_FALSE(file.unchanged());
+  EXPECT_THROW(fingerprint_of(-1, "nothing"), Error);
+}
+
+TEST_F(SourceFileTest, OpenErrorsNameThePath) {
+  const fs::path missing = root_ / "missing.ckpt";
+  try {
+    SourceFile::open(missing);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(missing.string()));
+    EXPECT_THAT(e.what(), HasSubstr("No such file or directory"));
+  }
+  try {
+    SourceFile::open(root_);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(root_.string() + ": not a regular file"));
+  }
+}
+
+}  // namespace
+}  // namespace ckptfs::source
