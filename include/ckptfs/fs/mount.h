@@ -11,9 +11,14 @@ namespace ckptfs::fs {
 
 struct MountOptions {
   bool foreground = false;
-  bool cache = false;                     // page-cache mode with keep_cache (mmap users)
-  std::vector<std::string> fuse_options;  // the -o list, passed on to libfuse
-  std::string log_file;                   // where the daemon logs once detached
+  bool cache = false;  // page-cache mode with keep_cache (mmap users)
+  // The -o list, passed on to libfuse (each entry may hold a comma-separated list). Handled
+  // here instead: "cache" (same as cache = true), "max_threads=N", "max_idle_threads=N".
+  // "ro" is always forced.
+  std::vector<std::string> fuse_options;
+  std::string log_file;  // where the daemon logs once detached
+  // Shown as "ckptfs:<fsname>" in /proc/mounts; empty: the directory the sources share.
+  std::string fsname;
 };
 
 // Mounts and serves until unmounted. In the foreground it returns when unmounted. Otherwise the

@@ -4,8 +4,16 @@
 #pragma once
 
 #include <sys/stat.h>
+#include <sys/types.h>
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <ctime>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -16,29 +24,67 @@ namespace ckptfs::fs {
 class Tree {
  public:
   static constexpr uint64_t kRootIno = 1;
+  // st_blksize of the files: what `cp`/`cat` size their reads by. Two READs of this size fit
+  // the 1008 KiB reply limit of the adapter, and 2^n keeps coreutils from rounding it.
+  static constexpr uint32_t kBlockSize = 512 * 1024;
 
+  // Takes the uid/gid of the calling user and the current time as every inode's owner and
+  // mtime/ctime/atime: the content is fixed for the life of the mount.
+  // Throws Error if two targets have the same rank.
   explicit Tree(plan::Plan plan);
+  Tree(Tree&&) noexcept;
+  Tree& operator=(Tree&&) noexcept;
+  ~Tree();
 
-  // 0 if not found.
+  // 0 if not found (or `parent` is not a directory).
   uint64_t lookup(uint64_t parent, std::string_view name) const;
   // False if no such inode.
   bool stat(uint64_t ino, struct stat& st) const;
   struct DirEntry {
     uint64_t ino;
-    std::string_view name;
+    std::string_view name;  // NUL-terminated: points into the tree or a literal
     bool is_dir;
   };
   // Entries of a directory inode ("." and ".." included); empty if not a directory.
   std::vector<DirEntry> list(uint64_t ino) const;
+  // Null unless `ino` is a checkpoint file.
   const plan::VirtualFile* file(uint64_t ino) const;
   const plan::Plan& plan() const { return plan_; }
+  // File inodes plus directories, and the bytes of all files (for statfs).
+  uint64_t inode_count() const { return 1 + 2 * plan_.targets.size(); }
+  uint64_t total_bytes() const { return total_bytes_; }
+
   // 0, or EIO (after logging which source changed) if a source `runs` read differs from its
   // fingerprint at mount.
-  int check_sources(const std::vector<plan::Run>& runs) const;
+  int check_sources(std::span<const plan::Run> runs) const;
+  // The same for every source a file reads from (at open): 0, ENOENT, EISDIR or EIO.
+  int check_file(uint64_t ino) const;
+  // Copies the bytes of `runs` to `out` (which holds their total length): memcpy for header
+  // runs, pread for source runs. 0, or EIO (logged) if a pread fails or comes back short.
+  // Does not check fingerprints; call check_sources first.
+  int gather(std::span<const plan::Run> runs, char* out) const;
+  // Serves a read of file `ino` into `buf`: maps [off, off + buf.size()), checks the sources
+  // and gathers. `got` is the byte count (short only at end of file). 0, or an errno:
+  // ENOENT/EISDIR for a bad inode, EIO for a changed source or a short pread.
+  int read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got) const;
+  // The descriptor of source `index` (shared by all threads; only pread on it).
+  int source_fd(uint32_t index) const { return plan_.sources[index].file.fd.get(); }
 
  private:
+  // Logs one error line for a source the first time it fails, debug lines after that: a
+  // changed file fails every read that touches it and must not flood the log.
+  void report(uint32_t source, std::string_view what) const;
+
   plan::Plan plan_;
   // inode layout: 1 = root, 2 + 2i = rank dir of target i, 3 + 2i = its file
+  std::vector<std::string> dir_names_;
+  std::vector<std::string> file_names_;
+  std::map<std::string, uint64_t, std::less<>> root_index_;  // dir name -> ino
+  uint64_t total_bytes_ = 0;
+  uid_t uid_ = 0;
+  gid_t gid_ = 0;
+  struct timespec time_ {};
+  std::unique_ptr<std::atomic<bool>[]> reported_;  // per source
 };
 
 }  // namespace ckptfs::fs

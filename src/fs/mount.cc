@@ -1,0 +1,459 @@
+#include "ckptfs/fs/mount.h"
+
+#include <fcntl.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "ckptfs/error.h"
+#include "fuse_ops.h"
+
+namespace ckptfs::fs {
+
+namespace {
+
+namespace stdfs = std::filesystem;
+
+// libfuse reports mount problems through its log function, sometimes one message in several
+// calls. While setting up, collect what it says to put into our Error (and log it at debug
+// only, to avoid saying it twice).
+std::mutex g_fuse_log_mutex;
+std::string g_fuse_setup_log;
+bool g_fuse_setting_up = false;
+
+void fuse_log_to_spdlog(enum fuse_log_level level, const char* format, va_list ap) {
+  char text[1024];
+  std::vsnprintf(text, sizeof text, format, ap);
+  std::string_view message(text);
+  std::lock_guard lock(g_fuse_log_mutex);
+  if (g_fuse_setting_up && level <= FUSE_LOG_ERR) g_fuse_setup_log += message;
+  while (!message.empty() && (message.back() == '\n' || message.back() == ' '))
+    message.remove_suffix(1);
+  if (message.empty()) return;
+  spdlog::level::level_enum out = spdlog::level::debug;
+  if (!g_fuse_setting_up) {
+    if (level <= FUSE_LOG_ERR)
+      out = spdlog::level::err;
+    else if (level <= FUSE_LOG_WARNING)
+      out = spdlog::level::warn;
+    else if (level <= FUSE_LOG_INFO)
+      out = spdlog::level::info;
+  }
+  spdlog::log(out, "libfuse: {}", message);
+}
+
+void begin_setup() {
+  std::lock_guard lock(g_fuse_log_mutex);
+  g_fuse_setting_up = true;
+  g_fuse_setup_log.clear();
+  fuse_set_log_func(fuse_log_to_spdlog);
+}
+
+void end_setup() {
+  std::lock_guard lock(g_fuse_log_mutex);
+  g_fuse_setting_up = false;
+}
+
+// What libfuse said while setting up, as one line.
+std::string setup_errors(std::string_view fallback) {
+  std::lock_guard lock(g_fuse_log_mutex);
+  std::string out;
+  size_t begin = 0;
+  while (begin < g_fuse_setup_log.size()) {
+    size_t end = g_fuse_setup_log.find('\n', begin);
+    if (end == std::string::npos) end = g_fuse_setup_log.size();
+    std::string_view line(g_fuse_setup_log.data() + begin, end - begin);
+    while (!line.empty() && line.back() == ' ') line.remove_suffix(1);
+    if (!line.empty()) {
+      if (!out.empty()) out += "; ";
+      out += line;
+    }
+    begin = end + 1;
+  }
+  return out.empty() ? std::string(fallback) : out;
+}
+
+// Splits one -o value on commas, keeping backslash-escaped ones (libfuse's own syntax).
+std::vector<std::string> split_options(std::string_view list) {
+  std::vector<std::string> out;
+  std::string current;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i] == '\\' && i + 1 < list.size()) {
+      current += list[i];
+      current += list[++i];
+    } else if (list[i] == ',') {
+      if (!current.empty()) out.push_back(std::move(current));
+      current.clear();
+    } else {
+      current += list[i];
+    }
+  }
+  if (!current.empty()) out.push_back(std::move(current));
+  return out;
+}
+
+std::string escape_option(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == ',' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+struct ParsedOptions {
+  std::vector<std::string> fuse;  // for libfuse, one option each
+  bool cache = false;
+  unsigned max_threads = 0;       // 0: libfuse's default
+  unsigned max_idle_threads = 8;  // keeps a pool warm for parallel readers
+};
+
+unsigned parse_count(std::string_view option, std::string_view value) {
+  unsigned n = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc() || end != value.data() + value.size() || n == 0 || n > 1024)
+    fail("bad mount option \"{}\": expected a count from 1 to 1024", option);
+  return n;
+}
+
+ParsedOptions parse_options(const MountOptions& options) {
+  ParsedOptions out;
+  out.cache = options.cache;
+  for (const std::string& list : options.fuse_options) {
+    for (std::string& option : split_options(list)) {
+      std::string_view o = option;
+      if (o == "cache") {
+        out.cache = true;
+      } else if (o.starts_with("max_threads=")) {
+        out.max_threads = parse_count(o, o.substr(12));
+      } else if (o.starts_with("max_idle_threads=")) {
+        out.max_idle_threads = parse_count(o, o.substr(17));
+      } else if (o == "rw") {
+        fail("bad mount option \"rw\": ckptfs mounts are read-only");
+      } else {
+        out.fuse.push_back(std::move(option));
+      }
+    }
+  }
+  return out;
+}
+
+// The directory every source lives under, for fsname.
+std::string common_source_dir(const Tree& tree) {
+  std::optional<stdfs::path> common;
+  for (const index::IndexedSource& source : tree.plan().sources) {
+    const stdfs::path dir = stdfs::absolute(source.file.path).lexically_normal().parent_path();
+    if (!common) {
+      common = dir;
+      continue;
+    }
+    stdfs::path shared;
+    auto a = common->begin(), b = dir.begin();
+    for (; a != common->end() && b != dir.end() && *a == *b; ++a, ++b) shared /= *a;
+    common = shared;
+  }
+  return common && !common->empty() ? common->string() : std::string("ckptfs");
+}
+
+// libfuse's argument vector, freed however libfuse reallocated it.
+class FuseArgs {
+ public:
+  explicit FuseArgs(const std::vector<std::string>& argv) {
+    for (const std::string& arg : argv)
+      if (fuse_opt_add_arg(&args_, arg.c_str()) != 0) throw std::bad_alloc();
+  }
+  ~FuseArgs() { fuse_opt_free_args(&args_); }
+  FuseArgs(const FuseArgs&) = delete;
+  FuseArgs& operator=(const FuseArgs&) = delete;
+  fuse_args* get() { return &args_; }
+
+ private:
+  fuse_args args_ = FUSE_ARGS_INIT(0, nullptr);
+};
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// Runs the session until the kernel unmounts (or a signal), then tears it down. 0 on a clean
+// end, 1 if the loop failed.
+int serve(fuse_session* se, const ParsedOptions& parsed) {
+  fuse_loop_config* config = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_clone_fd(config, 0);
+  fuse_loop_cfg_set_idle_threads(config, parsed.max_idle_threads);
+  if (parsed.max_threads != 0) fuse_loop_cfg_set_max_threads(config, parsed.max_threads);
+  const int rc = fuse_session_loop_mt(se, config);
+  fuse_loop_cfg_destroy(config);
+  // The kernel usually unmounted already (umount/fusermount3 -u); this then only closes the
+  // device. After a signal it really unmounts.
+  fuse_session_unmount(se);
+  fuse_remove_signal_handlers(se);
+  fuse_session_destroy(se);
+  if (rc < 0) {
+    spdlog::error("fuse session loop failed: {}", errno_text(-rc));
+    return 1;
+  }
+  spdlog::info("unmounted{}", rc > 0 ? fmt::format(" (signal {})", rc) : std::string());
+  return 0;
+}
+
+// Not registered by name, so a process may mount (and set this up) more than once.
+void log_to_file(const std::string& path) {
+  auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path);
+  auto logger = std::make_shared<spdlog::logger>("ckptfs", std::move(sink));
+  logger->set_level(spdlog::get_level());
+  logger->flush_on(spdlog::level::warn);
+  spdlog::set_default_logger(std::move(logger));
+}
+
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+// The detached server. Tells the waiting parent "R" once ready, or "E" and why not; never
+// returns into the caller's code.
+[[noreturn]] void run_daemon(fuse_session* se, const ParsedOptions& parsed,
+                             const std::string& log_file, int ready_fd) {
+  int rc = 1;
+  try {
+    if (::chdir("/") != 0) fail("chdir /: {}", errno_text(errno));
+    const int null_fd = ::open("/dev/null", O_RDWR);
+    if (null_fd < 0) fail("cannot open /dev/null: {}", errno_text(errno));
+    if (!log_file.empty()) log_to_file(log_file);
+    ::dup2(null_fd, STDIN_FILENO);
+    ::dup2(null_fd, STDOUT_FILENO);
+    ::dup2(null_fd, STDERR_FILENO);
+    if (null_fd > STDERR_FILENO) ::close(null_fd);
+    write_all(ready_fd, "R");
+    ::close(std::exchange(ready_fd, -1));
+    rc = serve(se, parsed);
+  } catch (const std::exception& e) {
+    if (ready_fd >= 0) {
+      write_all(ready_fd, std::string("E") + e.what());
+      ::close(ready_fd);
+    } else {
+      spdlog::error("{}", e.what());
+    }
+  }
+  spdlog::shutdown();
+  ::_exit(rc);
+}
+
+// Undoes the kernel mount from this process: for failures after fuse_session_mount.
+[[noreturn]] void abandon_mount(fuse_session* se, const stdfs::path& where,
+                                const std::string& why) {
+  fuse_session_unmount(se);
+  fuse_remove_signal_handlers(se);
+  fuse_session_destroy(se);
+  fail("cannot mount at {}: {}", where.string(), why);
+}
+
+struct MountEntry {
+  std::string fstype;
+  std::string device;
+};
+
+// /proc/mounts escapes space, tab, newline and backslash as \ooo.
+std::string unescape_mount_field(std::string_view field) {
+  std::string out;
+  for (size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 3 < field.size()) {
+      const char* p = field.data() + i + 1;
+      if (p[0] >= '0' && p[0] <= '3' && p[1] >= '0' && p[1] <= '7' && p[2] >= '0' && p[2] <= '7') {
+        out += static_cast<char>((p[0] - '0') * 64 + (p[1] - '0') * 8 + (p[2] - '0'));
+        i += 3;
+        continue;
+      }
+    }
+    out += field[i];
+  }
+  return out;
+}
+
+// The topmost mount at `path`, if any.
+std::optional<MountEntry> find_mount(const stdfs::path& path) {
+  std::ifstream in("/proc/self/mounts");
+  std::optional<MountEntry> found;
+  std::string device, where, fstype, rest;
+  while (in >> device >> where >> fstype) {
+    std::getline(in, rest);
+    if (unescape_mount_field(where) == path.native())
+      found = MountEntry{fstype, unescape_mount_field(device)};
+  }
+  return found;
+}
+
+// Absolute, with symlinks in the parent resolved, without touching the mountpoint itself:
+// stat on a mount whose server died fails with ENOTCONN.
+stdfs::path resolve_mountpoint(const stdfs::path& mountpoint) {
+  stdfs::path absolute = stdfs::absolute(mountpoint).lexically_normal();
+  if (!absolute.has_filename() && absolute.has_parent_path()) absolute = absolute.parent_path();
+  std::error_code ec;
+  const stdfs::path parent = stdfs::canonical(absolute.parent_path(), ec);
+  if (ec || absolute == absolute.root_path()) return absolute;
+  return parent / absolute.filename();
+}
+
+}  // namespace
+
+int mount(const std::filesystem::path& mountpoint, Tree tree, const MountOptions& options) {
+  const ParsedOptions parsed = parse_options(options);
+  std::error_code ec;
+  const stdfs::path where = stdfs::canonical(mountpoint, ec);
+  if (ec) fail("cannot mount at {}: {}", mountpoint.string(), ec.message());
+  if (!stdfs::is_directory(where, ec)) fail("cannot mount at {}: not a directory", where.string());
+  std::string log_file;
+  if (!options.log_file.empty()) log_file = stdfs::absolute(options.log_file).string();
+
+  const std::string fsname = options.fsname.empty() ? common_source_dir(tree) : options.fsname;
+  std::vector<std::string> argv = {
+      "ckptfs", "-o",
+      "subtype=ckptfs,default_permissions,fsname=" + escape_option("ckptfs:" + fsname)};
+  for (const std::string& option : parsed.fuse) {
+    argv.push_back("-o");
+    argv.push_back(option);
+  }
+  argv.push_back("-o");
+  argv.push_back("ro");  // last, so nothing before it can turn it off
+
+  detail::Server server;
+  server.tree = &tree;
+  server.cache = parsed.cache;
+
+  begin_setup();
+  FuseArgs args(argv);
+  fuse_session* se =
+      fuse_session_new(args.get(), &detail::lowlevel_ops(), sizeof(fuse_lowlevel_ops), &server);
+  if (se == nullptr) {
+    end_setup();
+    fail("cannot mount at {}: {}", where.string(), setup_errors("bad FUSE options"));
+  }
+  if (fuse_set_signal_handlers(se) != 0) {
+    fuse_session_destroy(se);
+    end_setup();
+    fail("cannot mount at {}: cannot install signal handlers", where.string());
+  }
+  if (fuse_session_mount(se, where.c_str()) != 0) {
+    fuse_remove_signal_handlers(se);
+    fuse_session_destroy(se);
+    end_setup();
+    fail("cannot mount at {}: {}", where.string(), setup_errors("mount failed"));
+  }
+  end_setup();
+  spdlog::info("mounted {} ({} files, {} bytes) from {}", where.string(),
+               tree.plan().targets.size(), tree.total_bytes(), fsname);
+
+  auto abandon = [&](const std::string& why) { abandon_mount(se, where, why); };
+
+  if (options.foreground) {
+    if (!log_file.empty()) {
+      try {
+        log_to_file(log_file);
+      } catch (const std::exception& e) {
+        abandon(fmt::format("cannot log to {}: {}", log_file, e.what()));
+      }
+    }
+    return serve(se, parsed);
+  }
+
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) abandon(fmt::format("pipe: {}", errno_text(errno)));
+  const pid_t child = ::fork();
+  if (child < 0) {
+    ::close(ready[0]);
+    ::close(ready[1]);
+    abandon(fmt::format("fork: {}", errno_text(errno)));
+  }
+  if (child == 0) {
+    // Fork twice so the server is nobody's child: the caller reaps the middle process now,
+    // and the server is adopted by init instead of lingering as the caller's zombie.
+    ::close(ready[0]);
+    ::setsid();
+    const pid_t daemon = ::fork();
+    if (daemon != 0) ::_exit(daemon < 0 ? 1 : 0);
+    run_daemon(se, parsed, log_file, ready[1]);
+  }
+
+  ::close(ready[1]);
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  std::string reply;
+  char buf[512];
+  for (;;) {
+    const ssize_t n = ::read(ready[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+    if (reply == "R") break;  // all a ready server sends
+  }
+  ::close(ready[0]);
+  if (reply == "R") {
+    // The server holds its own copy of the device fd. Ours must be closed, or the kernel
+    // would keep the connection alive if the server died; destroying the session closes it
+    // and does not unmount.
+    fuse_remove_signal_handlers(se);
+    fuse_session_destroy(se);
+    return 0;
+  }
+  if (!reply.empty() && reply[0] == 'E') abandon(reply.substr(1));
+  abandon_mount(se, where,
+                options.log_file.empty()
+                    ? std::string("the server exited before it was ready")
+                    : fmt::format("the server exited before it was ready (see {})", log_file));
+}
+
+void unmount(const std::filesystem::path& mountpoint) {
+  const stdfs::path where = resolve_mountpoint(mountpoint);
+  const std::optional<MountEntry> entry = find_mount(where);
+  if (!entry) fail("cannot unmount {}: not mounted", where.string());
+  if (entry->fstype != "fuse.ckptfs")
+    fail("cannot unmount {}: not a ckptfs mount (it is {} from {})", where.string(), entry->fstype,
+         entry->device);
+  if (::geteuid() == 0) {
+    if (::umount2(where.c_str(), 0) != 0) {
+      const int err = errno;
+      fail("cannot unmount {}: {}{}", where.string(), errno_text(err),
+           err == EBUSY ? " (a file or directory in it is still open)" : "");
+    }
+    return;
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) fail("cannot unmount {}: fork: {}", where.string(), errno_text(errno));
+  if (pid == 0) {
+    ::execlp("fusermount3", "fusermount3", "-u", "--", where.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) fail("cannot unmount {}: waitpid: {}", where.string(), errno_text(errno));
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+      fail("cannot unmount {}: fusermount3 not found", where.string());
+    fail("cannot unmount {}: fusermount3 -u failed (see its message above)", where.string());
+  }
+}
+
+}  // namespace ckptfs::fs

@@ -1,0 +1,214 @@
+#include "ckptfs/fs/tree.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "ckptfs/error.h"
+
+namespace ckptfs::fs {
+
+namespace {
+
+constexpr std::string_view kDot = ".";
+constexpr std::string_view kDotDot = "..";
+
+bool is_dir_ino(uint64_t ino, size_t targets) {
+  return ino >= 2 && ino % 2 == 0 && (ino - 2) / 2 < targets;
+}
+bool is_file_ino(uint64_t ino, size_t targets) {
+  return ino >= 3 && ino % 2 == 1 && (ino - 3) / 2 < targets;
+}
+
+}  // namespace
+
+Tree::Tree(plan::Plan plan)
+    : plan_(std::move(plan)),
+      uid_(::getuid()),
+      gid_(::getgid()),
+      reported_(new std::atomic<bool>[plan_.sources.size()]) {
+  ::clock_gettime(CLOCK_REALTIME, &time_);
+  dir_names_.reserve(plan_.targets.size());
+  file_names_.reserve(plan_.targets.size());
+  for (size_t i = 0; i < plan_.targets.size(); ++i) {
+    const plan::TargetFile& target = plan_.targets[i];
+    dir_names_.push_back(target.dir_name());
+    file_names_.push_back(target.file_name());
+    if (!root_index_.emplace(dir_names_.back(), 2 + 2 * i).second)
+      fail("two target files for rank {}", target.rank);
+    total_bytes_ += target.file.size();
+  }
+  for (size_t i = 0; i < plan_.sources.size(); ++i) reported_[i].store(false);
+}
+
+Tree::Tree(Tree&&) noexcept = default;
+Tree& Tree::operator=(Tree&&) noexcept = default;
+Tree::~Tree() = default;
+
+uint64_t Tree::lookup(uint64_t parent, std::string_view name) const {
+  const size_t n = plan_.targets.size();
+  if (parent == kRootIno) {
+    if (name == kDot || name == kDotDot) return kRootIno;
+    auto it = root_index_.find(name);
+    return it == root_index_.end() ? 0 : it->second;
+  }
+  if (!is_dir_ino(parent, n)) return 0;
+  if (name == kDot) return parent;
+  if (name == kDotDot) return kRootIno;
+  const size_t i = (parent - 2) / 2;
+  return name == file_names_[i] ? parent + 1 : 0;
+}
+
+bool Tree::stat(uint64_t ino, struct stat& st) const {
+  const size_t n = plan_.targets.size();
+  st = {};
+  if (ino == kRootIno) {
+    st.st_mode = S_IFDIR | 0555;
+    // Each subdirectory's ".." links to the root; tools like find rely on this count.
+    st.st_nlink = 2 + n;
+  } else if (is_dir_ino(ino, n)) {
+    st.st_mode = S_IFDIR | 0555;
+    st.st_nlink = 2;
+  } else if (is_file_ino(ino, n)) {
+    const uint64_t size = plan_.targets[(ino - 3) / 2].file.size();
+    st.st_mode = S_IFREG | 0444;
+    st.st_nlink = 1;
+    st.st_size = static_cast<off_t>(size);
+    st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
+  } else {
+    return false;
+  }
+  st.st_ino = ino;
+  st.st_uid = uid_;
+  st.st_gid = gid_;
+  st.st_blksize = kBlockSize;
+  st.st_atim = st.st_mtim = st.st_ctim = time_;
+  return true;
+}
+
+std::vector<Tree::DirEntry> Tree::list(uint64_t ino) const {
+  const size_t n = plan_.targets.size();
+  std::vector<DirEntry> out;
+  if (ino == kRootIno) {
+    out.reserve(2 + n);
+    out.push_back({kRootIno, kDot, true});
+    out.push_back({kRootIno, kDotDot, true});
+    for (size_t i = 0; i < n; ++i) out.push_back({2 + 2 * i, dir_names_[i], true});
+  } else if (is_dir_ino(ino, n)) {
+    const size_t i = (ino - 2) / 2;
+    out.push_back({ino, kDot, true});
+    out.push_back({kRootIno, kDotDot, true});
+    out.push_back({ino + 1, file_names_[i], false});
+  }
+  return out;
+}
+
+const plan::VirtualFile* Tree::file(uint64_t ino) const {
+  if (!is_file_ino(ino, plan_.targets.size())) return nullptr;
+  return &plan_.targets[(ino - 3) / 2].file;
+}
+
+void Tree::report(uint32_t source, std::string_view what) const {
+  const std::string& path = plan_.sources[source].file.path.native();
+  if (!reported_[source].exchange(true, std::memory_order_relaxed))
+    spdlog::error("source {}: {}; reads from it fail with EIO", path, what);
+  else
+    spdlog::debug("source {}: {}", path, what);
+}
+
+int Tree::check_sources(std::span<const plan::Run> runs) const {
+  // A stamp per source makes "each distinct source once" O(runs) even for strided reads
+  // that alternate between many sources. The epoch is per thread and per call, so stamps
+  // left by another tree on this thread never match.
+  thread_local std::vector<uint64_t> stamps;
+  thread_local uint64_t epoch = 0;
+  const size_t n = plan_.sources.size();
+  if (stamps.size() < n) stamps.resize(n, 0);
+  ++epoch;
+  for (const plan::Run& run : runs) {
+    if (run.mem != nullptr) continue;
+    if (run.source >= n) {
+      spdlog::error("read mapped to source #{}, but the plan has {} sources", run.source, n);
+      return EIO;
+    }
+    if (stamps[run.source] == epoch) continue;
+    stamps[run.source] = epoch;
+    if (!plan_.sources[run.source].file.unchanged()) {
+      report(run.source, "changed since it was mounted");
+      return EIO;
+    }
+  }
+  return 0;
+}
+
+int Tree::check_file(uint64_t ino) const {
+  const plan::VirtualFile* f = file(ino);
+  if (f == nullptr)
+    return ino == kRootIno || is_dir_ino(ino, plan_.targets.size()) ? EISDIR : ENOENT;
+  for (uint32_t s : f->sources()) {
+    if (s >= plan_.sources.size()) {
+      spdlog::error("{} reads source #{}, but the plan has {} sources", file_names_[(ino - 3) / 2],
+                    s, plan_.sources.size());
+      return EIO;
+    }
+    if (!plan_.sources[s].file.unchanged()) {
+      report(s, "changed since it was mounted");
+      return EIO;
+    }
+  }
+  return 0;
+}
+
+int Tree::gather(std::span<const plan::Run> runs, char* out) const {
+  for (const plan::Run& run : runs) {
+    if (run.mem != nullptr) {
+      std::memcpy(out, run.mem, run.length);
+      out += run.length;
+      continue;
+    }
+    if (run.source >= plan_.sources.size()) {
+      spdlog::error("read mapped to source #{}, but the plan has {} sources", run.source,
+                    plan_.sources.size());
+      return EIO;
+    }
+    const int fd = source_fd(run.source);
+    uint64_t done = 0;
+    while (done < run.length) {
+      const ssize_t got =
+          ::pread(fd, out + done, run.length - done, static_cast<off_t>(run.offset + done));
+      if (got > 0) {
+        done += static_cast<uint64_t>(got);
+        continue;
+      }
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0)
+        report(run.source, fmt::format("pread of {} bytes at {} failed: {}", run.length - done,
+                                       run.offset + done, std::strerror(errno)));
+      else
+        report(run.source, fmt::format("ends at {}, but {} bytes are mapped from there",
+                                       run.offset + done, run.length - done));
+      return EIO;
+    }
+    out += run.length;
+  }
+  return 0;
+}
+
+int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got) const {
+  got = 0;
+  const plan::VirtualFile* f = file(ino);
+  if (f == nullptr) return lookup(ino, kDot) != 0 ? EISDIR : ENOENT;
+  if (off >= f->size() || buf.empty()) return 0;
+  thread_local std::vector<plan::Run> runs;
+  runs.clear();
+  const uint64_t covered = f->map(off, buf.size(), runs);
+  if (int err = check_sources(runs)) return err;
+  if (int err = gather(runs, buf.data())) return err;
+  got = covered;
+  return 0;
+}
+
+}  // namespace ckptfs::fs

@@ -1,0 +1,459 @@
+// Real mounts under a temp dir: served in the foreground on a thread of this process, or
+// detached in the background. Every test leaves no mount behind, even when it fails.
+#include "ckptfs/fs/mount.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckptfs/error.h"
+#include "ckptfs/util/fd.h"
+#include "test_data.h"
+
+namespace ckptfs::fs {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TempDir;
+using testing::TestData;
+using ::testing::UnorderedElementsAre;
+using namespace std::chrono_literals;
+
+struct MountLine {
+  std::string device;
+  std::string fstype;
+  std::string options;
+};
+
+std::optional<MountLine> mount_line(const std::filesystem::path& where) {
+  std::ifstream in("/proc/self/mounts");
+  std::string line;
+  std::optional<MountLine> found;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    MountLine m;
+    std::string path;
+    fields >> m.device >> path >> m.fstype >> m.options;
+    if (path == where.native()) found = m;
+  }
+  return found;
+}
+
+template <typename Pred>
+bool wait_until(Pred pred, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// Reads all of `path` with read() in `chunk`-sized calls.
+std::string read_file(const std::filesystem::path& path, size_t chunk, int* err = nullptr) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY));
+  if (!fd) {
+    if (err) *err = errno;
+    return {};
+  }
+  std::string out, buf(chunk, '\0');
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+    if (n < 0) {
+      if (err) *err = errno;
+      return out;
+    }
+    if (n == 0) break;
+    out.append(buf.data(), static_cast<size_t>(n));
+  }
+  if (err) *err = 0;
+  return out;
+}
+
+// pread until `len` bytes or end of file.
+std::string pread_full(int fd, uint64_t off, size_t len, int* err = nullptr) {
+  std::string buf(len, '\0');
+  size_t done = 0;
+  while (done < len) {
+    const ssize_t n = ::pread(fd, buf.data() + done, len - done, static_cast<off_t>(off + done));
+    if (n < 0) {
+      if (err) *err = errno;
+      buf.resize(done);
+      return buf;
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  if (err) *err = 0;
+  buf.resize(done);
+  return buf;
+}
+
+class MountTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "/dev/fuse is not usable";
+    data_.emplace(dir_.path());
+    mnt_ = dir_.path() / "mnt";
+    std::filesystem::create_directory(mnt_);
+  }
+
+  void TearDown() override {
+    if (mount_line(mnt_)) {
+      try {
+        unmount(mnt_);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "unmount in TearDown: " << e.what();
+        force_unmount();
+      }
+    }
+    if (server_.joinable()) {
+      if (wait_until([&] { return done_.load(); }, 20s)) {
+        server_.join();
+      } else {
+        ADD_FAILURE() << "the foreground server did not return after unmount";
+        server_.detach();
+      }
+    }
+    EXPECT_FALSE(mount_line(mnt_)) << "a mount was left at " << mnt_;
+  }
+
+  // Aborts the FUSE connection (through a private fusectl mount, as the system may not have
+  // one) so a server thread stuck behind an open file returns, then lazy-detaches the mount.
+  void force_unmount() {
+    std::string minor;
+    std::ifstream in("/proc/self/mountinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string id, parent, dev, root, path;
+      fields >> id >> parent >> dev >> root >> path;
+      if (path == mnt_.native()) minor = dev.substr(dev.find(':') + 1);
+    }
+    const std::filesystem::path ctl = dir_.path() / "fusectl";
+    std::error_code ec;
+    std::filesystem::create_directory(ctl, ec);
+    if (!minor.empty() && ::mount("fusectl", ctl.c_str(), "fusectl", 0, nullptr) == 0) {
+      std::ofstream(ctl / minor / "abort") << "1";
+      ::umount2(ctl.c_str(), MNT_DETACH);
+    }
+    ::umount2(mnt_.c_str(), MNT_DETACH);
+  }
+
+  // Serves in the foreground on a thread and waits until the kernel mount exists.
+  void start_foreground(MountOptions options = {}) {
+    options.foreground = true;
+    server_ = std::thread([this, options, plan = data_->make_plan()]() mutable {
+      try {
+        rc_ = mount(mnt_, Tree(std::move(plan)), options);
+      } catch (const std::exception& e) {
+        error_ = e.what();
+      }
+      done_ = true;
+    });
+    ASSERT_TRUE(wait_until([&] { return mount_line(mnt_).has_value() || done_.load(); }, 10s))
+        << "no mount after 10 s";
+    ASSERT_FALSE(done_.load()) << "mount returned early: " << error_;
+  }
+
+  // Unmounts and checks the foreground server returned 0.
+  void stop_foreground() {
+    ASSERT_NO_THROW(unmount(mnt_));
+    ASSERT_TRUE(wait_until([&] { return done_.load(); }, 20s));
+    server_.join();
+    EXPECT_EQ(rc_, 0);
+    EXPECT_EQ(error_, "");
+    EXPECT_FALSE(mount_line(mnt_));
+  }
+
+  std::filesystem::path file(size_t target) const {
+    const int64_t rank = data_->specs()[target].rank;
+    return mnt_ / ("rank_" + std::to_string(rank)) /
+           ("checkpoint_" + std::to_string(rank) + ".ckpt");
+  }
+
+  void expect_contents_match() {
+    for (size_t t = 0; t < data_->targets(); ++t) {
+      for (size_t chunk : {size_t{4096}, size_t{1} << 20, size_t{3} << 20}) {
+        int err = -1;
+        const std::string got = read_file(file(t), chunk, &err);
+        EXPECT_EQ(err, 0) << file(t);
+        EXPECT_TRUE(got == data_->expected(t))
+            << file(t) << " read in " << chunk << "-byte chunks: " << got.size() << " bytes";
+      }
+    }
+  }
+
+  TempDir dir_;
+  std::optional<TestData> data_;
+  std::filesystem::path mnt_;
+  std::thread server_;
+  std::atomic<bool> done_{false};
+  int rc_ = -1;
+  std::string error_;
+};
+
+TEST_F(MountTest, ServesTreeInForeground) {
+  start_foreground();
+
+  const std::optional<MountLine> line = mount_line(mnt_);
+  ASSERT_TRUE(line);
+  EXPECT_EQ(line->fstype, "fuse.ckptfs");
+  EXPECT_EQ(line->device, "ckptfs:" + (dir_.path() / "src").string());
+  EXPECT_THAT(line->options, ::testing::StartsWith("ro,"));
+
+  std::vector<std::string> names;
+  {
+    DIR* d = ::opendir(mnt_.c_str());
+    ASSERT_NE(d, nullptr);
+    while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  EXPECT_THAT(names, UnorderedElementsAre(".", "..", "rank_0", "rank_1", "rank_5", "rank_7"));
+  names.clear();
+  {
+    DIR* d = ::opendir((mnt_ / "rank_5").c_str());
+    ASSERT_NE(d, nullptr);
+    while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  EXPECT_THAT(names, UnorderedElementsAre(".", "..", "checkpoint_5.ckpt"));
+
+  struct stat first, again;
+  for (size_t t = 0; t < data_->targets(); ++t) {
+    ASSERT_EQ(::stat(file(t).c_str(), &first), 0) << file(t);
+    EXPECT_TRUE(S_ISREG(first.st_mode));
+    EXPECT_EQ(first.st_mode & 07777, 0444u);
+    EXPECT_EQ(static_cast<uint64_t>(first.st_size), data_->expected(t).size());
+    ASSERT_EQ(::stat(file(t).c_str(), &again), 0);
+    EXPECT_EQ(first.st_mtim.tv_sec, again.st_mtim.tv_sec);
+    EXPECT_EQ(first.st_mtim.tv_nsec, again.st_mtim.tv_nsec);
+  }
+  ASSERT_EQ(::stat((mnt_ / "rank_1").c_str(), &first), 0);
+  EXPECT_TRUE(S_ISDIR(first.st_mode));
+  EXPECT_EQ(first.st_mode & 07777, 0555u);
+  EXPECT_EQ(::stat((mnt_ / "rank_2").c_str(), &first), -1);
+  EXPECT_EQ(errno, ENOENT);
+
+  struct statvfs vfs;
+  ASSERT_EQ(::statvfs(mnt_.c_str(), &vfs), 0);
+  EXPECT_NE(vfs.f_flag & ST_RDONLY, 0u);
+
+  char value[16];
+  EXPECT_EQ(::getxattr(file(0).c_str(), "user.x", value, sizeof value), -1);
+  EXPECT_EQ(errno, ENODATA);
+
+  expect_contents_match();
+  stop_foreground();
+}
+
+TEST_F(MountTest, RandomWindowsAndConcurrentReaders) {
+  start_foreground();
+  // Four threads, each with its own descriptor, reading random windows of every file.
+  std::vector<std::thread> readers;
+  std::atomic<int> mismatches{0};
+  for (int r = 0; r < 4; ++r) {
+    readers.emplace_back([&, r] {
+      std::mt19937_64 rng(100 + r);
+      for (size_t t = 0; t < data_->targets(); ++t) {
+        UniqueFd fd(::open(file(t).c_str(), O_RDONLY));
+        if (!fd) {
+          ++mismatches;
+          continue;
+        }
+        const std::string& want = data_->expected(t);
+        std::uniform_int_distribution<uint64_t> off_of(0, want.size());
+        std::uniform_int_distribution<size_t> len_of(1, 2u << 20);
+        for (int i = 0; i < 40; ++i) {
+          const uint64_t off = off_of(rng);
+          const size_t len = i % 4 == 0 ? 4096 : len_of(rng);
+          int err = -1;
+          const std::string got = pread_full(fd.get(), off, len, &err);
+          const std::string expect = off < want.size() ? want.substr(off, len) : std::string();
+          if (err != 0 || got != expect) ++mismatches;
+        }
+      }
+    });
+  }
+  for (std::thread& t : readers) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  stop_foreground();
+}
+
+TEST_F(MountTest, EverythingIsReadOnly) {
+  start_foreground();
+  errno = 0;
+  EXPECT_EQ(::open(file(0).c_str(), O_WRONLY), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(::open(file(0).c_str(), O_RDWR), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(::open(file(0).c_str(), O_RDONLY | O_TRUNC), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(::creat((mnt_ / "rank_0" / "new.ckpt").c_str(), 0644), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(::mkdir((mnt_ / "rank_9").c_str(), 0755), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(::unlink(file(0).c_str()), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(::truncate(file(0).c_str(), 0), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(::rename(file(0).c_str(), (mnt_ / "rank_0" / "x").c_str()), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(::chmod(file(0).c_str(), 0644), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(::access(file(0).c_str(), W_OK), -1);
+  EXPECT_EQ(errno, EROFS);
+  EXPECT_EQ(::access(file(0).c_str(), R_OK), 0);
+  // Nothing changed.
+  EXPECT_EQ(read_file(file(0), 1 << 20), data_->expected(0));
+  stop_foreground();
+}
+
+TEST_F(MountTest, ChangedSourceGivesEio) {
+  start_foreground();
+  UniqueFd fd(::open(file(0).c_str(), O_RDONLY));
+  ASSERT_TRUE(fd);
+  int err = -1;
+  EXPECT_EQ(pread_full(fd.get(), 0, 100, &err), data_->expected(0).substr(0, 100));
+  EXPECT_EQ(err, 0);
+
+  data_->change_source(1);
+  char buf[100];
+  EXPECT_EQ(::pread(fd.get(), buf, sizeof buf, 5000), -1);
+  EXPECT_EQ(errno, EIO);
+  // The header and source 0 are still fine.
+  EXPECT_EQ(pread_full(fd.get(), 0, 9, &err), "HEADER-0:");
+  EXPECT_EQ(err, 0);
+  // Opening checks every source the file reads.
+  EXPECT_EQ(::open(file(0).c_str(), O_RDONLY), -1);
+  EXPECT_EQ(errno, EIO);
+  // A file that does not read source 1 still opens and reads.
+  EXPECT_EQ(read_file(file(2), 1 << 20), data_->expected(2));
+  fd.reset();
+  stop_foreground();
+}
+
+TEST_F(MountTest, CacheModeAllowsSharedMmap) {
+  MountOptions options;
+  options.fuse_options = {"cache"};  // the -o spelling of options.cache
+  start_foreground(options);
+  expect_contents_match();
+  const std::string& want = data_->expected(2);
+  UniqueFd fd(::open(file(2).c_str(), O_RDONLY));
+  ASSERT_TRUE(fd);
+  void* map = ::mmap(nullptr, want.size(), PROT_READ, MAP_SHARED, fd.get(), 0);
+  ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
+  EXPECT_TRUE(std::string_view(static_cast<const char*>(map), want.size()) == want);
+  ::munmap(map, want.size());
+  fd.reset();
+  stop_foreground();
+}
+
+TEST_F(MountTest, BackgroundMountServesFromDetachedProcess) {
+  MountOptions options;
+  options.log_file = (dir_.path() / "ckptfs.log").string();
+  ASSERT_EQ(mount(mnt_, Tree(data_->make_plan()), options), 0);
+  // mount returned: the kernel mount exists and is served by another process.
+  ASSERT_TRUE(mount_line(mnt_));
+  expect_contents_match();
+  EXPECT_EQ(::open(file(0).c_str(), O_WRONLY), -1);
+  EXPECT_EQ(errno, EROFS);
+  ASSERT_NO_THROW(unmount(mnt_));
+  EXPECT_FALSE(mount_line(mnt_));
+  EXPECT_TRUE(std::filesystem::exists(options.log_file));
+}
+
+TEST_F(MountTest, UnmountBusyMountFailsAndLeavesItServing) {
+  start_foreground();
+  {
+    UniqueFd fd(::open(file(0).c_str(), O_RDONLY));
+    ASSERT_TRUE(fd);
+    try {
+      unmount(mnt_);
+      ADD_FAILURE() << "unmount of a busy mount succeeded";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(mnt_.string()));
+    }
+    EXPECT_TRUE(mount_line(mnt_));
+    EXPECT_EQ(pread_full(fd.get(), 0, 9), "HEADER-0:");
+  }
+  stop_foreground();
+}
+
+TEST_F(MountTest, MountErrorsLeaveNoMount) {
+  const std::filesystem::path missing = dir_.path() / "missing";
+  try {
+    mount(missing, Tree(data_->make_plan()), {});
+    ADD_FAILURE() << "mount on a missing directory succeeded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot mount at " + missing.string()));
+  }
+
+  MountOptions bad;
+  bad.fuse_options = {"no_such_fuse_option"};
+  for (bool foreground : {true, false}) {
+    bad.foreground = foreground;
+    try {
+      mount(mnt_, Tree(data_->make_plan()), bad);
+      ADD_FAILURE() << "mount with a bad option succeeded";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("cannot mount at " + mnt_.string()));
+      EXPECT_THAT(e.what(), HasSubstr("no_such_fuse_option"));
+    }
+    EXPECT_FALSE(mount_line(mnt_));
+  }
+
+  MountOptions rw;
+  rw.fuse_options = {"allow_other,rw"};
+  EXPECT_THROW(mount(mnt_, Tree(data_->make_plan()), rw), Error);
+  EXPECT_FALSE(mount_line(mnt_));
+
+  // A background server that cannot start reports why, and the mount is undone.
+  MountOptions no_log;
+  no_log.log_file = dir_.path().string();  // a directory: the server cannot open it
+  try {
+    mount(mnt_, Tree(data_->make_plan()), no_log);
+    ADD_FAILURE() << "mount with an unwritable log file succeeded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot mount at " + mnt_.string()));
+  }
+  EXPECT_FALSE(mount_line(mnt_));
+}
+
+TEST_F(MountTest, UnmountNamesWhatIsWrong) {
+  try {
+    unmount(mnt_);
+    ADD_FAILURE() << "unmount of a plain directory succeeded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(mnt_.string()));
+    EXPECT_THAT(e.what(), HasSubstr("not mounted"));
+  }
+  try {
+    unmount("/proc");
+    ADD_FAILURE() << "unmount of /proc succeeded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("not a ckptfs mount"));
+  }
+}
+
+}  // namespace
+}  // namespace ckptfs::fs

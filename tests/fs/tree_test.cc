@@ -1,0 +1,262 @@
+// Tree without FUSE: inode layout, names, attributes, listings, and reads against the plain
+// concatenation of the pieces each file is built from.
+#include "ckptfs/fs/tree.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <ctime>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../../src/fs/fuse_ops.h"
+#include "ckptfs/error.h"
+#include "test_data.h"
+
+namespace ckptfs::fs {
+namespace {
+
+using ::testing::ElementsAre;
+using testing::TempDir;
+using testing::TestData;
+
+class TreeTest : public ::testing::Test {
+ protected:
+  TreeTest() : data_(dir_.path()), tree_(data_.make_plan()) {}
+
+  // Reads [off, off + len) through read_into, as a string of what it returned.
+  std::string read(uint64_t ino, uint64_t off, size_t len, int* err = nullptr) {
+    std::string buf(len, '\xEE');
+    size_t got = 0;
+    const int e = tree_.read_into(ino, off, std::span<char>(buf.data(), buf.size()), got);
+    if (err) *err = e;
+    EXPECT_LE(got, len);
+    buf.resize(e == 0 ? got : 0);
+    return buf;
+  }
+
+  TempDir dir_;
+  TestData data_;
+  Tree tree_;
+};
+
+TEST_F(TreeTest, LooksUpFixedInodes) {
+  EXPECT_EQ(tree_.lookup(Tree::kRootIno, "rank_0"), 2u);
+  EXPECT_EQ(tree_.lookup(2, "checkpoint_0.ckpt"), 3u);
+  EXPECT_EQ(tree_.lookup(Tree::kRootIno, "rank_1"), 4u);
+  EXPECT_EQ(tree_.lookup(4, "checkpoint_1.ckpt"), 5u);
+  EXPECT_EQ(tree_.lookup(Tree::kRootIno, "rank_5"), 6u);
+  EXPECT_EQ(tree_.lookup(6, "checkpoint_5.ckpt"), 7u);
+  EXPECT_EQ(tree_.lookup(Tree::kRootIno, "rank_7"), 8u);
+  EXPECT_EQ(tree_.lookup(8, "checkpoint_7.ckpt"), 9u);
+  EXPECT_EQ(tree_.lookup(Tree::kRootIno, "."), Tree::kRootIno);
+  EXPECT_EQ(tree_.lookup(4, ".."), Tree::kRootIno);
+}
+
+TEST_F(TreeTest, LookupMissesGiveZero) {
+  EXPECT_EQ(tree_.lookup(Tree::kRootIno, "rank_2"), 0u);   // no such rank
+  EXPECT_EQ(tree_.lookup(Tree::kRootIno, "rank_00"), 0u);  // not the canonical name
+  EXPECT_EQ(tree_.lookup(Tree::kRootIno, "checkpoint_0.ckpt"), 0u);
+  EXPECT_EQ(tree_.lookup(2, "checkpoint_1.ckpt"), 0u);  // another rank's file
+  EXPECT_EQ(tree_.lookup(2, "rank_0"), 0u);
+  EXPECT_EQ(tree_.lookup(3, "x"), 0u);                   // a file is not a directory
+  EXPECT_EQ(tree_.lookup(10, "checkpoint_8.ckpt"), 0u);  // past the last inode
+  EXPECT_EQ(tree_.lookup(0, "rank_0"), 0u);
+}
+
+TEST_F(TreeTest, StatGivesModesSizesAndOwner) {
+  struct stat st;
+  ASSERT_TRUE(tree_.stat(Tree::kRootIno, st));
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0555u);
+  EXPECT_EQ(st.st_nlink, 2u + data_.targets());
+  EXPECT_EQ(st.st_ino, Tree::kRootIno);
+  EXPECT_EQ(st.st_uid, ::getuid());
+  EXPECT_EQ(st.st_gid, ::getgid());
+  const struct timespec mtime = st.st_mtim;
+  EXPECT_LE(std::abs(mtime.tv_sec - std::time(nullptr)), 60);
+
+  for (size_t i = 0; i < data_.targets(); ++i) {
+    ASSERT_TRUE(tree_.stat(2 + 2 * i, st)) << i;
+    EXPECT_TRUE(S_ISDIR(st.st_mode));
+    EXPECT_EQ(st.st_mode & 07777, 0555u);
+    EXPECT_EQ(st.st_nlink, 2u);
+
+    ASSERT_TRUE(tree_.stat(3 + 2 * i, st)) << i;
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+    EXPECT_EQ(st.st_mode & 07777, 0444u);
+    EXPECT_EQ(st.st_nlink, 1u);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), data_.expected(i).size()) << i;
+    EXPECT_EQ(static_cast<uint64_t>(st.st_blocks), (data_.expected(i).size() + 511) / 512);
+    EXPECT_EQ(st.st_ino, 3 + 2 * i);
+    // Stable for the life of the mount: the same instant on every inode.
+    EXPECT_EQ(st.st_mtim.tv_sec, mtime.tv_sec);
+    EXPECT_EQ(st.st_mtim.tv_nsec, mtime.tv_nsec);
+  }
+  EXPECT_EQ(data_.expected(3).size(), 0u);
+  EXPECT_FALSE(tree_.stat(0, st));
+  EXPECT_FALSE(tree_.stat(2 + 2 * data_.targets(), st));
+  EXPECT_FALSE(tree_.stat(3 + 2 * data_.targets(), st));
+}
+
+TEST_F(TreeTest, ListsDirectories) {
+  std::vector<std::string> names;
+  std::vector<uint64_t> inos;
+  for (const Tree::DirEntry& e : tree_.list(Tree::kRootIno)) {
+    names.emplace_back(e.name);
+    inos.push_back(e.ino);
+    EXPECT_TRUE(e.is_dir);
+    EXPECT_EQ(e.name.data()[e.name.size()], '\0');
+  }
+  EXPECT_THAT(names, ElementsAre(".", "..", "rank_0", "rank_1", "rank_5", "rank_7"));
+  EXPECT_THAT(inos, ElementsAre(1, 1, 2, 4, 6, 8));
+
+  const std::vector<Tree::DirEntry> dir = tree_.list(6);
+  ASSERT_EQ(dir.size(), 3u);
+  EXPECT_EQ(dir[0].name, ".");
+  EXPECT_EQ(dir[0].ino, 6u);
+  EXPECT_EQ(dir[1].name, "..");
+  EXPECT_EQ(dir[1].ino, Tree::kRootIno);
+  EXPECT_EQ(dir[2].name, "checkpoint_5.ckpt");
+  EXPECT_EQ(dir[2].ino, 7u);
+  EXPECT_FALSE(dir[2].is_dir);
+
+  EXPECT_TRUE(tree_.list(7).empty());
+  EXPECT_TRUE(tree_.list(99).empty());
+}
+
+TEST_F(TreeTest, FileOnlyForFileInodes) {
+  EXPECT_EQ(tree_.file(Tree::kRootIno), nullptr);
+  EXPECT_EQ(tree_.file(2), nullptr);
+  ASSERT_NE(tree_.file(3), nullptr);
+  EXPECT_EQ(tree_.file(3)->size(), data_.expected(0).size());
+  EXPECT_EQ(tree_.file(9)->size(), 0u);
+  EXPECT_EQ(tree_.file(11), nullptr);
+  EXPECT_EQ(tree_.total_bytes(),
+            data_.expected(0).size() + data_.expected(1).size() + data_.expected(2).size());
+  EXPECT_EQ(tree_.inode_count(), 9u);
+}
+
+TEST_F(TreeTest, ReadsMatchAtEveryOffsetOfSmallFiles) {
+  std::mt19937 rng(42);
+  for (size_t t : {0u, 1u}) {
+    const std::string& want = data_.expected(t);
+    const uint64_t ino = 3 + 2 * t;
+    std::uniform_int_distribution<size_t> len_of(1, 700);
+    for (size_t off = 0; off < want.size(); ++off) {
+      const size_t len = len_of(rng);
+      int err = -1;
+      const std::string got = read(ino, off, len, &err);
+      ASSERT_EQ(err, 0) << "file " << t << " off " << off;
+      ASSERT_EQ(got, want.substr(off, len)) << "file " << t << " off " << off << " len " << len;
+    }
+  }
+}
+
+TEST_F(TreeTest, ReadsWholeFilesAndLargeWindows) {
+  std::mt19937 rng(7);
+  for (size_t t = 0; t < data_.targets(); ++t) {
+    const std::string& want = data_.expected(t);
+    EXPECT_EQ(read(3 + 2 * t, 0, want.size() + 100), want) << t;
+    std::uniform_int_distribution<uint64_t> off_of(0, want.size() + 10);
+    std::uniform_int_distribution<size_t> len_of(1, 1500000);
+    for (int i = 0; i < 30; ++i) {
+      const uint64_t off = off_of(rng);
+      const size_t len = len_of(rng);
+      const std::string expect = off < want.size() ? want.substr(off, len) : std::string();
+      ASSERT_EQ(read(3 + 2 * t, off, len), expect) << t << " " << off << " " << len;
+    }
+  }
+}
+
+TEST_F(TreeTest, ReadIntoRejectsNonFiles) {
+  int err = 0;
+  read(Tree::kRootIno, 0, 10, &err);
+  EXPECT_EQ(err, EISDIR);
+  read(4, 0, 10, &err);
+  EXPECT_EQ(err, EISDIR);
+  read(100, 0, 10, &err);
+  EXPECT_EQ(err, ENOENT);
+  EXPECT_EQ(tree_.check_file(3), 0);
+  EXPECT_EQ(tree_.check_file(2), EISDIR);
+  EXPECT_EQ(tree_.check_file(100), ENOENT);
+}
+
+TEST_F(TreeTest, ChangedSourceGivesEio) {
+  data_.change_source(1);
+  const std::string& want = data_.expected(0);
+  int err = 0;
+  // Header and source 0 only: still served.
+  EXPECT_EQ(read(3, 0, 5009, &err), want.substr(0, 5009));
+  EXPECT_EQ(err, 0);
+  // Anything touching source 1 fails, every time.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(read(3, 5000, 100, &err), "");
+    EXPECT_EQ(err, EIO);
+  }
+  EXPECT_EQ(tree_.check_file(3), EIO);  // rank 0 reads source 1
+  EXPECT_EQ(tree_.check_file(7), 0);    // rank 5 does not
+  read(7, 0, 1 << 20, &err);
+  EXPECT_EQ(err, 0);
+}
+
+TEST(TreeReads, ShortPreadGivesEio) {
+  TempDir dir;
+  TestData data(dir.path());
+  // 2000 bytes mapped from a 10000-byte source starting at 9000: the planner got it wrong.
+  Tree tree(data.make_plan_from({{0, {testing::Bytes{"h"}, testing::Range{0, 9000, 2000}}}}));
+  std::string buf(3000, '\0');
+  size_t got = 99;
+  EXPECT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), 500), got), 0);
+  EXPECT_EQ(got, 500u);
+  EXPECT_EQ(buf.substr(1, 499), data.source_bytes(0).substr(9000, 499));
+  EXPECT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
+  EXPECT_EQ(got, 0u);
+}
+
+TEST(TreeReads, OutOfRangeSourceIndexGivesEio) {
+  TempDir dir;
+  TestData data(dir.path());
+  Tree tree(data.make_plan());
+  const std::vector<plan::Run> runs = {plan::Run{nullptr, 17, 0, 10}};
+  EXPECT_EQ(tree.check_sources(runs), EIO);
+  char out[10];
+  EXPECT_EQ(tree.gather(runs, out), EIO);
+}
+
+TEST(TreeReads, DuplicateRanksAreRejected) {
+  TempDir dir;
+  TestData data(dir.path());
+  EXPECT_THROW(Tree(data.make_plan_from({{3, {}}, {3, {}}})), Error);
+}
+
+TEST(SpliceFits, FollowsLibfusePipeHeuristic) {
+  using detail::splice_fits;
+  const size_t pipe_max = 1 << 20;
+  const char header[16] = {};
+  const plan::Run big{nullptr, 0, 0, 1008 * 1024};
+  EXPECT_TRUE(splice_fits(std::vector<plan::Run>{big}, big.length, pipe_max));
+  // One more buffer costs a page of pipe: a full-size reply no longer fits.
+  const plan::Run head{header, 0, 0, 16};
+  const plan::Run almost{nullptr, 0, 0, 1008 * 1024 - 16};
+  EXPECT_FALSE(splice_fits(std::vector<plan::Run>{head, almost}, 1008 * 1024, pipe_max));
+  const plan::Run half{nullptr, 0, 0, 512 * 1024};
+  EXPECT_TRUE(
+      splice_fits(std::vector<plan::Run>{head, half, head, half}, (1u << 20) + 32, 2u << 20));
+  // libfuse 3.14 copies when the last fd buffer is under two pages.
+  const plan::Run small{nullptr, 1, 0, 8191};
+  EXPECT_FALSE(splice_fits(std::vector<plan::Run>{half, small}, half.length + 8191, pipe_max));
+  EXPECT_TRUE(
+      splice_fits(std::vector<plan::Run>{small, head, half}, 8191 + 16 + half.length, pipe_max));
+  EXPECT_FALSE(splice_fits(std::vector<plan::Run>{head}, 16, pipe_max));
+  std::vector<plan::Run> many(detail::kMaxSpliceRuns + 1, plan::Run{nullptr, 0, 0, 8192});
+  EXPECT_FALSE(splice_fits(many, many.size() * 8192, pipe_max));
+  many.pop_back();
+  EXPECT_TRUE(splice_fits(many, many.size() * 8192, pipe_max));
+}
+
+}  // namespace
+}  // namespace ckptfs::fs
