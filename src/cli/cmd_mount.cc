@@ -115,9 +115,10 @@ void add_mount_commands(CLI::App& app) {
   mount->add_option("--dst-strategy", args->dst_strategy,
                     "Strategy to present (omit: one merged checkpoint, rank_0)");
   mount->add_flag("-f,--foreground", args->foreground, "Stay in the foreground until unmounted");
-  mount->add_option("-o", args->options,
-                    "Mount options, comma-separated: cache (page-cache mode for mmap users; "
-                    "default is direct I/O), or any libfuse option such as allow_other")
+  mount
+      ->add_option("-o", args->options,
+                   "Mount options, comma-separated: cache (page-cache mode for mmap users; "
+                   "default is direct I/O), or any libfuse option such as allow_other")
       ->allow_extra_args(false);
   mount->add_option("--index-dir", args->index_dir,
                     "Where the LMDB index lives (default $XDG_CACHE_HOME/ckptfs/index or "

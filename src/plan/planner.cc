@@ -43,7 +43,14 @@ class SourceSet {
       by_name.path = sources[i].file.path.string();
       for (const ckpt::Param& p : sources[i].scan.params) by_name.params.emplace(p.name, &p);
       by_name.order = &sources[i].scan.params;
+      for (const ckpt::Param& p : sources[i].scan.params) any_.emplace(p.name, &p);
     }
+  }
+
+  // Some copy of the parameter, for facts every copy shares (its tensor rank).
+  const ckpt::Param* find_any(std::string_view name) const {
+    auto it = any_.find(name);
+    return it == any_.end() ? nullptr : it->second;
   }
 
   struct File {
@@ -65,6 +72,7 @@ class SourceSet {
 
  private:
   std::map<int64_t, File> by_rank_;
+  std::unordered_map<std::string_view, const ckpt::Param*> any_;
 };
 
 // Which local ranks hold each block of a layout, computed once per distinct layout.
@@ -93,25 +101,31 @@ class HolderTable {
   std::unordered_map<std::string, std::vector<std::vector<int64_t>>> memo_;
 };
 
-// Local source ranks MindSpore reads for a (source, target) layout pair; the minimal set where
-// MindSpore's planner has no answer (device counts that are not multiples of each other).
+// Local source ranks MindSpore reads for a (source, target) layout pair. Where MindSpore's planner
+// has no answer (device counts that are not multiples of each other) every holder of an
+// intersecting block is a candidate and none is required.
+struct Needed {
+  std::vector<int64_t> ranks;
+  bool required = true;
+};
+
 class NeededTable {
  public:
-  const std::vector<int64_t>& needed(const Layout& src, const Layout& dst, int64_t t_local) {
+  const Needed& needed(const Layout& src, const Layout& dst, int64_t t_local) {
     auto [it, inserted] =
         memo_.try_emplace(layout_key(src) + ">" + layout_key(dst) + "@" + std::to_string(t_local));
     if (inserted) {
       try {
-        it->second = strategy::mindspore_needed(src, dst, t_local);
+        it->second.ranks = strategy::mindspore_needed(src, dst, t_local);
       } catch (const Error&) {
-        it->second = strategy::minimal_needed(src, dst, t_local);
+        it->second = Needed{strategy::minimal_needed(src, dst, t_local), false};
       }
     }
     return it->second;
   }
 
  private:
-  std::unordered_map<std::string, std::vector<int64_t>> memo_;
+  std::unordered_map<std::string, Needed> memo_;
 };
 
 // Global shape of a resharded parameter, checked once against every source copy of its stage.
@@ -177,12 +191,18 @@ class Planner {
     std::set<uint32_t> stages;
     for (const auto& [name, param] : src_->params) {
       if (maps.role(name) != TargetMaps::Role::Reshard) continue;
-      const size_t rank = param.stages.begin()->second.tensor_map.size();
+      // The checkpoint's own tensor rank, so a map of the wrong length is blamed on its file.
+      const ckpt::Param* copy = files_.find_any(name);
+      const size_t rank =
+          copy ? copy->shape.size() : param.stages.begin()->second.tensor_map.size();
       const Layout s = maps.src_layout(name, rank);
       const Layout d = maps.dst_layout(name, rank);
-      for (int64_t r : needed_.needed(s, d, maps.target_local())) locals.insert(r);
+      for (int64_t r : needed_.needed(s, d, maps.target_local()).ranks) locals.insert(r);
       for (uint32_t st : maps.src_stages(name)) stages.insert(st);
     }
+    // MindSpore's list always holds t_local mod N_src (the passthrough source); keep that true
+    // where the minimal set stands in for it.
+    if (!locals.empty()) locals.insert(maps.target_local() % maps.src_devices());
     if (locals.empty())
       fail("target rank {}: the source strategy {} has no parameter for this target's stage",
            maps.target_local() + maps.target_stage() * maps.dst_devices(), src_->origin);
@@ -247,7 +267,18 @@ class Planner {
     if (content->nbytes() == 0) return;  // MindSpore writes no record for an empty tensor
 
     const auto& holders = holders_.holders(src);
-    const std::vector<int64_t>& preferred = needed_.needed(src, dst, maps.target_local());
+    const Needed& needed = needed_.needed(src, dst, maps.target_local());
+    const std::vector<int64_t>& preferred = needed.ranks;
+    // The same files MindSpore would insist on, so a view never silently depends on which
+    // replicas happen to be present.
+    for (int64_t local : needed.required ? preferred : std::vector<int64_t>{}) {
+      const int64_t g = stage * maps.src_devices() + local;
+      if (!files_.file(g))
+        fail(
+            "the checkpoint of source rank {} (rank_{}/*.ckpt) is needed for target rank {} "
+            "(parameter {}) but is missing",
+            g, g, t, p.name);
+    }
     std::vector<int64_t> last(content->target_shape.size());
     for (size_t j = 0; j < content->target_shape.size(); ++j) {
       const int64_t b = content->block_shape[j];

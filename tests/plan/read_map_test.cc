@@ -71,6 +71,7 @@ class SourceFileFixture {
 };
 
 struct Case {
+  const char* name;
   Shape global;
   Shape splits;
   Shape target_begin;
@@ -165,19 +166,20 @@ INSTANTIATE_TEST_SUITE_P(
     Boxes, ReadMapTest,
     ::testing::Values(
         // whole tensor from row blocks (contiguous case)
-        Case{{8, 6}, {4, 1}, {0, 0}, {8, 6}, 4},
+        Case{"WholeFromRowBlocks", {8, 6}, {4, 1}, {0, 0}, {8, 6}, 4},
         // column slice of row blocks: strided, many short runs
-        Case{{8, 6}, {4, 1}, {0, 2}, {8, 2}, 2},
+        Case{"ColumnSliceStrided", {8, 6}, {4, 1}, {0, 2}, {8, 2}, 2},
         // target box straddling block boundaries in every dimension
-        Case{{6, 8, 10}, {3, 2, 5}, {1, 3, 1}, {4, 4, 7}, 4},
+        Case{"StraddlesEveryDimension", {6, 8, 10}, {3, 2, 5}, {1, 3, 1}, {4, 4, 7}, 4},
         // 3-D, target equals one block exactly
-        Case{{4, 6, 8}, {2, 3, 2}, {2, 2, 4}, {2, 2, 4}, 2},
+        Case{"ExactlyOneBlock3D", {4, 6, 8}, {2, 3, 2}, {2, 2, 4}, {2, 2, 4}, 2},
         // blocks split on the last dimension only, target a row range
-        Case{{5, 12}, {1, 4}, {1, 0}, {3, 12}, 8},
+        Case{"RowRangeOfColumnBlocks", {5, 12}, {1, 4}, {1, 0}, {3, 12}, 8},
         // one-dimensional, odd element size
-        Case{{30}, {6}, {7}, {17}, 1},
+        Case{"OneDimensionalBytes", {30}, {6}, {7}, {17}, 1},
         // inner dimensions whole and aligned, outer cut: long runs spanning blocks
-        Case{{12, 4, 4}, {4, 1, 1}, {2, 0, 0}, {9, 4, 4}, 2}));
+        Case{"LongRunsAcrossBlocks", {12, 4, 4}, {4, 1, 1}, {2, 0, 0}, {9, 4, 4}, 2}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(VirtualFile, MapsHeadersRangesAndMergesNeighbours) {
   VirtualFile::Builder builder;

@@ -1,0 +1,118 @@
+"""Bad input makes `ckptfs mount` fail within seconds with one clear line naming the file or
+parameter, and leaves no mount behind."""
+
+import os
+import shutil
+import time
+
+import itest
+import ckpt_fixture
+from ckptfix import negative
+
+
+def expect_refusal(args, work, fx, must_name, src_strategy=None, dst_strategy=None):
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt, exist_ok=True)
+    cmd = itest.mount_cmd(args.ckptfs, fx.src_dir, mnt,
+                          src_strategy=src_strategy if src_strategy is not None else fx.src_strategy,
+                          dst_strategy=dst_strategy if dst_strategy is not None else fx.dst_strategy,
+                          index_dir=os.path.join(work, "index"))
+    start = time.monotonic()
+    try:
+        proc = itest.run(cmd, timeout=60, check=False)
+    finally:
+        mounted = itest.is_mounted(mnt)
+        itest.unmount(args.ckptfs, mnt)
+    elapsed = time.monotonic() - start
+    assert not mounted, "a mount was left behind"
+    assert proc.returncode != 0, f"mount succeeded on bad input: {proc.stdout}"
+    assert elapsed < 20, f"refusal took {elapsed:.1f}s"
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert lines, "no message on stderr"
+    message = lines[-1]
+    for word in must_name:
+        assert word in message, f"message does not name {word!r}: {message}"
+    print(f"     -> {message}")
+
+
+def fixture(args, name, builtin="8to4_dtypes"):
+    work = os.path.join(args.work, name)
+    return work, ckpt_fixture.make_builtin(builtin, os.path.join(work, "fixture"))
+
+
+def missing_rank(args):
+    work, fx = fixture(args, "missing_rank")
+    negative.remove_rank(fx.outdir, 3)
+    expect_refusal(args, work, fx, ["3"])
+
+
+def indivisible(args):
+    work = os.path.join(args.work, "indivisible")
+    negative.indivisible(os.path.join(work, "fixture"))
+    fx = ckpt_fixture.Fixture.load(os.path.join(work, "fixture"))
+    expect_refusal(args, work, fx, ["w", "divid"])
+
+
+def inconsistent(args):
+    work, fx = fixture(args, "inconsistent")
+    what = negative.inconsistent_slice(fx.outdir, 2)
+    victim = what.split(": ")[1].split(" ")[0]
+    expect_refusal(args, work, fx, [victim, "rank_2"])
+
+
+def truncated(args):
+    work, fx = fixture(args, "truncated")
+    negative.truncate_source(fx.outdir, 1)
+    expect_refusal(args, work, fx, ["rank_1"])
+
+
+def real_corrupt(args):
+    work, fx = fixture(args, "real_corrupt")
+    victim = os.path.realpath(fx.source_files[0])
+    shutil.copyfile(os.path.join(args.shared, "fixtures/real/corrupt",
+                                 "mindformers_golden_router_utf8-mangled.ckpt"), victim)
+    expect_refusal(args, work, fx, [victim, "offset"])
+
+
+def garbage_strategy(args):
+    work, fx = fixture(args, "garbage_strategy")
+    negative.garbage_strategy(fx.outdir, "src")
+    expect_refusal(args, work, fx, [os.path.basename(fx.src_strategy)])
+
+
+def encrypted(args):
+    work, fx = fixture(args, "encrypted")
+    negative.encrypted_source(fx.outdir, 0)
+    expect_refusal(args, work, fx, ["rank_0", "encrypted"])
+
+
+def map_length(args, delta):
+    work = os.path.join(args.work, f"map_length{delta}")
+    negative.tensor_map_length(os.path.join(work, "fixture"), delta)
+    fx = ckpt_fixture.Fixture.load(os.path.join(work, "fixture"))
+    expect_refusal(args, work, fx, ["w"])
+
+
+def no_strategy(args):
+    work, fx = fixture(args, "no_strategy", "1to8_split")
+    expect_refusal(args, work, fx, ["strategy"], src_strategy="", dst_strategy="")
+
+
+def main():
+    args = itest.parse_args()
+    checks = itest.Checks(args.only)
+    checks.run("missing rank", missing_rank, args)
+    checks.run("dimension not divisible", indivisible, args)
+    checks.run("slice shapes inconsistent across ranks", inconsistent, args)
+    checks.run("truncated source", truncated, args)
+    checks.run("real corrupt source", real_corrupt, args)
+    checks.run("garbage strategy", garbage_strategy, args)
+    checks.run("encrypted source", encrypted, args)
+    checks.run("tensor_map longer than the tensor", map_length, args, 1)
+    checks.run("tensor_map shorter than the tensor", map_length, args, -1)
+    checks.run("no strategy at all", no_strategy, args)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""A source file modified or truncated after mounting: reads of the target files that use it
+fail with EIO and the log names the file; the other target files stay correct."""
+
+import errno
+import os
+
+import itest
+import ckpt_fixture
+from ckptfix.builtins import case, extra, lay, param, side
+
+# dev [2,2]: rows split by the outer axis -> rows by the outer axis, columns by the inner one.
+# MindSpore reads target t from source rank t alone, so rank 3 feeds target 3 only.
+SPLIT_CASE = case(
+    "changed_source", "dev [2,2] rows -> rows x cols", side(4), side(4),
+    [param("w", "Float32", [8, 6], lay([2, 2], [1, -1]), lay([2, 2], [1, 0])),
+     param("b", "BFloat16", [8, 4, 2], lay([2, 2], [1, -1, -1]), lay([2, 2], [1, 0, -1]))],
+    [extra("global_step", "Int64", 5)])
+
+
+def read_or_errno(path):
+    try:
+        return itest.read_file(path)
+    except OSError as e:
+        return e.errno
+
+
+def check(args, how):
+    work = os.path.join(args.work, how)
+    fx = ckpt_fixture.make(SPLIT_CASE, os.path.join(work, "fixture"))
+    mnt = os.path.join(work, "mnt")
+    log = os.path.join(work, "log")
+    victim_rank = 3
+    victim = os.path.realpath(fx.source_files[victim_rank])
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                       dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index"),
+                       log_file=log):
+        files = {t["rank"]: (os.path.join(mnt, t["file"].replace("expected/", "")),
+                             os.path.join(fx.outdir, t["file"]), victim_rank in t["rank_list"])
+                 for t in fx.targets}
+        assert any(a for _, _, a in files.values()) and not all(a for _, _, a in files.values())
+        held = {t: open(m, "rb") for t, (m, _, _) in files.items()}  # opened before the change
+        try:
+            for t, (m, want, _) in files.items():
+                assert itest.read_file(m) == itest.read_file(want)
+            if how == "modified":
+                with open(victim, "r+b") as f:
+                    f.seek(os.path.getsize(victim) // 2)
+                    f.write(b"\x00changed\x00")
+            else:
+                with open(victim, "r+b") as f:
+                    f.truncate(os.path.getsize(victim) // 2)
+            for t, (m, want, affected) in files.items():
+                got = read_or_errno(m)
+                held[t].seek(0)
+                try:
+                    got_held = held[t].read()
+                except OSError as e:
+                    got_held = e.errno
+                if affected:
+                    assert got == errno.EIO, f"rank {t}: expected EIO, got {type(got)}"
+                    assert got_held == errno.EIO, f"rank {t} (open before): expected EIO"
+                else:
+                    assert got == itest.read_file(want), f"rank {t} (unaffected) differs"
+                    assert got_held == itest.read_file(want)
+        finally:
+            for f in held.values():
+                f.close()
+    with open(log) as f:
+        text = f.read()
+    assert victim in text, f"log does not name {victim}:\n{text}"
+
+
+def main():
+    args = itest.parse_args()
+    checks = itest.Checks(args.only)
+    checks.run("source modified after mount", check, args, "modified")
+    checks.run("source truncated after mount", check, args, "truncated")
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
