@@ -166,6 +166,7 @@ class Planner {
             add_resharded(builder, maps, *p, t);
             ++resharded;
           } else {
+            require_unsplit(maps, *p);
             passthrough.push_back(p);
           }
           break;
@@ -329,6 +330,17 @@ class Planner {
           g, g, t, p.name);
     fail("parameter {} is needed from source rank {} for target rank {}, but {} does not hold it",
          p.name, g, t, files_.file(g)->path);
+  }
+
+  // Strings, map tensors and opaque types (Int4, ...) have no element grid to cut: they are
+  // copied, which is only right when neither side splits them.
+  static void require_unsplit(const TargetMaps& maps, const ckpt::Param& p) {
+    const size_t rank = p.shape.size();
+    for (const Layout& layout : {maps.src_layout(p.name, rank), maps.dst_layout(p.name, rank)})
+      for (int64_t split : layout.splits())
+        if (split != 1)
+          fail("parameter {}: a {} entry cannot be resharded, but a strategy splits it", p.name,
+               p.dtype.empty() ? "map tensor" : p.dtype);
   }
 
   // Passthrough: the record of the file with local index t_local mod N_src, lowest stage first
