@@ -556,7 +556,7 @@ FileScan scan_checkpoint_fd(int fd, const std::string& display_name, const ScanO
   return scan;
 }
 
-std::vector<Param> loaded_params(const FileScan& scan) {
+std::vector<Param> loaded_params(FileScan scan) {
   // Python dict semantics: assigning an existing key keeps its position, a new key goes last.
   std::vector<std::optional<Param>> slots;
   std::unordered_map<std::string, size_t> index;
@@ -569,7 +569,7 @@ std::vector<Param> loaded_params(const FileScan& scan) {
       slots.push_back(std::move(p));
     }
   };
-  for (const Param& p : scan.params) assign(p);
+  for (Param& p : scan.params) assign(std::move(p));
 
   // MindSpore then pops every "<name>.__param_key__<n>" entry, in order, and stores it as <name>.
   static constexpr std::string_view kSuffix = ".__param_key__";

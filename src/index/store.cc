@@ -1,5 +1,6 @@
 #include "ckptfs/index/store.h"
 
+#include <google/protobuf/arena.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -54,9 +55,21 @@ std::string path_key(std::string_view path) {
   return key;
 }
 
-void to_proto(const ckpt::Extent& extent, indexpb::Extent* out) {
-  out->set_offset(extent.offset);
-  out->set_length(extent.length);
+void to_proto(const std::vector<ckpt::Extent>& extents,
+              google::protobuf::RepeatedField<uint64_t>* out) {
+  out->Reserve(static_cast<int>(2 * extents.size()));
+  for (const ckpt::Extent& e : extents) {
+    out->Add(e.offset);
+    out->Add(e.length);
+  }
+}
+
+bool from_proto(const google::protobuf::RepeatedField<uint64_t>& pairs,
+                std::vector<ckpt::Extent>& out) {
+  if (pairs.size() % 2 != 0) return false;
+  out.reserve(static_cast<size_t>(pairs.size() / 2));
+  for (int i = 0; i < pairs.size(); i += 2) out.push_back({pairs[i], pairs[i + 1]});
+  return true;
 }
 
 std::string encode(const std::string& path, const ckpt::FileScan& scan) {
@@ -75,15 +88,17 @@ std::string encode(const std::string& path, const ckpt::FileScan& scan) {
     p->set_dims_zero(param.dims_zero);
     p->set_kind(static_cast<uint32_t>(param.kind));
     p->set_element_size(param.element_size);
-    for (const ckpt::Extent& e : param.content) to_proto(e, p->add_content());
-    for (const ckpt::Extent& e : param.records) to_proto(e, p->add_records());
+    to_proto(param.content, p->mutable_content());
+    to_proto(param.records, p->mutable_records());
   }
   return file.SerializeAsString();
 }
 
 // nullopt for anything that is not a current-version scan of a file of this size.
 std::optional<ckpt::FileScan> decode(std::string_view bytes, uint64_t file_size) {
-  indexpb::ScannedFile file;
+  // One arena for the whole message: thousands of small strings without a malloc each.
+  google::protobuf::Arena arena;
+  auto& file = *google::protobuf::Arena::CreateMessage<indexpb::ScannedFile>(&arena);
   if (!file.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return std::nullopt;
   if (file.format_version() != kFormatVersion || file.file_size() != file_size) return std::nullopt;
   ckpt::FileScan scan;
@@ -100,10 +115,8 @@ std::optional<ckpt::FileScan> decode(std::string_view bytes, uint64_t file_size)
     param.dims_zero = p.dims_zero();
     param.kind = static_cast<ckpt::EntryKind>(p.kind());
     param.element_size = p.element_size();
-    param.content.reserve(p.content_size());
-    for (const indexpb::Extent& e : p.content()) param.content.push_back({e.offset(), e.length()});
-    param.records.reserve(p.records_size());
-    for (const indexpb::Extent& e : p.records()) param.records.push_back({e.offset(), e.length()});
+    if (!from_proto(p.content(), param.content) || !from_proto(p.records(), param.records))
+      return std::nullopt;
   }
   return scan;
 }

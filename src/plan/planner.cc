@@ -3,12 +3,15 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <memory>
 #include <numeric>
 #include <set>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ckptfs/ckpt/encoder.h"
 #include "ckptfs/error.h"
@@ -75,18 +78,64 @@ class SourceSet {
   std::unordered_map<std::string_view, const ckpt::Param*> any_;
 };
 
-// Which local ranks hold each block of a layout, computed once per distinct layout.
-class HolderTable {
+// Local source ranks MindSpore reads for a (source, target) layout pair. Where MindSpore's planner
+// has no answer (device counts that are not multiples of each other) every holder of an
+// intersecting block is a candidate and none is required.
+struct Needed {
+  std::vector<int64_t> ranks;
+  bool required = true;
+};
+
+// Layouts repeat across thousands of parameters: each distinct one gets an id, and what derives
+// from layouts alone (block holders, needed ranks) is computed once per id.
+class LayoutCache {
  public:
-  const std::vector<std::vector<int64_t>>& holders(const Layout& layout) {
-    auto [it, inserted] = memo_.try_emplace(layout_key(layout));
+  struct Pair {
+    const Layout* src = nullptr;
+    const Layout* dst = nullptr;
+    uint32_t src_id = 0;
+    uint32_t dst_id = 0;
+    std::vector<uint32_t> src_stages;
+  };
+
+  // The layouts of a Reshard parameter for targets of the given TargetMaps' stage.
+  const Pair& layouts(const TargetMaps& maps, std::string_view name, size_t rank) {
+    std::string key = fmt::format("{}/{}/{}", maps.target_stage(), rank, name);
+    auto [it, inserted] = by_name_.try_emplace(std::move(key));
     if (inserted) {
+      Pair& pair = it->second;
+      pair.src_id = intern(maps.src_layout(name, rank));
+      pair.dst_id = intern(maps.dst_layout(name, rank));
+      pair.src = &layouts_[pair.src_id];
+      pair.dst = &layouts_[pair.dst_id];
+      pair.src_stages = maps.src_stages(name);
+    }
+    return it->second;
+  }
+
+  // Local ranks holding each block of a layout, by flat block index (C order over splits()).
+  const std::vector<std::vector<int64_t>>& holders(uint32_t id) {
+    auto [it, inserted] = holders_.try_emplace(id);
+    if (inserted) {
+      const Layout& layout = layouts_[id];
       const auto& splits = layout.splits();
       const int64_t blocks =
           std::accumulate(splits.begin(), splits.end(), int64_t{1}, std::multiplies<>());
       it->second.resize(static_cast<size_t>(blocks));
       for (int64_t r = 0; r < layout.devices(); ++r)
         it->second[static_cast<size_t>(flat_block(layout.block_of(r), splits))].push_back(r);
+    }
+    return it->second;
+  }
+
+  const Needed& needed(const Pair& pair, int64_t t_local) {
+    auto [it, inserted] = needed_.try_emplace(std::tuple{pair.src_id, pair.dst_id, t_local});
+    if (inserted) {
+      try {
+        it->second.ranks = strategy::mindspore_needed(*pair.src, *pair.dst, t_local);
+      } catch (const Error&) {
+        it->second = Needed{strategy::minimal_needed(*pair.src, *pair.dst, t_local), false};
+      }
     }
     return it->second;
   }
@@ -98,34 +147,17 @@ class HolderTable {
   }
 
  private:
-  std::unordered_map<std::string, std::vector<std::vector<int64_t>>> memo_;
-};
-
-// Local source ranks MindSpore reads for a (source, target) layout pair. Where MindSpore's planner
-// has no answer (device counts that are not multiples of each other) every holder of an
-// intersecting block is a candidate and none is required.
-struct Needed {
-  std::vector<int64_t> ranks;
-  bool required = true;
-};
-
-class NeededTable {
- public:
-  const Needed& needed(const Layout& src, const Layout& dst, int64_t t_local) {
-    auto [it, inserted] =
-        memo_.try_emplace(layout_key(src) + ">" + layout_key(dst) + "@" + std::to_string(t_local));
-    if (inserted) {
-      try {
-        it->second.ranks = strategy::mindspore_needed(src, dst, t_local);
-      } catch (const Error&) {
-        it->second = Needed{strategy::minimal_needed(src, dst, t_local), false};
-      }
-    }
+  uint32_t intern(Layout layout) {
+    auto [it, inserted] = ids_.try_emplace(layout_key(layout), static_cast<uint32_t>(ids_.size()));
+    if (inserted) layouts_.push_back(std::move(layout));
     return it->second;
   }
 
- private:
-  std::unordered_map<std::string, Needed> memo_;
+  std::deque<Layout> layouts_;  // by id; a deque keeps Pair pointers valid
+  std::unordered_map<std::string, uint32_t> ids_;
+  std::unordered_map<std::string, Pair> by_name_;
+  std::unordered_map<uint32_t, std::vector<std::vector<int64_t>>> holders_;
+  std::map<std::tuple<uint32_t, uint32_t, int64_t>, Needed> needed_;
 };
 
 // Global shape of a resharded parameter, checked once against every source copy of its stage.
@@ -144,15 +176,7 @@ class Planner {
     TargetMaps maps(src_, dst_, t);
     const std::vector<int64_t> load_order = load_order_for(maps);
 
-    // L: first appearance over the loaded files (spec §4.4).
-    std::vector<const ckpt::Param*> order;
-    std::set<std::string_view> seen;
-    for (int64_t g : load_order) {
-      const SourceSet::File* f = files_.file(g);
-      if (!f) continue;
-      for (const ckpt::Param& p : *f->order)
-        if (seen.insert(p.name).second) order.push_back(&p);
-    }
+    const std::vector<const ckpt::Param*>& order = first_appearance(load_order);
 
     VirtualFile::Builder builder;
     std::vector<const ckpt::Param*> passthrough;
@@ -185,6 +209,23 @@ class Planner {
   }
 
  private:
+  // L of spec §4.4: names in first-appearance order over the loaded files; targets with the same
+  // load order share it.
+  const std::vector<const ckpt::Param*>& first_appearance(const std::vector<int64_t>& load_order) {
+    auto [it, inserted] = orders_.try_emplace(load_order);
+    if (inserted) {
+      std::unordered_set<std::string_view> seen;
+      for (int64_t g : load_order) {
+        const SourceSet::File* f = files_.file(g);
+        if (!f) continue;
+        seen.reserve(seen.size() + f->order->size());
+        for (const ckpt::Param& p : *f->order)
+          if (seen.insert(p.name).second) it->second.push_back(&p);
+      }
+    }
+    return it->second;
+  }
+
   // Global source ranks loaded for target t, descending (spec §4.5, §4.6).
   std::vector<int64_t> load_order_for(const TargetMaps& maps) {
     if (!src_) return {0};
@@ -196,10 +237,9 @@ class Planner {
       const ckpt::Param* copy = files_.find_any(name);
       const size_t rank =
           copy ? copy->shape.size() : param.stages.begin()->second.tensor_map.size();
-      const Layout s = maps.src_layout(name, rank);
-      const Layout d = maps.dst_layout(name, rank);
-      for (int64_t r : needed_.needed(s, d, maps.target_local()).ranks) locals.insert(r);
-      for (uint32_t st : maps.src_stages(name)) stages.insert(st);
+      const LayoutCache::Pair& pair = layouts_.layouts(maps, name, rank);
+      for (int64_t r : layouts_.needed(pair, maps.target_local()).ranks) locals.insert(r);
+      for (uint32_t st : pair.src_stages) stages.insert(st);
     }
     // MindSpore's list always holds t_local mod N_src (the passthrough source); keep that true
     // where the minimal set stands in for it.
@@ -240,10 +280,10 @@ class Planner {
   void add_resharded(VirtualFile::Builder& builder, const TargetMaps& maps, const ckpt::Param& p,
                      int64_t t) {
     const size_t rank = p.shape.size();
-    const Layout src = maps.src_layout(p.name, rank);
-    const Layout dst = maps.dst_layout(p.name, rank);
-    const std::vector<uint32_t> stages = maps.src_stages(p.name);
-    const uint32_t stage = stages.front();
+    const LayoutCache::Pair& pair = layouts_.layouts(maps, p.name, rank);
+    const Layout& src = *pair.src;
+    const Layout& dst = *pair.dst;
+    const uint32_t stage = pair.src_stages.front();
     const ParamFacts& facts = facts_for(maps, p, stage, src);
 
     dst.slice_shape(facts.global_shape, p.name);  // divisibility check
@@ -267,8 +307,8 @@ class Planner {
     }
     if (content->nbytes() == 0) return;  // MindSpore writes no record for an empty tensor
 
-    const auto& holders = holders_.holders(src);
-    const Needed& needed = needed_.needed(src, dst, maps.target_local());
+    const auto& holders = layouts_.holders(pair.src_id);
+    const Needed& needed = layouts_.needed(pair, maps.target_local());
     const std::vector<int64_t>& preferred = needed.ranks;
     // The same files MindSpore would insist on, so a view never silently depends on which
     // replicas happen to be present.
@@ -293,7 +333,7 @@ class Planner {
     const std::vector<int64_t> split_vec = scalar ? std::vector<int64_t>{1} : splits;
     for (bool more = true; more;) {
       const auto& candidates =
-          holders[static_cast<size_t>(HolderTable::flat_block(coord, split_vec))];
+          holders[static_cast<size_t>(LayoutCache::flat_block(coord, split_vec))];
       content->blocks.push_back(pick_block(p, stage, maps, candidates, preferred, t));
       more = false;
       for (size_t j = coord.size(); j-- > 0;) {
@@ -395,8 +435,8 @@ class Planner {
   SourceSet files_;
   const strategy::Strategy* src_;
   const strategy::Strategy* dst_;
-  HolderTable holders_;
-  NeededTable needed_;
+  LayoutCache layouts_;
+  std::map<std::vector<int64_t>, std::vector<const ckpt::Param*>> orders_;  // by load order
   std::unordered_map<std::string, ParamFacts> facts_;
 };
 
@@ -412,7 +452,7 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
   if (sources.empty()) fail("no source checkpoint found (expected rank_<N>/*.ckpt directories)");
   Plan plan;
   for (auto& [rank, source] : sources) {
-    source.scan.params = ckpt::loaded_params(source.scan);
+    source.scan.params = ckpt::loaded_params(std::move(source.scan));
     plan.source_ranks.push_back(rank);
     plan.sources.push_back(std::move(source));
   }

@@ -57,7 +57,7 @@ FileScan scan_checkpoint_fd(int fd, const std::string& display_name,
 
 // The parameters as MindSpore's loader sees them (spec §1.5, §7): a later non-adjacent record
 // with an existing name replaces that entry in place; a "name.__param_key__<n>" entry is renamed
-// to "name" and moved to the end.
-std::vector<Param> loaded_params(const FileScan& scan);
+// to "name" and moved to the end. Takes the scan by value: move it in to avoid copying.
+std::vector<Param> loaded_params(FileScan scan);
 
 }  // namespace ckptfs::ckpt

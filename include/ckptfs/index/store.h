@@ -30,7 +30,7 @@ inline constexpr size_t kDefaultMapSize = size_t{8} << 30;
 
 // Bumped whenever ckpt::FileScan or its stored form changes meaning: entries written with
 // another version read as absent, and the files are scanned again.
-inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr uint32_t kFormatVersion = 2;
 
 // $XDG_CACHE_HOME/ckptfs/index (if that is an absolute path), else $HOME/.cache/ckptfs/index.
 // Throws Error if neither variable is usable.
