@@ -8,21 +8,18 @@
 #include <vector>
 
 #include "ckptfs/ckpt/varint.h"
+#include "support/test_support.h"
 
 namespace ckptfs::ckpt {
 namespace {
 
-std::string bytes(std::initializer_list<int> values) {
-  std::string out;
-  for (int v : values) out.push_back(static_cast<char>(v));
-  return out;
-}
+using testsupport::bytes;
 
 TEST(RecordHeader, SpecExampleFloat32Vector) {
   const std::vector<int64_t> dims{2};
   const std::string header = record_header("w", dims, "Float32", 8);
   const std::string expected = bytes({0x0A, 0x1A, 0x0A, 0x01, 'w', 0x12, 0x15, 0x08, 0x02, 0x12,
-                                      0x07, 'F', 'l', 'o', 'a', 't', '3', '2', 0x1A, 0x08});
+                                      0x07, 'F',  'l',  'o',  'a', 't',  '3',  '2',  0x1A, 0x08});
   EXPECT_EQ(header, expected);
   EXPECT_EQ(header.size() + 8, 28u);
 }
@@ -55,8 +52,8 @@ TEST(Varint, RoundTripsAndSizes) {
     put_varint(out, v);
     EXPECT_EQ(out.size(), varint_size(v));
     size_t used = 0;
-    auto decoded = get_varint(
-        std::span(reinterpret_cast<const uint8_t*>(out.data()), out.size()), used);
+    auto decoded =
+        get_varint(std::span(reinterpret_cast<const uint8_t*>(out.data()), out.size()), used);
     ASSERT_TRUE(decoded.has_value());
     EXPECT_EQ(*decoded, v);
     EXPECT_EQ(used, out.size());

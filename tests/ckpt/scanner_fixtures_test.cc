@@ -9,8 +9,6 @@
 #include <cctype>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -19,12 +17,14 @@
 #include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/error.h"
 #include "ckptfs/util/fd.h"
+#include "support/test_support.h"
 
 namespace ckptfs::ckpt {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
+using testsupport::read_file;
 
 const std::string kReal = std::string(CKPTFS_SHARED_DIR) + "/fixtures/real/";
 
@@ -105,11 +105,6 @@ std::vector<Fixture> fixtures() {
   };
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 class RealCheckpoint : public ::testing::TestWithParam<Fixture> {};
 
 TEST_P(RealCheckpoint, MatchesReadme) {
@@ -149,7 +144,7 @@ TEST_P(RealCheckpoint, MatchesReadme) {
 TEST_P(RealCheckpoint, ContentOffsetsMatchGoogleParser) {
   const Fixture& f = GetParam();
   const std::string path = kReal + "ckpt/" + f.file;
-  const std::string data = read_all(path);
+  const std::string data = read_file(path);
   Checkpoint parsed;
   ASSERT_TRUE(parsed.ParseFromString(data));
   const FileScan scan = scan_checkpoint(path, ScanOptions{.verify_crc = true});
@@ -195,7 +190,7 @@ TEST(CorruptCheckpoint, IsRejectedWithFileAndOffset) {
   const std::string path = kReal + "corrupt/mindformers_golden_router_utf8-mangled.ckpt";
   // Google's parser rejects it too.
   Checkpoint parsed;
-  EXPECT_FALSE(parsed.ParseFromString(read_all(path)));
+  EXPECT_FALSE(parsed.ParseFromString(read_file(path)));
   try {
     scan_checkpoint(path);
     FAIL() << "corrupt file accepted";
@@ -212,7 +207,7 @@ TEST(CorruptCheckpoint, IsRejectedWithFileAndOffset) {
 // that Google's parser agrees with, byte for byte. Never a crash, never an extent outside the file.
 TEST(DamagedCheckpoint, EveryByteMutationIsRejectedOrAgreesWithGoogle) {
   const std::string original =
-      read_all(kReal + "ckpt/golden-stick_test_linears_woq_predict_2stage_fp32.ckpt");
+      read_file(kReal + "ckpt/golden-stick_test_linears_woq_predict_2stage_fp32.ckpt");
   // An in-memory file: thousands of variants, no disk traffic.
   UniqueFd fd(::memfd_create("mutated", MFD_CLOEXEC));
   ASSERT_TRUE(fd);

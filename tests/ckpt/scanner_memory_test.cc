@@ -8,29 +8,20 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <filesystem>
+#include <optional>
 #include <string>
 
 #include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/util/fd.h"
+#include "support/test_support.h"
 
 namespace ckptfs::ckpt {
 namespace {
 
 using ::testing::ElementsAre;
+using testsupport::varint;
 
 constexpr uint64_t kGiB = uint64_t{1} << 30;
-
-std::string varint(uint64_t v) {
-  std::string out;
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-  return out;
-}
 
 std::string len_prefix(char key, uint64_t n) {
   std::string out(1, key);
@@ -62,9 +53,8 @@ void pwrite_all(int fd, const std::string& bytes, uint64_t offset) {
 }
 
 TEST(ScannerMemory, SparseMultiGigabyteFile) {
-  std::string tmpl = ::testing::TempDir() + "ckptfs_sparse_XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-  const std::string path = tmpl + "/big.ckpt";
+  std::optional<testsupport::TempDir> tmp(std::in_place, "ckptfs_sparse");
+  const std::string path = (tmp->path() / "big.ckpt").string();
 
   const uint64_t first = 3 * kGiB;
   const uint64_t second = 1000;
@@ -88,7 +78,7 @@ TEST(ScannerMemory, SparseMultiGigabyteFile) {
   const long before = max_rss_kib();
   const FileScan scan = scan_checkpoint(path);
   const long after = max_rss_kib();
-  std::filesystem::remove_all(tmpl);
+  tmp.reset();
 
   EXPECT_EQ(scan.file_size, rec3 + tail.size());
   EXPECT_GT(scan.file_size, 3 * kGiB);

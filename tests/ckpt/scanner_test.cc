@@ -8,9 +8,6 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -18,18 +15,15 @@
 #include "ckptfs/ckpt/crc32.h"
 #include "ckptfs/error.h"
 #include "ckptfs/util/fd.h"
+#include "support/test_support.h"
 
 namespace ckptfs::ckpt {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-std::string bytes(std::initializer_list<int> values) {
-  std::string out;
-  for (int v : values) out.push_back(static_cast<char>(v));
-  return out;
-}
+// bytes(), and a minimal protobuf writer for the cases the spec has no literal bytes for.
+using namespace testsupport;
 
 // Spec §1.3: "w" = [1.0f, 2.0f], 28 bytes, content at 20.
 const std::string kW =
@@ -57,37 +51,10 @@ std::string chunk_c(char a, char b) {
          bytes({0x1A, 0x02, a, b});
 }
 
-// A minimal protobuf writer for the cases the spec has no literal bytes for.
-std::string varint(uint64_t v) {
-  std::string out;
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-  return out;
-}
-std::string len_field(int field, const std::string& payload) {
-  return varint(static_cast<uint64_t>(field) << 3 | 2) + varint(payload.size()) + payload;
-}
-std::string varint_field(int field, uint64_t v) {
-  return varint(static_cast<uint64_t>(field) << 3) + varint(v);
-}
-
 class ScannerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "ckptfs_scanner_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   std::string write(const std::string& name, const std::string& content) {
-    const std::string path = dir_ + "/" + name;
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(content.data(), static_cast<std::streamsize>(content.size()));
-    return path;
+    return testsupport::write_file(dir_ + "/" + name, content).string();
   }
 
   FileScan scan(const std::string& content, ScanOptions options = {}) {
@@ -109,7 +76,8 @@ class ScannerTest : public ::testing::Test {
     return "";
   }
 
-  std::string dir_;
+  testsupport::TempDir tmp_{"ckptfs_scanner"};
+  std::string dir_ = tmp_.path().string();
 };
 
 TEST_F(ScannerTest, EmptyFileHasNoParams) {

@@ -2,45 +2,23 @@
 // of header bytes and source ranges whose expected content is the plain concatenation.
 #pragma once
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
-#include <system_error>
 #include <variant>
 #include <vector>
 
 #include "ckptfs/plan/planner.h"
 #include "ckptfs/source/source_file.h"
+#include "support/test_support.h"
 
 namespace ckptfs::fs::testing {
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/ckptfs-fs-test-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr)
-      throw std::system_error(errno, std::generic_category());
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using testsupport::TempDir;
 
 struct Bytes {
   std::string data;

@@ -2,16 +2,13 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "ckptfs/ckpt/encoder.h"
+#include "support/test_support.h"
 
 namespace ckptfs::index {
 namespace {
@@ -20,48 +17,32 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct CliRun {
-  int status = -1;
-  std::string out;  // stdout and stderr together
-};
+// out is stdout and stderr together.
+using CliRun = testsupport::CommandResult;
 
 // The paths in these tests come from mkdtemp and hold no shell metacharacters.
 CliRun ckptfs(const std::string& args, const std::string& env = "") {
-  CliRun run;
-  const std::string command = fmt::format("env {} {} {} 2>&1", env, CKPTFS_BINARY, args);
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return run;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) run.out.append(buf, n);
-  const int status = ::pclose(pipe);
-  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  return testsupport::run_command(fmt::format("env {} {} {} 2>&1", env, CKPTFS_BINARY, args));
 }
 
 class IndexCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "ckptfs-cli-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    root_ = pattern;
-    src_ = root_ / "src";
-    index_ = root_ / "index";
     write("rank_0/net.ckpt", {"a", "b", "c"});
     write("rank_1/net.ckpt", {"a", "b"});
   }
-  void TearDown() override { fs::remove_all(root_); }
 
   void write(const std::string& relative, const std::vector<std::string>& names) {
-    const fs::path path = src_ / relative;
-    fs::create_directories(path.parent_path());
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    std::string bytes;
     const std::vector<int64_t> dims{1};
     for (const std::string& name : names) {
-      out << ckpt::record_header(name, dims, "Float32", 4) << std::string(4, '\0');
+      bytes += ckpt::record_header(name, dims, "Float32", 4) + std::string(4, '\0');
     }
+    testsupport::write_file(src_ / relative, bytes);
   }
 
-  fs::path root_, src_, index_;
+  testsupport::TempDir tmp_{"ckptfs-cli"};
+  fs::path root_ = tmp_.path(), src_ = root_ / "src", index_ = root_ / "index";
 };
 
 TEST_F(IndexCliTest, BuildListClear) {

@@ -5,9 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -16,6 +14,7 @@
 #include "ckptfs/ckpt/encoder.h"
 #include "ckptfs/error.h"
 #include "ckptfs/index/store.h"
+#include "support/test_support.h"
 
 namespace ckptfs::index {
 namespace {
@@ -42,20 +41,10 @@ std::string records(const std::vector<std::string>& names, int64_t elements) {
 
 class IndexSourcesTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "ckptfs-sources-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    root_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
   // Writes root_/relative with an old, distinct mtime, so that a later rewrite moves it.
   fs::path write(const std::string& relative, const std::string& bytes) {
-    const fs::path path = root_ / relative;
-    fs::create_directories(path.parent_path());
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-    const struct timespec times[2] = {{1'000'000'000, 0}, {1'000'000'000, 0}};
-    EXPECT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+    const fs::path path = testsupport::write_file(root_ / relative, bytes);
+    testsupport::set_mtime(path, 1'000'000'000, 0);
     return path;
   }
 
@@ -65,7 +54,8 @@ class IndexSourcesTest : public ::testing::Test {
     return out;
   }
 
-  fs::path root_;
+  testsupport::TempDir tmp_{"ckptfs-sources"};
+  fs::path root_ = tmp_.path();
 };
 
 TEST_F(IndexSourcesTest, SpecRecordIsScannedThenServedFromTheIndex) {

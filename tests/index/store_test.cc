@@ -5,8 +5,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -18,12 +16,14 @@
 #include "ckptfs/error.h"
 #include "ckptfs/index/lmdb.h"
 #include "index.pb.h"
+#include "support/test_support.h"
 
 namespace ckptfs::index {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using testsupport::unprivileged;
 
 void expect_same(const ckpt::FileScan& a, const ckpt::FileScan& b) {
   EXPECT_EQ(a.file_size, b.file_size);
@@ -106,46 +106,8 @@ ckpt::FileScan small_scan(uint64_t file_size, size_t params) {
   return scan;
 }
 
-// Runs `body` in a child process that has dropped root (root writes anywhere, so permission
-// failures need another user). Returns what body returned, or nullopt if root cannot be dropped.
-std::optional<std::string> unprivileged(const std::function<std::string()>& body) {
-  if (::geteuid() != 0) return body();
-  int fds[2];
-  if (::pipe(fds) != 0) return std::nullopt;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(77);
-    std::string out;
-    try {
-      out = body();
-    } catch (const std::exception& e) {
-      out = std::string("exception: ") + e.what();
-    }
-    (void)!::write(fds[1], out.data(), out.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, n);
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
-  return out;
-}
-
 class StoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "ckptfs-store-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    root_ = pattern;
-    dir_ = root_ / "index";
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
   // Rewrites the stored entry of `fp` through LMDB directly, as another version would have.
   void tamper(const source::Fingerprint& fp, const std::function<void(std::string&)>& change) {
     lmdb::Env env = lmdb::Env::open(dir_, kDefaultMapSize, 2, MDB_NOTLS);
@@ -160,8 +122,9 @@ class StoreTest : public ::testing::Test {
     ASSERT_TRUE(txn->commit());
   }
 
-  fs::path root_;
-  fs::path dir_;
+  testsupport::TempDir tmp_{"ckptfs-store"};
+  fs::path root_ = tmp_.path();
+  fs::path dir_ = root_ / "index";
   const source::Fingerprint fp_{2049, 1234567, (uint64_t{1} << 40) + 27, 1700000000123456789};
 };
 

@@ -3,18 +3,13 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <optional>
 #include <string>
 
 #include "ckptfs/error.h"
+#include "support/test_support.h"
 
 namespace ckptfs::source {
 namespace {
@@ -23,26 +18,13 @@ namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
+using testsupport::unprivileged;
 
 class DiscoverTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "ckptfs-discover-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    root_ = pattern;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::permissions(root_, fs::perms::owner_all, ec);
-    fs::remove_all(root_, ec);
-  }
-
   // Creates root_/relative (and its parents) holding `contents`.
   fs::path file(const std::string& relative, const std::string& contents = "x") {
-    const fs::path path = root_ / relative;
-    fs::create_directories(path.parent_path());
-    std::ofstream(path) << contents;
-    return path;
+    return testsupport::write_file(root_ / relative, contents);
   }
   fs::path dir(const std::string& relative) {
     fs::create_directories(root_ / relative);
@@ -57,7 +39,8 @@ class DiscoverTest : public ::testing::Test {
     return false;
   }
 
-  fs::path root_;
+  testsupport::TempDir tmp_{"ckptfs-discover"};
+  fs::path root_ = tmp_.path();
 };
 
 TEST_F(DiscoverTest, EmptyDirectoryIsNotAnError) {
@@ -230,31 +213,6 @@ TEST_F(DiscoverTest, SourceThatIsAFileIsAnError) {
         }
       },
       Error);
-}
-
-// Runs `body` in a child process that has dropped root (root reads any directory, so permission
-// failures need another user). Returns what body returned, or nullopt if root cannot be dropped.
-std::optional<std::string> unprivileged(const std::function<std::string()>& body) {
-  if (::geteuid() != 0) return body();
-  int fds[2];
-  if (::pipe(fds) != 0) return std::nullopt;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(77);
-    const std::string out = body();
-    (void)!::write(fds[1], out.data(), out.size());
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, n);
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
-  return out;
 }
 
 std::string discover_error(const fs::path& dir) {

@@ -7,44 +7,32 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "ckptfs/error.h"
+#include "support/test_support.h"
 
 namespace ckptfs::source {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using testsupport::set_mtime;
+using testsupport::write_file;
 
 class SourceFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "ckptfs-source-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    root_ = pattern;
-    path_ = root_ / "a.ckpt";
-    write(path_, "0123456789");
+    write_file(path_, "0123456789");
     // An old, exact timestamp, so that any later write moves the mtime even on filesystems
     // whose clock ticks coarsely.
     set_mtime(path_, 1'000'000'000, 123'456'789);
   }
-  void TearDown() override { fs::remove_all(root_); }
 
-  static void write(const fs::path& path, const std::string& contents) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << contents;
-  }
-  static void set_mtime(const fs::path& path, time_t sec, long nsec) {
-    const struct timespec times[2] = {{sec, nsec}, {sec, nsec}};
-    ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
-  }
-
-  fs::path root_;
-  fs::path path_;
+  testsupport::TempDir tmp_{"ckptfs-source"};
+  fs::path root_ = tmp_.path();
+  fs::path path_ = root_ / "a.ckpt";
 };
 
 TEST(FingerprintKey, IsFixedWidthBigEndian) {
@@ -103,7 +91,7 @@ TEST_F(SourceFileTest, TruncateChangesTheSize) {
 
 TEST_F(SourceFileTest, RewriteInPlaceWithTheSameSizeChangesTheMtime) {
   const SourceFile file = SourceFile::open(path_);
-  write(path_, "9876543210");
+  write_file(path_, "9876543210");
   const Fingerprint now = SourceFile::open(path_).fingerprint;
   EXPECT_EQ(now.size, file.fingerprint.size);
   EXPECT_EQ(now.ino, file.fingerprint.ino);
@@ -114,7 +102,7 @@ TEST_F(SourceFileTest, RewriteInPlaceWithTheSameSizeChangesTheMtime) {
 TEST_F(SourceFileTest, ReplacementByRenameChangesTheInodeButNotTheOpenFile) {
   const SourceFile file = SourceFile::open(path_);
   const fs::path next = root_ / "a.ckpt.tmp";
-  write(next, "0123456789");
+  write_file(next, "0123456789");
   set_mtime(next, 1'000'000'000, 123'456'789);
   fs::rename(next, path_);
   const Fingerprint now = SourceFile::open(path_).fingerprint;

@@ -1,11 +1,7 @@
 // `ckptfs strategy show` and `ckptfs ranks`, run as a user would.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -13,6 +9,7 @@
 #include <vector>
 
 #include "strategy.pb.h"
+#include "support/test_support.h"
 
 namespace {
 
@@ -24,22 +21,11 @@ const fs::path kRealStrategy = fs::path(CKPTFS_SHARED_DIR) /
                                "fixtures/real/strategy/"
                                "golden-stick_llama2-13b-2p_ckpt_strategy_rank_0.ckpt";
 
-struct Result {
-  int status;
-  std::string out;
-};
+using Result = ckptfs::testsupport::CommandResult;
 
 // stdout of the command; stderr is folded in with "2>&1" where a test wants it.
 Result run(const std::string& args) {
-  const std::string command = std::string(CKPTFS_BINARY) + " " + args;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return {-1, ""};
-  std::string out;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) out.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return ckptfs::testsupport::run_command(std::string(CKPTFS_BINARY) + " " + args);
 }
 
 struct Layout {
@@ -76,14 +62,8 @@ void write_strategy(const fs::path& path, uint32_t stage, const std::vector<Layo
 
 class Cli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ckptfs_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  ckptfs::testsupport::TempDir tmp_{"ckptfs_cli"};
+  fs::path dir_ = tmp_.path();
 };
 
 TEST_F(Cli, StrategyShowJsonOnRealFile) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ckptfs/error.h"
+#include "strategy/strategy_test_util.h"
 
 namespace ckptfs::strategy {
 
@@ -28,21 +29,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using Shape = std::vector<int64_t>;
-
-// Classic map: one value per dimension, -1 = not split.
-ParamLayout classic(std::vector<int64_t> dev, std::vector<int32_t> map, int32_t step = 0,
-                    int32_t size = 0) {
-  ParamLayout layout;
-  layout.dev_matrix = std::move(dev);
-  for (int32_t a : map) layout.tensor_map.push_back(a == -1 ? DimAxes{} : DimAxes{a});
-  layout.opt_shard_step = step;
-  layout.opt_shard_size = size;
-  return layout;
-}
-
-Layout make(const ParamLayout& layout) {
-  return Layout::from(layout, layout.tensor_map.size(), "w");
-}
+using namespace testsupport;
 
 Box box(Shape begin, Shape end) { return Box{std::move(begin), std::move(end)}; }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckptfs/error.h"
+#include "strategy/strategy_test_util.h"
 
 namespace ckptfs::strategy {
 namespace {
@@ -17,20 +18,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Ranks = std::vector<int64_t>;
-
-ParamLayout classic(std::vector<int64_t> dev, std::vector<int32_t> map, int32_t step = 0,
-                    int32_t size = 0) {
-  ParamLayout layout;
-  layout.dev_matrix = std::move(dev);
-  for (int32_t a : map) layout.tensor_map.push_back(a == -1 ? DimAxes{} : DimAxes{a});
-  layout.opt_shard_step = step;
-  layout.opt_shard_size = size;
-  return layout;
-}
-
-Layout make(const ParamLayout& layout) {
-  return Layout::from(layout, layout.tensor_map.size(), "w");
-}
+using namespace testsupport;
 
 // A strategy as read_strategy would return it: name -> {stage -> layout}.
 Strategy strategy_of(std::vector<std::tuple<std::string, uint32_t, ParamLayout>> items) {

@@ -2,11 +2,9 @@
 // directories, and every refusal.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -14,6 +12,8 @@
 #include "ckptfs/error.h"
 #include "ckptfs/strategy/strategy.h"
 #include "strategy.pb.h"
+#include "strategy/strategy_test_util.h"
+#include "support/test_support.h"
 
 namespace ckptfs::strategy {
 namespace {
@@ -23,6 +23,7 @@ namespace pb = mindspore::straspb;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using namespace testsupport;
 
 const fs::path kRealStrategy = fs::path(CKPTFS_SHARED_DIR) /
                                "fixtures/real/strategy/"
@@ -66,20 +67,8 @@ pb::ParallelStrategyMap message(uint32_t stage, const std::vector<Item>& items) 
 
 class StrategyFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ckptfs_strategy_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   fs::path write(const std::string& name, const std::string& bytes) {
-    const fs::path path = dir_ / name;
-    fs::create_directories(path.parent_path());
-    std::ofstream(path, std::ios::binary) << bytes;
-    return path;
+    return testsupport::write_file(dir_ / name, bytes);
   }
   fs::path write(const std::string& name, const pb::ParallelStrategyMap& map) {
     return write(name, map.SerializeAsString());
@@ -94,18 +83,9 @@ class StrategyFiles : public ::testing::Test {
     return "no error";
   }
 
-  fs::path dir_;
+  testsupport::TempDir tmp_{"ckptfs_strategy"};
+  fs::path dir_ = tmp_.path();
 };
-
-ParamLayout classic(std::vector<int64_t> dev, std::vector<int32_t> map, int32_t step = 0,
-                    int32_t size = 0) {
-  ParamLayout layout;
-  layout.dev_matrix = std::move(dev);
-  for (int32_t a : map) layout.tensor_map.push_back(a == -1 ? DimAxes{} : DimAxes{a});
-  layout.opt_shard_step = step;
-  layout.opt_shard_size = size;
-  return layout;
-}
 
 TEST(RealStrategy, Llama2_13bTwoDevices) {
   const Strategy s = read_strategy(kRealStrategy);
@@ -267,29 +247,13 @@ TEST_F(StrategyFiles, PerDimensionTensorMaps) {
 
 // Hand-written wire bytes: packed repeated scalars and a file from MindSpore ≤1.2 (no fields
 // 6 and 7).
-std::string varint(uint64_t v) {
-  std::string out;
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-  return out;
-}
-std::string field_bytes(int number, const std::string& payload) {
-  return varint(static_cast<uint64_t>(number) << 3 | 2) + varint(payload.size()) + payload;
-}
-std::string field_varint(int number, uint64_t value) {
-  return varint(static_cast<uint64_t>(number) << 3) + varint(value);
-}
-
 TEST_F(StrategyFiles, PackedScalarsAndMissingOptimizerFields) {
-  const std::string dev = field_bytes(1, varint(4) + varint(2));  // DevMatrix.dim packed [4,2]
-  const std::string map = field_bytes(1, varint(0) + varint(static_cast<uint64_t>(-1)));
-  const std::string layouts = field_bytes(1, dev) + field_bytes(2, map) + field_bytes(3, "") +
-                              field_bytes(4, "") + field_varint(5, 0);
-  const std::string item = field_bytes(1, "w") + field_bytes(2, layouts);
-  const std::string file = field_varint(1, 1) + field_bytes(3, item);
+  const std::string dev = len_field(1, varint(4) + varint(2));  // DevMatrix.dim packed [4,2]
+  const std::string map = len_field(1, varint(0) + varint(static_cast<uint64_t>(-1)));
+  const std::string layouts = len_field(1, dev) + len_field(2, map) + len_field(3, "") +
+                              len_field(4, "") + varint_field(5, 0);
+  const std::string item = len_field(1, "w") + len_field(2, layouts);
+  const std::string file = varint_field(1, 1) + len_field(3, item);
   const Strategy s = read_strategy(write("old.ckpt", file));
   EXPECT_EQ(s.devices_per_stage, 8);
   EXPECT_EQ(s.params.at("w").stages.at(0), classic({4, 2}, {0, -1}));
