@@ -156,6 +156,29 @@ TEST_F(TreeTest, ReadsMatchAtEveryOffsetOfSmallFiles) {
   }
 }
 
+TEST_F(TreeTest, StridedRunsOfOneSourceReadInBatches) {
+  // Many short runs of one source separated by short gaps (one preadv with a sink per batch),
+  // a long gap and a backward jump (each starts a new batch), then alternating sources.
+  testing::TargetSpec strided{9, {}};
+  for (uint32_t k = 0; k < 1500; ++k) strided.pieces.push_back(testing::Range{1, k * 41ull, 17});
+  strided.pieces.push_back(testing::Range{1, 69000, 100});
+  strided.pieces.push_back(testing::Range{1, 10, 30});
+  for (uint32_t k = 0; k < 50; ++k)
+    strided.pieces.push_back(testing::Range{k % 2, 3000ull + k * 7, 5});
+  const Tree tree(data_.make_plan_from({strided}));
+  const std::string want = data_.concat(strided);
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<size_t> len_of(1, 9000);
+  for (size_t off = 0; off < want.size(); off += 97) {
+    const size_t len = len_of(rng);
+    std::string buf(len, '\xEE');
+    size_t got = 0;
+    ASSERT_EQ(tree.read_into(3, off, std::span<char>(buf.data(), buf.size()), got), 0);
+    buf.resize(got);
+    ASSERT_EQ(buf, want.substr(off, len)) << "off " << off << " len " << len;
+  }
+}
+
 TEST_F(TreeTest, ReadsWholeFilesAndLargeWindows) {
   std::mt19937 rng(7);
   for (size_t t = 0; t < data_.targets(); ++t) {
