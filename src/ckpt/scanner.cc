@@ -15,6 +15,7 @@
 #include <span>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "ckptfs/ckpt/crc32.h"
@@ -557,6 +558,18 @@ FileScan scan_checkpoint_fd(int fd, const std::string& display_name, const ScanO
 }
 
 std::vector<Param> loaded_params(FileScan scan) {
+  // Nearly every file has unique names and no cache keys: then the order is the file's.
+  {
+    std::unordered_set<std::string_view> names;
+    names.reserve(scan.params.size());
+    bool plain = true;
+    for (const Param& p : scan.params)
+      if (!names.insert(p.name).second || p.name.find(".__param_key__") != std::string::npos) {
+        plain = false;
+        break;
+      }
+    if (plain) return std::move(scan.params);
+  }
   // Python dict semantics: assigning an existing key keeps its position, a new key goes last.
   std::vector<std::optional<Param>> slots;
   std::unordered_map<std::string, size_t> index;

@@ -16,31 +16,25 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Scanning is mostly waiting for header pages of cold files, so two in flight hide much of the
-// latency without crowding the (small) machine or the disk.
+// Scanning is mostly waiting for header pages of cold files, and decoding index entries is CPU
+// work: two in flight hide much of the one and halve the other without crowding the (small)
+// machine or the disk.
 constexpr size_t kScanThreads = 2;
 
-// Scans sources[i] for every i in `misses`, kScanThreads at a time, and returns how many of
-// `misses` (a prefix) were scanned. On failure the workers stop taking new files and the error
-// of the first file (in `misses` order) that failed is returned in `error`.
-size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>& misses,
-                  std::exception_ptr& error) {
+// Runs `work(i)` for every i in [0, count), kScanThreads at a time, and returns how many (a
+// prefix) completed. On failure the workers stop taking new items and the error of the first
+// item that failed is returned in `error`.
+template <typename Work>
+size_t parallel_in_order(size_t count, std::exception_ptr& error, const Work& work) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex mu;
-  size_t error_at = misses.size();
+  size_t error_at = count;
 
-  const auto work = [&] {
-    for (size_t k; !failed.load() && (k = next.fetch_add(1)) < misses.size();) {
-      IndexedSource& source = sources[misses[k]];
-      const std::string name = source.file.path.string();
+  const auto worker = [&] {
+    for (size_t k; !failed.load() && (k = next.fetch_add(1)) < count;) {
       try {
-        source.scan = ckpt::scan_checkpoint_fd(source.file.fd.get(), name);
-        // A file still being written would leave a scan of a prefix in the index for good.
-        if (source::fingerprint_of(source.file.fd.get(), name) != source.file.fingerprint) {
-          fail("{}: changed while being indexed; index it again once it is complete", name);
-        }
-        spdlog::debug("{}: scanned, {} parameters", name, source.scan.params.size());
+        work(k);
       } catch (...) {
         std::lock_guard lock(mu);
         if (k < error_at) {
@@ -51,15 +45,30 @@ size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>
       }
     }
   };
-
   {
     std::vector<std::jthread> helpers;
-    for (size_t i = 1; i < std::min(kScanThreads, misses.size()); ++i) helpers.emplace_back(work);
-    work();
+    for (size_t i = 1; i < std::min(kScanThreads, count); ++i) helpers.emplace_back(worker);
+    worker();
   }
-  // Files are taken in order and a taken file is always finished, so everything before the
-  // first failure was scanned.
+  // Items are taken in order and a taken item is always finished, so everything before the
+  // first failure completed.
   return error_at;
+}
+
+// Scans sources[i] for every i in `misses`; returns how many of `misses` (a prefix) were
+// scanned, with the first failure in `error`.
+size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>& misses,
+                  std::exception_ptr& error) {
+  return parallel_in_order(misses.size(), error, [&](size_t k) {
+    IndexedSource& source = sources[misses[k]];
+    const std::string name = source.file.path.string();
+    source.scan = ckpt::scan_checkpoint_fd(source.file.fd.get(), name);
+    // A file still being written would leave a scan of a prefix in the index for good.
+    if (source::fingerprint_of(source.file.fd.get(), name) != source.file.fingerprint) {
+      fail("{}: changed while being indexed; index it again once it is complete", name);
+    }
+    spdlog::debug("{}: scanned, {} parameters", name, source.scan.params.size());
+  });
 }
 
 std::string absolute_name(const fs::path& path) {
@@ -71,19 +80,19 @@ std::string absolute_name(const fs::path& path) {
 }  // namespace
 
 std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::path>& paths) {
-  std::vector<IndexedSource> sources;
-  sources.reserve(paths.size());
-  std::vector<size_t> misses;
-  for (const fs::path& path : paths) {
-    IndexedSource& source = sources.emplace_back();
-    source.file = source::SourceFile::open(path);
-    if (std::optional<ckpt::FileScan> scan = store.lookup(source.file.fingerprint)) {
-      source.scan = std::move(*scan);
-      source.from_index = true;
-    } else {
-      misses.push_back(sources.size() - 1);
+  std::vector<IndexedSource> sources(paths.size());
+  for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
+  std::exception_ptr lookup_error;
+  parallel_in_order(sources.size(), lookup_error, [&](size_t i) {
+    if (std::optional<ckpt::FileScan> scan = store.lookup(sources[i].file.fingerprint)) {
+      sources[i].scan = std::move(*scan);
+      sources[i].from_index = true;
     }
-  }
+  });
+  if (lookup_error) std::rethrow_exception(lookup_error);
+  std::vector<size_t> misses;
+  for (size_t i = 0; i < sources.size(); ++i)
+    if (!sources[i].from_index) misses.push_back(i);
   if (!misses.empty()) {
     spdlog::info("scanning {} of {} source files", misses.size(), sources.size());
   }

@@ -233,11 +233,16 @@ Store& Store::operator=(Store&&) noexcept = default;
 const fs::path& Store::dir() const { return impl_->env.dir(); }
 
 std::optional<ckpt::FileScan> Store::lookup(const source::Fingerprint& fingerprint) const {
-  std::lock_guard lock(impl_->mu);
-  const lmdb::Txn txn = impl_->begin(MDB_RDONLY);
-  const std::optional<std::string_view> value = txn.get(impl_->scans, fingerprint.key());
-  if (!value) return std::nullopt;
-  return decode(*value, fingerprint.size);
+  std::string bytes;
+  {
+    // Only the LMDB read takes turns; decoding a copy runs in parallel across callers.
+    std::lock_guard lock(impl_->mu);
+    const lmdb::Txn txn = impl_->begin(MDB_RDONLY);
+    const std::optional<std::string_view> value = txn.get(impl_->scans, fingerprint.key());
+    if (!value) return std::nullopt;
+    bytes.assign(*value);
+  }
+  return decode(bytes, fingerprint.size);
 }
 
 void Store::insert(std::span<const NewEntry> items) {
