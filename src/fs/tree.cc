@@ -202,41 +202,52 @@ bool preadv_fully(int fd, std::vector<iovec>& iov, uint64_t offset) {
 int Tree::gather(std::span<const plan::Run> runs, char* out) const {
   thread_local std::vector<char> sink(kMaxGap);
   thread_local std::vector<iovec> iov;
-  for (size_t i = 0; i < runs.size();) {
+  thread_local std::vector<char*> dest;
+  thread_local std::vector<std::pair<uint32_t, uint32_t>> by_source;  // (source, run index)
+  dest.resize(runs.size());
+  by_source.clear();
+  for (size_t i = 0; i < runs.size(); ++i) {
     const plan::Run& run = runs[i];
+    dest[i] = out;
+    out += run.length;
     if (run.mem != nullptr) {
-      std::memcpy(out, run.mem, run.length);
-      out += run.length;
-      ++i;
-      continue;
-    }
-    if (run.source >= plan_.sources.size()) {
+      std::memcpy(dest[i], run.mem, run.length);
+    } else if (run.source >= plan_.sources.size()) {
       spdlog::error("read mapped to source #{}, but the plan has {} sources", run.source,
                     plan_.sources.size());
       return EIO;
+    } else {
+      by_source.emplace_back(run.source, static_cast<uint32_t>(i));
     }
+  }
+  // A target block that straddles source blocks alternates between their files run by run;
+  // taken one source at a time, each file's runs are in offset order and batch again.
+  std::stable_sort(by_source.begin(), by_source.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+
+  for (size_t k = 0; k < by_source.size();) {
+    const uint32_t source = by_source[k].first;
+    const uint64_t begin = runs[by_source[k].second].offset;
+    uint64_t end = begin;
     iov.clear();
-    uint64_t end = run.offset;
-    size_t j = i;
-    for (; j < runs.size() && iov.size() + 2 <= kMaxIov; ++j) {
-      const plan::Run& next = runs[j];
-      if (next.mem != nullptr || next.source != run.source || next.offset < end ||
-          next.offset - end > kMaxGap)
-        break;
+    size_t j = k;
+    for (; j < by_source.size() && iov.size() + 2 <= kMaxIov; ++j) {
+      const auto [s, index] = by_source[j];
+      const plan::Run& next = runs[index];
+      if (s != source || next.offset < end || next.offset - end > kMaxGap) break;
       if (next.offset > end) iov.push_back({sink.data(), next.offset - end});
-      iov.push_back({out, next.length});
-      out += next.length;
+      iov.push_back({dest[index], next.length});
       end = next.offset + next.length;
     }
-    if (!preadv_fully(source_fd(run.source), iov, run.offset)) {
+    if (!preadv_fully(source_fd(source), iov, begin)) {
       if (errno != 0)
-        report(run.source, fmt::format("pread of {} bytes at {} failed: {}", end - run.offset,
-                                       run.offset, std::strerror(errno)));
+        report(source, fmt::format("pread of {} bytes at {} failed: {}", end - begin, begin,
+                                   std::strerror(errno)));
       else
-        report(run.source, fmt::format("ends before {}, but bytes up to there are mapped", end));
+        report(source, fmt::format("ends before {}, but bytes up to there are mapped", end));
       return EIO;
     }
-    i = j;
+    k = j;
   }
   return 0;
 }
