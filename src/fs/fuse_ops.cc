@@ -90,6 +90,19 @@ struct SpliceVec {
   }
 };
 
+// In page-cache mode the kernel turns a reader's 1 MiB read() into READs of the mount's
+// readahead, 128 KiB by default; 1 MiB READs make first reads about 1.5x faster. Best effort:
+// without permission nothing changes.
+void raise_readahead(const Server& s) {
+  std::ofstream knob(s.readahead_knob);
+  knob << 1024;
+  knob.flush();
+  if (knob)
+    spdlog::info("{} set to 1024", s.readahead_knob);
+  else
+    spdlog::debug("cannot write {}", s.readahead_knob);
+}
+
 void op_init(void* userdata, fuse_conn_info* conn) {
   Server& s = *static_cast<Server*>(userdata);
   conn->max_write = std::min(conn->max_write, kMaxReply);
@@ -208,6 +221,8 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       fuse_reply_err(req, err);
       return;
     }
+    if (s.cache && !s.readahead_knob.empty())
+      std::call_once(server(req).readahead_once, [&] { raise_readahead(s); });
     fi->direct_io = s.cache ? 0 : 1;
     fi->keep_cache = s.cache ? 1 : 0;
     fi->noflush = 1;  // nothing to flush on close

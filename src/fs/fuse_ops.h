@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <string>
 
 #include "ckptfs/fs/tree.h"
 
@@ -31,6 +33,10 @@ struct Server {
   bool splice = false;        // FUSE_CAP_SPLICE_WRITE negotiated
   bool splice_move = false;   // FUSE_CAP_SPLICE_MOVE negotiated
   size_t pipe_max = 1 << 20;  // /proc/sys/fs/pipe-max-size
+  // Page-cache mode: the mount's read_ahead_kb file, raised at the first open (INIT, which
+  // resets it, is over by then). Empty: leave it.
+  std::string readahead_knob;
+  std::once_flag readahead_once;
   // What the read path did, logged at unmount.
   std::atomic<uint64_t> reads_spliced{0};
   std::atomic<uint64_t> reads_gathered{0};

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -260,6 +261,20 @@ void write_all(int fd, std::string_view data) {
   ::_exit(rc);
 }
 
+// The read_ahead_kb file of a mount's backing device, found through mountinfo because stat()
+// on the mount would wait for a server that is not running yet; empty if not found (mountinfo
+// escapes spaces, so such paths keep the default).
+std::string readahead_knob(const stdfs::path& where) {
+  std::ifstream mountinfo("/proc/self/mountinfo");
+  for (std::string line; std::getline(mountinfo, line);) {
+    std::istringstream fields(line);
+    std::string id, parent, device, root, point;
+    fields >> id >> parent >> device >> root >> point;
+    if (point == where.string()) return "/sys/class/bdi/" + device + "/read_ahead_kb";
+  }
+  return {};
+}
+
 // Undoes the kernel mount from this process: for failures after fuse_session_mount.
 [[noreturn]] void abandon_mount(fuse_session* se, const stdfs::path& where,
                                 const std::string& why) {
@@ -361,6 +376,7 @@ int mount(const std::filesystem::path& mountpoint, Tree tree, const MountOptions
     fail("cannot mount at {}: {}", where.string(), setup_errors("mount failed"));
   }
   end_setup();
+  if (parsed.cache) server.readahead_knob = readahead_knob(where);
   spdlog::info("mounted {} ({} files, {} bytes) from {}", where.string(),
                tree.plan().targets.size(), tree.total_bytes(), fsname);
 
