@@ -38,12 +38,18 @@ bool TargetMaps::in_effective_src(std::string_view name) const {
 }
 
 TargetMaps::Role TargetMaps::role(std::string_view name) const {
-  const bool in_src = src_ && src_->find(name);
-  const bool in_dst = dst_ && dst_->find(name);
-  const bool src_removed = !src_ || (in_src && !in_effective_src(name));
-  const bool dst_removed = !dst_ || (in_dst && !in_effective_dst(name));
+  // The same rules as in_effective_src/dst, with one lookup per strategy: the planner asks
+  // this for every name of every target.
+  const StrategyParam* in_src = src_ ? src_->find(name) : nullptr;
+  const StrategyParam* in_dst = dst_ ? dst_->find(name) : nullptr;
+  const bool effective_dst =
+      !dst_ || (in_dst && in_dst->stages.contains(static_cast<uint32_t>(t_stage_)));
+  const bool filtered_from_dst = in_dst && !effective_dst;
+  const bool effective_src = !src_ || (in_src && !filtered_from_dst);
+  const bool src_removed = !src_ || (in_src && !effective_src);
+  const bool dst_removed = !dst_ || filtered_from_dst;
   if (src_removed && dst_removed) return Role::Drop;
-  if (in_effective_src(name) && in_effective_dst(name)) return Role::Reshard;
+  if (effective_src && effective_dst) return Role::Reshard;
   return Role::Passthrough;
 }
 
