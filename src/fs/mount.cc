@@ -338,6 +338,10 @@ int mount(const std::filesystem::path& mountpoint, Tree tree, const MountOptions
   const stdfs::path where = stdfs::canonical(mountpoint, ec);
   if (ec) fail("cannot mount at {}: {}", mountpoint.string(), ec.message());
   if (!stdfs::is_directory(where, ec)) fail("cannot mount at {}: not a directory", where.string());
+  // The kernel would stack a second view on the first, and one umount would leave the other.
+  if (const std::optional<MountEntry> entry = find_mount(where);
+      entry && entry->fstype == "fuse.ckptfs")
+    fail("cannot mount at {}: ckptfs already mounted there ({})", where.string(), entry->device);
   std::string log_file;
   if (!options.log_file.empty()) log_file = stdfs::absolute(options.log_file).string();
 

@@ -98,6 +98,18 @@ def no_strategy(args):
     expect_refusal(args, work, fx, ["strategy"], src_strategy="", dst_strategy="")
 
 
+def mounted_twice(args):
+    work, fx = fixture(args, "twice", "demo")
+    mnt = os.path.join(work, "mnt")
+    kwargs = dict(src_strategy=fx.src_strategy, dst_strategy=fx.dst_strategy,
+                  index_dir=os.path.join(work, "index"))
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, **kwargs):
+        proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, **kwargs), check=False)
+        assert proc.returncode != 0, "a second mount stacked on the first"
+        assert "already mounted" in proc.stderr, proc.stderr
+    assert not itest.is_mounted(mnt), "one umount left a mount behind"
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
@@ -111,6 +123,7 @@ def main():
     checks.run("tensor_map longer than the tensor", map_length, args, 1)
     checks.run("tensor_map shorter than the tensor", map_length, args, -1)
     checks.run("no strategy at all", no_strategy, args)
+    checks.run("mounting twice on one mountpoint", mounted_twice, args)
     checks.finish()
 
 
