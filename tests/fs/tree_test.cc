@@ -179,6 +179,31 @@ TEST_F(TreeTest, StridedRunsOfOneSourceReadInBatches) {
   }
 }
 
+TEST_F(TreeTest, LargeGathersOverSeveralBatchesAndSources) {
+  // Hundreds of KiB of short runs from two sources, each more than one preadv batch
+  // (IOV_MAX iovecs), with header bytes in between.
+  testing::TargetSpec big{11, {}};
+  for (uint32_t k = 0; k < 700; ++k) {
+    big.pieces.push_back(testing::Range{2, k * 4096ull, 1000 + k % 7});
+    big.pieces.push_back(testing::Range{1, k * 90ull, 60});
+    if (k % 100 == 0) big.pieces.push_back(testing::Bytes{"header"});
+  }
+  const Tree tree(data_.make_plan_from({big}));
+  const std::string want = data_.concat(big);
+  for (int round = 0; round < 20; ++round) {
+    std::string buf(want.size() + 10, '\xEE');
+    size_t got = 0;
+    ASSERT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), 0);
+    buf.resize(got);
+    ASSERT_EQ(buf, want);
+  }
+  // A changed source fails the whole read.
+  data_.change_source(2);
+  std::string buf(want.size(), '\0');
+  size_t got = 0;
+  EXPECT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
+}
+
 TEST_F(TreeTest, ReadsWholeFilesAndLargeWindows) {
   std::mt19937 rng(7);
   for (size_t t = 0; t < data_.targets(); ++t) {
