@@ -170,7 +170,7 @@ struct ParamFacts {
 class Planner {
  public:
   Planner(Plan& plan, const strategy::Strategy* src, const strategy::Strategy* dst)
-      : plan_(plan), files_(plan.sources, plan.source_ranks), src_(src), dst_(dst) {}
+      : files_(plan.sources, plan.source_ranks), src_(src), dst_(dst) {}
 
   TargetFile plan_target(int64_t t) {
     TargetMaps maps(src_, dst_, t);
@@ -431,7 +431,6 @@ class Planner {
     } while (begin < nbytes);
   }
 
-  Plan& plan_;
   SourceSet files_;
   const strategy::Strategy* src_;
   const strategy::Strategy* dst_;
