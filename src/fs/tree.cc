@@ -137,12 +137,15 @@ int Tree::check_sources(std::span<const plan::Run> runs) const {
     }
     if (stamps[run.source] == epoch) continue;
     stamps[run.source] = epoch;
-    if (!plan_.sources[run.source].file.unchanged()) {
-      report(run.source, "changed since it was mounted");
-      return EIO;
-    }
+    if (int err = check_source(run.source)) return err;
   }
   return 0;
+}
+
+int Tree::check_source(uint32_t source) const {
+  if (plan_.sources[source].file.unchanged()) return 0;
+  report(source, "changed since it was mounted");
+  return EIO;
 }
 
 int Tree::check_file(uint64_t ino) const {
@@ -155,10 +158,7 @@ int Tree::check_file(uint64_t ino) const {
                     s, plan_.sources.size());
       return EIO;
     }
-    if (!plan_.sources[s].file.unchanged()) {
-      report(s, "changed since it was mounted");
-      return EIO;
-    }
+    if (int err = check_source(s)) return err;
   }
   return 0;
 }

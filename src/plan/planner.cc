@@ -241,12 +241,12 @@ class Planner {
       for (int64_t r : layouts_.needed(pair, maps.target_local()).ranks) locals.insert(r);
       for (uint32_t st : pair.src_stages) stages.insert(st);
     }
-    // MindSpore's list always holds t_local mod N_src (the passthrough source); keep that true
-    // where the minimal set stands in for it.
-    if (!locals.empty()) locals.insert(maps.target_local() % maps.src_devices());
     if (locals.empty())
       fail("target rank {}: the source strategy {} has no parameter for this target's stage",
            maps.target_local() + maps.target_stage() * maps.dst_devices(), src_->origin);
+    // MindSpore's list always holds t_local mod N_src (the passthrough source); keep that true
+    // where the minimal set stands in for it.
+    locals.insert(maps.target_local() % maps.src_devices());
     std::vector<int64_t> ranks;
     for (uint32_t st : stages)
       for (int64_t r : locals) ranks.push_back(static_cast<int64_t>(st) * maps.src_devices() + r);
@@ -314,11 +314,7 @@ class Planner {
     // replicas happen to be present.
     for (int64_t local : needed.required ? preferred : std::vector<int64_t>{}) {
       const int64_t g = stage * maps.src_devices() + local;
-      if (!files_.file(g))
-        fail(
-            "the checkpoint of source rank {} (rank_{}/*.ckpt) is needed for target rank {} "
-            "(parameter {}) but is missing",
-            g, g, t, p.name);
+      if (!files_.file(g)) missing_rank(g, t, p.name);
     }
     std::vector<int64_t> last(content->target_shape.size());
     for (size_t j = 0; j < content->target_shape.size(); ++j) {
@@ -350,6 +346,13 @@ class Planner {
                 [&](uint64_t begin, uint64_t end) { builder.add_tensor(content, begin, end); });
   }
 
+  [[noreturn]] static void missing_rank(int64_t g, int64_t t, std::string_view param) {
+    fail(
+        "the checkpoint of source rank {} (rank_{}/*.ckpt) is needed for target rank {} "
+        "(parameter {}) but is missing",
+        g, g, t, param);
+  }
+
   SourceBlock pick_block(const ckpt::Param& p, uint32_t stage, const TargetMaps& maps,
                          const std::vector<int64_t>& candidates,
                          const std::vector<int64_t>& preferred, int64_t t) {
@@ -363,11 +366,7 @@ class Planner {
     for (int64_t local : candidates)
       if (const auto* f = usable(local)) return SourceBlock{f->index, f->find(p.name)};
     const int64_t g = stage * maps.src_devices() + candidates.front();
-    if (!files_.file(g))
-      fail(
-          "the checkpoint of source rank {} (rank_{}/*.ckpt) is needed for target rank {} "
-          "(parameter {}) but is missing",
-          g, g, t, p.name);
+    if (!files_.file(g)) missing_rank(g, t, p.name);
     fail("parameter {} is needed from source rank {} for target rank {}, but {} does not hold it",
          p.name, g, t, files_.file(g)->path);
   }
@@ -388,13 +387,16 @@ class Planner {
   void add_passthrough(VirtualFile::Builder& builder, const TargetMaps& maps, const ckpt::Param& p,
                        const std::vector<int64_t>& load_order, int64_t t) {
     const int64_t local = maps.target_local() % maps.src_devices();
-    const SourceSet::File* from = nullptr;
-    for (auto it = load_order.rbegin(); it != load_order.rend() && !from; ++it)
-      if (*it % maps.src_devices() == local && files_.file(*it) && files_.file(*it)->find(p.name))
-        from = files_.file(*it);
-    if (!from)
-      for (auto it = load_order.rbegin(); it != load_order.rend() && !from; ++it)
-        if (files_.file(*it) && files_.file(*it)->find(p.name)) from = files_.file(*it);
+    // Lowest global rank first, among the files with that local index, then among any.
+    auto lowest_holder = [&](bool same_local) -> const SourceSet::File* {
+      for (auto it = load_order.rbegin(); it != load_order.rend(); ++it) {
+        const SourceSet::File* f = files_.file(*it);
+        if (f && f->find(p.name) && (!same_local || *it % maps.src_devices() == local)) return f;
+      }
+      return nullptr;
+    };
+    const SourceSet::File* from = lowest_holder(true);
+    if (!from) from = lowest_holder(false);
     if (!from) fail("target rank {}: no loaded source file holds parameter {}", t, p.name);
     const ckpt::Param& q = *from->find(p.name);
 

@@ -74,6 +74,8 @@ class Tree {
   // Logs one error line for a source the first time it fails, debug lines after that: a
   // changed file fails every read that touches it and must not flood the log.
   void report(uint32_t source, std::string_view what) const;
+  // 0, or EIO (reported) if source `source` (in range) no longer has its mount fingerprint.
+  int check_source(uint32_t source) const;
 
   plan::Plan plan_;
   // inode layout: 1 = root, 2 + 2i = rank dir of target i, 3 + 2i = its file
