@@ -14,6 +14,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ckptfs::fs::detail {
@@ -38,57 +39,24 @@ void guarded(fuse_req_t req, const char* op, Body&& body) noexcept {
   fuse_reply_err(req, EIO);
 }
 
+// At most this many read-ahead helpers, however many CPUs: each one only runs while a reader
+// waits on a READ.
+constexpr unsigned kMaxHelpers = 4;
+
+// What an open file handle (fi->fh) points to in direct_io mode.
+struct StreamHandle {
+  std::shared_ptr<Prefetcher::Stream> stream;
+};
+
+StreamHandle* stream_of(const fuse_file_info* fi) {
+  return fi == nullptr ? nullptr : reinterpret_cast<StreamHandle*>(fi->fh);
+}
+
 // Why a non-file inode cannot be opened or read.
 int not_a_file(const Tree& tree, fuse_ino_t ino) {
   struct stat st;
   return tree.stat(ino, st) ? EISDIR : ENOENT;
 }
-
-size_t read_pipe_max() {
-  std::ifstream in("/proc/sys/fs/pipe-max-size");
-  size_t value = 0;
-  if (in >> value && value >= 4096) return value;
-  return 1 << 20;
-}
-
-// One per worker thread, allocated on its first gathered read and reused: a fresh allocation
-// per request costs more than the copy (perf-limits.md).
-struct GatherBuffer {
-  struct Free {
-    void operator()(char* p) const { std::free(p); }
-  };
-  std::unique_ptr<char, Free> data;
-  size_t capacity = 0;
-
-  char* get(size_t size) {
-    if (size > capacity) {
-      const size_t want = std::max<size_t>(size, kMaxReply);
-      void* p = nullptr;
-      if (::posix_memalign(&p, 4096, want) != 0) throw std::bad_alloc();
-      data.reset(static_cast<char*>(p));
-      capacity = want;
-    }
-    return data.get();
-  }
-};
-
-// A fuse_bufvec is a header followed by a C flexible array; this is one with room for
-// kMaxSpliceRuns buffers, reused per thread.
-struct SpliceVec {
-  struct Free {
-    void operator()(fuse_bufvec* p) const { std::free(p); }
-  };
-  std::unique_ptr<fuse_bufvec, Free> vec;
-
-  fuse_bufvec* get() {
-    if (!vec) {
-      void* p = std::calloc(1, sizeof(fuse_bufvec) + (kMaxSpliceRuns - 1) * sizeof(fuse_buf));
-      if (p == nullptr) throw std::bad_alloc();
-      vec.reset(static_cast<fuse_bufvec*>(p));
-    }
-    return vec.get();
-  }
-};
 
 // In page-cache mode the kernel turns a reader's 1 MiB read() into READs of the mount's
 // readahead, 128 KiB by default; 1 MiB READs make first reads about 1.5x faster. Best effort:
@@ -105,21 +73,27 @@ void raise_readahead(const Server& s) {
 
 void op_init(void* userdata, fuse_conn_info* conn) {
   Server& s = *static_cast<Server*>(userdata);
-  conn->max_write = std::min(conn->max_write, kMaxReply);
-  const unsigned splice = FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE;
-  conn->want |= conn->capable & splice;
-  s.splice = (conn->want & FUSE_CAP_SPLICE_WRITE) != 0;
-  s.splice_move = (conn->want & FUSE_CAP_SPLICE_MOVE) != 0;
-  s.pipe_max = read_pipe_max();
-  spdlog::info("fuse: protocol 7.{}, max_write {}, max_readahead {}, splice {}, {} mode",
-               conn->proto_minor, conn->max_write, conn->max_readahead, s.splice ? "on" : "off",
-               s.cache ? "page-cache" : "direct_io");
+  // libfuse's max_write (1 MiB, its buffer size) also sets the largest READ. Replies are written
+  // from memory, never spliced: a spliced 1 MiB reply needs 257 pipe pages, more than
+  // pipe-max-size allows, and READs cut to fit cost a second round trip per MiB.
+  conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_SPLICE_READ);
+  if (!s.cache)
+    s.prefetcher = std::make_unique<Prefetcher>(
+        *s.tree, std::clamp(std::thread::hardware_concurrency(), 1u, kMaxHelpers));
+  spdlog::info("fuse: protocol 7.{}, max_write {}, max_readahead {}, {} mode", conn->proto_minor,
+               conn->max_write, conn->max_readahead, s.cache ? "page-cache" : "direct_io");
 }
 
 void op_destroy(void* userdata) {
-  const Server& s = *static_cast<Server*>(userdata);
-  spdlog::info("fuse: served {} reads spliced, {} gathered, {} failed", s.reads_spliced.load(),
-               s.reads_gathered.load(), s.reads_failed.load());
+  Server& s = *static_cast<Server*>(userdata);
+  uint64_t ahead = 0, hits = 0;
+  if (s.prefetcher) {
+    ahead = s.prefetcher->gathered_ahead();
+    hits = s.prefetcher->hits();
+    s.prefetcher.reset();
+  }
+  spdlog::info("fuse: served {} reads ({} from {} blocks read ahead), {} failed",
+               s.reads_served.load(), hits, ahead, s.reads_failed.load());
 }
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -226,11 +200,14 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fi->direct_io = s.cache ? 0 : 1;
     fi->keep_cache = s.cache ? 1 : 0;
     fi->noflush = 1;  // nothing to flush on close
-    fuse_reply_open(req, fi);
+    fi->fh = 0;
+    if (s.prefetcher)
+      fi->fh = reinterpret_cast<uint64_t>(new StreamHandle{s.prefetcher->open(ino)});
+    if (fuse_reply_open(req, fi) != 0) delete stream_of(fi);  // interrupted: no release follows
   });
 }
 
-void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   guarded(req, "read", [&] {
     Server& s = server(req);
     const Tree& tree = *s.tree;
@@ -247,64 +224,31 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
       fuse_reply_buf(req, nullptr, 0);
       return;
     }
-    thread_local std::vector<plan::Run> runs = [] {
-      std::vector<plan::Run> v;
-      v.reserve(256);
-      return v;
-    }();
-    runs.clear();
-    const uint64_t length = file->map(static_cast<uint64_t>(off), size, runs);
-    if (int err = tree.check_sources(runs)) {
+    // One per worker thread, reused: a fresh allocation per request costs more than the copy
+    // (perf-limits.md). The prefetcher swaps it with the block it read ahead.
+    thread_local std::vector<char> buf;
+    size_t got = 0;
+    int err = 0;
+    if (StreamHandle* h = stream_of(fi); h != nullptr && h->stream && s.prefetcher) {
+      err = s.prefetcher->read(*h->stream, static_cast<uint64_t>(off), size, buf, got);
+    } else {
+      buf.resize(size);
+      err = tree.read_into(ino, static_cast<uint64_t>(off), std::span<char>(buf.data(), size), got);
+    }
+    if (err != 0) {
       s.reads_failed.fetch_add(1, std::memory_order_relaxed);
       fuse_reply_err(req, err);
       return;
     }
-
-    if (s.splice && splice_fits(runs, length, s.pipe_max)) {
-      thread_local SpliceVec splice_vec;
-      fuse_bufvec* vec = splice_vec.get();
-      vec->count = runs.size();
-      vec->idx = 0;
-      vec->off = 0;
-      fuse_buf* bufs = vec->buf;
-      for (size_t i = 0; i < runs.size(); ++i) {
-        const plan::Run& run = runs[i];
-        fuse_buf& b = bufs[i];
-        b = {};
-        b.size = run.length;
-        if (run.mem != nullptr) {
-          b.mem = const_cast<char*>(run.mem);  // libfuse only reads it
-          b.fd = -1;
-        } else {
-          b.flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
-          b.fd = tree.source_fd(run.source);
-          b.pos = static_cast<off_t>(run.offset);
-        }
-      }
-      s.reads_spliced.fetch_add(1, std::memory_order_relaxed);
-      fuse_reply_data(req, vec,
-                      s.splice_move ? FUSE_BUF_SPLICE_MOVE : static_cast<fuse_buf_copy_flags>(0));
-      return;
-    }
-
-    if (runs.size() == 1 && runs[0].mem != nullptr) {
-      s.reads_gathered.fetch_add(1, std::memory_order_relaxed);
-      fuse_reply_buf(req, runs[0].mem, length);
-      return;
-    }
-    thread_local GatherBuffer gather_buffer;
-    char* out = gather_buffer.get(length);
-    if (int err = tree.gather(runs, out)) {
-      s.reads_failed.fetch_add(1, std::memory_order_relaxed);
-      fuse_reply_err(req, err);
-      return;
-    }
-    s.reads_gathered.fetch_add(1, std::memory_order_relaxed);
-    fuse_reply_buf(req, out, length);
+    s.reads_served.fetch_add(1, std::memory_order_relaxed);
+    fuse_reply_buf(req, buf.data(), got);
   });
 }
 
-void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  delete stream_of(fi);
+  fuse_reply_err(req, 0);
+}
 
 void op_statfs(fuse_req_t req, fuse_ino_t) {
   guarded(req, "statfs", [&] {
@@ -377,22 +321,6 @@ fuse_lowlevel_ops make_ops() {
 const fuse_lowlevel_ops& lowlevel_ops() {
   static const fuse_lowlevel_ops ops = make_ops();
   return ops;
-}
-
-bool splice_fits(std::span<const plan::Run> runs, uint64_t length, size_t pipe_max) {
-  constexpr uint64_t kPage = 4096;
-  constexpr uint64_t kOutHeader = 16;  // struct fuse_out_header
-  if (runs.empty() || runs.size() > kMaxSpliceRuns) return false;
-  // libfuse 3.14 looks only at the last fd buffer and copies instead when it is under two
-  // pages; then our own gather is cheaper than its per-request allocation.
-  uint64_t last_fd_length = 0;
-  for (const plan::Run& run : runs)
-    if (run.mem == nullptr) last_fd_length = run.length;
-  if (last_fd_length < 2 * kPage) return false;
-  // Its pipe-size heuristic: a page per iovec (the out header) and per buffer, one spare,
-  // plus the message. A pipe cannot grow past pipe-max-size without CAP_SYS_RESOURCE.
-  const uint64_t pipe_size = kPage * (1 + runs.size() + 1) + kOutHeader + length;
-  return pipe_size <= pipe_max;
 }
 
 }  // namespace ckptfs::fs::detail

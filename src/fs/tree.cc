@@ -1,7 +1,7 @@
 #include "ckptfs/fs/tree.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/uio.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "ckptfs/error.h"
+#include "ckptfs/fs/bus_guard.h"
 
 namespace ckptfs::fs {
 
@@ -43,6 +44,12 @@ Tree::Tree(plan::Plan plan)
     total_bytes_ += target.file.size();
   }
   for (size_t i = 0; i < plan_.sources.size(); ++i) reported_[i].store(false);
+  maps_.reserve(plan_.sources.size());
+  for (const index::IndexedSource& source : plan_.sources) {
+    maps_.emplace_back(source.file.fd.get(), source.file.fingerprint.size);
+    if (source.file.fingerprint.size > 0 && maps_.back().data() == nullptr)
+      fail("cannot map {}: {}", source.file.path.string(), std::strerror(errno));
+  }
 }
 
 Tree::Tree(Tree&&) noexcept = default;
@@ -165,90 +172,82 @@ int Tree::check_file(uint64_t ino) const {
 
 namespace {
 
-// A strided read maps to many short runs of one source file separated by short gaps (each row of
-// the target is a piece of a source row). One preadv reads the whole span, the wanted pieces
-// into place and the gaps into a scratch sink: one syscall per batch instead of one per run.
-// Copying a gap costs about as much as a syscall when it is a few KiB, so longer gaps split
-// the batch.
-constexpr uint64_t kMaxGap = 16 * 1024;
-constexpr size_t kMaxIov = 1024;  // IOV_MAX
-
-// preadv until every iovec is full; false on an error or end of file (errno 0 then).
-bool preadv_fully(int fd, std::vector<iovec>& iov, uint64_t offset) {
-  size_t first = 0;
-  while (first < iov.size()) {
-    const ssize_t got = ::preadv(fd, iov.data() + first, static_cast<int>(iov.size() - first),
-                                 static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      if (got == 0) errno = 0;
-      return false;
+// Source pages a thread has touched through the mappings since it last let them go. Mapped
+// pages count in the daemon's resident set although they belong to the page cache; dropping
+// the thread's page-table entries every kMappedBudget bytes keeps that set flat however much
+// is read. Dropping never loses data: the next touch maps the cached page again.
+class TouchedRanges {
+ public:
+  void note(uint32_t source, uint64_t begin, uint64_t end) {
+    if (ranges_.size() <= source) ranges_.resize(source + 1);
+    Range& r = ranges_[source];
+    const uint64_t before = r.end - r.begin;
+    if (r.begin == r.end) {
+      r = {begin, end};
+    } else {
+      r.begin = std::min(r.begin, begin);
+      r.end = std::max(r.end, end);
     }
-    offset += static_cast<uint64_t>(got);
-    for (size_t n = static_cast<size_t>(got); n > 0;) {
-      const size_t take = std::min(n, iov[first].iov_len);
-      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + take;
-      iov[first].iov_len -= take;
-      n -= take;
-      if (iov[first].iov_len == 0) ++first;
-    }
-    while (first < iov.size() && iov[first].iov_len == 0) ++first;
+    spanned_ += (r.end - r.begin) - before;
   }
-  return true;
-}
+
+  // After the copies that touched the noted ranges are done.
+  void trim(std::span<const MappedFile> maps, uint64_t budget) {
+    if (spanned_ < budget) return;
+    for (size_t i = 0; i < ranges_.size(); ++i) {
+      Range& r = ranges_[i];
+      if (r.begin == r.end) continue;
+      const uint64_t begin = r.begin & ~uint64_t{4095};
+      ::madvise(const_cast<char*>(maps[i].data()) + begin, r.end - begin, MADV_DONTNEED);
+      r = {};
+    }
+    spanned_ = 0;
+  }
+
+ private:
+  struct Range {
+    uint64_t begin = 0, end = 0;
+  };
+  std::vector<Range> ranges_;
+  uint64_t spanned_ = 0;
+};
 
 }  // namespace
 
 int Tree::gather(std::span<const plan::Run> runs, char* out) const {
-  thread_local std::vector<char> sink(kMaxGap);
-  thread_local std::vector<iovec> iov;
-  thread_local std::vector<char*> dest;
-  thread_local std::vector<std::pair<uint32_t, uint32_t>> by_source;  // (source, run index)
-  dest.resize(runs.size());
-  by_source.clear();
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const plan::Run& run = runs[i];
-    dest[i] = out;
-    out += run.length;
-    if (run.mem != nullptr) {
-      std::memcpy(dest[i], run.mem, run.length);
-    } else if (run.source >= plan_.sources.size()) {
+  thread_local TouchedRanges touched;
+  for (const plan::Run& run : runs) {
+    if (run.mem != nullptr) continue;
+    if (run.source >= maps_.size()) {
       spdlog::error("read mapped to source #{}, but the plan has {} sources", run.source,
-                    plan_.sources.size());
-      return EIO;
-    } else {
-      by_source.emplace_back(run.source, static_cast<uint32_t>(i));
-    }
-  }
-  // A target block that straddles source blocks alternates between their files run by run;
-  // taken one source at a time, each file's runs are in offset order and batch again.
-  std::stable_sort(by_source.begin(), by_source.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-
-  for (size_t k = 0; k < by_source.size();) {
-    const uint32_t source = by_source[k].first;
-    const uint64_t begin = runs[by_source[k].second].offset;
-    uint64_t end = begin;
-    iov.clear();
-    size_t j = k;
-    for (; j < by_source.size() && iov.size() + 2 <= kMaxIov; ++j) {
-      const auto [s, index] = by_source[j];
-      const plan::Run& next = runs[index];
-      if (s != source || next.offset < end || next.offset - end > kMaxGap) break;
-      if (next.offset > end) iov.push_back({sink.data(), next.offset - end});
-      iov.push_back({dest[index], next.length});
-      end = next.offset + next.length;
-    }
-    if (!preadv_fully(source_fd(source), iov, begin)) {
-      if (errno != 0)
-        report(source, fmt::format("pread of {} bytes at {} failed: {}", end - begin, begin,
-                                   std::strerror(errno)));
-      else
-        report(source, fmt::format("ends before {}, but bytes up to there are mapped", end));
+                    maps_.size());
       return EIO;
     }
-    k = j;
+    if (run.offset > maps_[run.source].size() ||
+        run.length > maps_[run.source].size() - run.offset) {
+      report(run.source, fmt::format("ends before {}, but bytes up to there are mapped",
+                                     run.offset + run.length));
+      return EIO;
+    }
   }
+  const bool copied = copy_guarded([&] {
+    char* to = out;
+    for (const plan::Run& run : runs) {
+      const char* from = run.mem != nullptr ? run.mem : maps_[run.source].data() + run.offset;
+      std::memcpy(to, from, run.length);
+      to += run.length;
+    }
+  });
+  if (!copied) {
+    // Which source shrank is not known from the fault; the fingerprint check names it.
+    for (const plan::Run& run : runs)
+      if (run.mem == nullptr && check_source(run.source) != 0) return EIO;
+    spdlog::error("a source shrank during a read (SIGBUS on its mapping)");
+    return EIO;
+  }
+  for (const plan::Run& run : runs)
+    if (run.mem == nullptr) touched.note(run.source, run.offset, run.offset + run.length);
+  touched.trim(maps_, kMappedBudget);
   return 0;
 }
 

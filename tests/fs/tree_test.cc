@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "../../src/fs/fuse_ops.h"
 #include "ckptfs/error.h"
 #include "test_data.h"
 
@@ -157,8 +156,8 @@ TEST_F(TreeTest, ReadsMatchAtEveryOffsetOfSmallFiles) {
 }
 
 TEST_F(TreeTest, StridedRunsOfOneSourceReadInBatches) {
-  // Many short runs of one source separated by short gaps (one preadv with a sink per batch),
-  // a long gap and a backward jump (each starts a new batch), then alternating sources.
+  // Many short runs of one source separated by short gaps, a long gap and a backward jump,
+  // then alternating sources.
   testing::TargetSpec strided{9, {}};
   for (uint32_t k = 0; k < 1500; ++k) strided.pieces.push_back(testing::Range{1, k * 41ull, 17});
   strided.pieces.push_back(testing::Range{1, 69000, 100});
@@ -180,8 +179,7 @@ TEST_F(TreeTest, StridedRunsOfOneSourceReadInBatches) {
 }
 
 TEST_F(TreeTest, LargeGathersOverSeveralBatchesAndSources) {
-  // Hundreds of KiB of short runs from two sources, each more than one preadv batch
-  // (IOV_MAX iovecs), with header bytes in between.
+  // Hundreds of KiB of short runs from two sources, with header bytes in between.
   testing::TargetSpec big{11, {}};
   for (uint32_t k = 0; k < 700; ++k) {
     big.pieces.push_back(testing::Range{2, k * 4096ull, 1000 + k % 7});
@@ -251,7 +249,7 @@ TEST_F(TreeTest, ChangedSourceGivesEio) {
   EXPECT_EQ(err, 0);
 }
 
-TEST(TreeReads, ShortPreadGivesEio) {
+TEST(TreeReads, RunPastSourceEndGivesEio) {
   TempDir dir;
   TestData data(dir.path());
   // 2000 bytes mapped from a 10000-byte source starting at 9000: the planner got it wrong.
@@ -281,29 +279,26 @@ TEST(TreeReads, DuplicateRanksAreRejected) {
   EXPECT_THROW(Tree(data.make_plan_from({{3, {}}, {3, {}}})), Error);
 }
 
-TEST(SpliceFits, FollowsLibfusePipeHeuristic) {
-  using detail::splice_fits;
-  const size_t pipe_max = 1 << 20;
-  const char header[16] = {};
-  const plan::Run big{nullptr, 0, 0, 1008 * 1024};
-  EXPECT_TRUE(splice_fits(std::vector<plan::Run>{big}, big.length, pipe_max));
-  // One more buffer costs a page of pipe: a full-size reply no longer fits.
-  const plan::Run head{header, 0, 0, 16};
-  const plan::Run almost{nullptr, 0, 0, 1008 * 1024 - 16};
-  EXPECT_FALSE(splice_fits(std::vector<plan::Run>{head, almost}, 1008 * 1024, pipe_max));
-  const plan::Run half{nullptr, 0, 0, 512 * 1024};
-  EXPECT_TRUE(
-      splice_fits(std::vector<plan::Run>{head, half, head, half}, (1u << 20) + 32, 2u << 20));
-  // libfuse 3.14 copies when the last fd buffer is under two pages.
-  const plan::Run small{nullptr, 1, 0, 8191};
-  EXPECT_FALSE(splice_fits(std::vector<plan::Run>{half, small}, half.length + 8191, pipe_max));
-  EXPECT_TRUE(
-      splice_fits(std::vector<plan::Run>{small, head, half}, 8191 + 16 + half.length, pipe_max));
-  EXPECT_FALSE(splice_fits(std::vector<plan::Run>{head}, 16, pipe_max));
-  std::vector<plan::Run> many(detail::kMaxSpliceRuns + 1, plan::Run{nullptr, 0, 0, 8192});
-  EXPECT_FALSE(splice_fits(many, many.size() * 8192, pipe_max));
-  many.pop_back();
-  EXPECT_TRUE(splice_fits(many, many.size() * 8192, pipe_max));
+TEST(TreeReads, SourceShrunkUnderTheMappingGivesEioNotACrash) {
+  TempDir dir;
+  TestData data(dir.path());
+  Tree tree(data.make_plan());
+  const std::string& want = data.expected(2);  // rank 5: MiBs of source 2
+  std::string buf(want.size(), '\0');
+  size_t got = 0;
+  ASSERT_EQ(tree.read_into(7, 0, std::span<char>(buf.data(), buf.size()), got), 0);
+  ASSERT_EQ(buf, want);
+  // Cut source 2 to one page behind the fingerprint check's back: the mapped pages past the
+  // new end fault with SIGBUS when touched.
+  ASSERT_EQ(::truncate(data.source_path(2).c_str(), 4096), 0);
+  const std::vector<plan::Run> past_end = {plan::Run{nullptr, 2, 1u << 20, 8192}};
+  std::vector<char> out(8192);
+  EXPECT_EQ(tree.gather(past_end, out.data()), EIO);
+  // The fingerprint check sees it too, and the bytes still there are still served.
+  EXPECT_EQ(tree.read_into(7, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
+  const std::vector<plan::Run> inside = {plan::Run{nullptr, 2, 0, 4096}};
+  EXPECT_EQ(tree.gather(inside, out.data()), 0);
+  EXPECT_EQ(std::string(out.data(), 4096), data.source_bytes(2).substr(0, 4096));
 }
 
 }  // namespace

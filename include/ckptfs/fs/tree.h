@@ -18,19 +18,21 @@
 #include <vector>
 
 #include "ckptfs/plan/planner.h"
+#include "ckptfs/util/mapped_file.h"
 
 namespace ckptfs::fs {
 
 class Tree {
  public:
   static constexpr uint64_t kRootIno = 1;
-  // st_blksize of the files: what `cp`/`cat` size their reads by. Two READs of this size fit
-  // the 1008 KiB reply limit of the adapter, and 2^n keeps coreutils from rounding it.
-  static constexpr uint32_t kBlockSize = 512 * 1024;
+  // st_blksize of the files: what `cp`/`cat` size their reads by. 1 MiB is the largest READ
+  // the kernel sends (max_pages_limit 256), so each such read is one round trip.
+  static constexpr uint32_t kBlockSize = 1024 * 1024;
 
   // Takes the uid/gid of the calling user and the current time as every inode's owner and
-  // mtime/ctime/atime: the content is fixed for the life of the mount.
-  // Throws Error if two targets have the same rank.
+  // mtime/ctime/atime: the content is fixed for the life of the mount. Maps every source file
+  // read-only (address space only: pages are touched by reads and let go again).
+  // Throws Error if two targets have the same rank or a source cannot be mapped.
   explicit Tree(plan::Plan plan);
   Tree(Tree&&) noexcept;
   Tree& operator=(Tree&&) noexcept;
@@ -59,16 +61,16 @@ class Tree {
   int check_sources(std::span<const plan::Run> runs) const;
   // The same for every source a file reads from (at open): 0, ENOENT, EISDIR or EIO.
   int check_file(uint64_t ino) const;
-  // Copies the bytes of `runs` to `out` (which holds their total length): memcpy for header
-  // runs, pread for source runs. 0, or EIO (logged) if a pread fails or comes back short.
-  // Does not check fingerprints; call check_sources first.
+  // Copies the bytes of `runs` to `out` (which holds their total length) from the header
+  // buffers and the source mappings. 0, or EIO (logged) if a run lies past its source's size at
+  // mount or the file has shrunk under the mapping since. Does not check fingerprints; call
+  // check_sources first. Keeps at most kMappedBudget bytes of source pages mapped per thread.
+  static constexpr uint64_t kMappedBudget = 4 << 20;
   int gather(std::span<const plan::Run> runs, char* out) const;
   // Serves a read of file `ino` into `buf`: maps [off, off + buf.size()), checks the sources
   // and gathers. `got` is the byte count (short only at end of file). 0, or an errno:
   // ENOENT/EISDIR for a bad inode, EIO for a changed source or a short pread.
   int read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got) const;
-  // The descriptor of source `index` (shared by all threads; only pread on it).
-  int source_fd(uint32_t index) const { return plan_.sources[index].file.fd.get(); }
 
  private:
   // Logs one error line for a source the first time it fails, debug lines after that: a
@@ -87,6 +89,7 @@ class Tree {
   gid_t gid_ = 0;
   struct timespec time_ {};
   std::unique_ptr<std::atomic<bool>[]> reported_;  // per source
+  std::vector<MappedFile> maps_;                   // per source, fingerprint size
 };
 
 }  // namespace ckptfs::fs

@@ -1,0 +1,145 @@
+// Prefetcher over a hand-built tree: sequential reads come from blocks gathered ahead and match
+// the plain concatenation; random reads are not read ahead; a source that changes between the
+// gather ahead and the read fails the read.
+#include "ckptfs/fs/prefetcher.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_data.h"
+
+namespace ckptfs::fs {
+namespace {
+
+using testing::TempDir;
+using testing::TestData;
+
+// File inode of target i in TestData (ranks 0, 1, 5, 7).
+uint64_t ino_of(size_t target) { return 3 + 2 * target; }
+
+// Waits until the prefetcher has gathered `n` blocks ahead (helpers run on their own time).
+bool wait_gathered(const Prefetcher& p, uint64_t n) {
+  for (int i = 0; i < 2000 && p.gathered_ahead() < n; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return p.gathered_ahead() >= n;
+}
+
+class PrefetcherTest : public ::testing::Test {
+ protected:
+  PrefetcherTest() : data_(dir_.path()), tree_(data_.make_plan()) {}
+
+  TempDir dir_;
+  TestData data_;
+  Tree tree_;
+};
+
+TEST_F(PrefetcherTest, SequentialReadsAreServedFromBlocksReadAhead) {
+  Prefetcher prefetcher(tree_, 2);
+  const std::string& want = data_.expected(2);  // ~3 MiB
+  const auto stream = prefetcher.open(ino_of(2));
+  ASSERT_NE(stream, nullptr);
+  const size_t chunk = 100000;
+  std::vector<char> buf;
+  std::string got_all;
+  uint64_t reads = 0;
+  for (uint64_t off = 0; off < want.size(); off += chunk, ++reads) {
+    // Let the helper finish the block ahead, so every read after the first is a hit.
+    if (reads > 0) {
+      ASSERT_TRUE(wait_gathered(prefetcher, reads));
+    }
+    size_t got = 0;
+    ASSERT_EQ(prefetcher.read(*stream, off, chunk, buf, got), 0);
+    got_all.append(buf.data(), got);
+  }
+  EXPECT_TRUE(got_all == want) << got_all.size() << " bytes, want " << want.size();
+  EXPECT_EQ(prefetcher.hits(), reads - 1);
+  // Nothing is read ahead past the end of the file.
+  EXPECT_EQ(prefetcher.gathered_ahead(), reads - 1);
+}
+
+TEST_F(PrefetcherTest, RandomReadsAreNotReadAhead) {
+  Prefetcher prefetcher(tree_, 1);
+  const std::string& want = data_.expected(2);
+  const auto stream = prefetcher.open(ino_of(2));
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<uint64_t> off_of(1, want.size() - 1);
+  std::vector<char> buf;
+  for (int i = 0; i < 50; ++i) {
+    const uint64_t off = off_of(rng);
+    size_t got = 0;
+    ASSERT_EQ(prefetcher.read(*stream, off, 4096, buf, got), 0);
+    ASSERT_EQ(std::string(buf.data(), got), want.substr(off, 4096)) << off;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(prefetcher.gathered_ahead(), 0u);
+  EXPECT_EQ(prefetcher.hits(), 0u);
+}
+
+TEST_F(PrefetcherTest, SourceChangedAfterReadAheadFailsTheRead) {
+  Prefetcher prefetcher(tree_, 1);
+  const std::string& want = data_.expected(0);  // header, source 0, source 1 from byte 5010
+  const auto stream = prefetcher.open(ino_of(0));
+  std::vector<char> buf;
+  size_t got = 0;
+  ASSERT_EQ(prefetcher.read(*stream, 0, 5000, buf, got), 0);
+  ASSERT_EQ(std::string(buf.data(), got), want.substr(0, 5000));
+  ASSERT_TRUE(wait_gathered(prefetcher, 1));  // [5000, 10000), gathered from the old source 1
+  data_.change_source(1);
+  EXPECT_EQ(prefetcher.read(*stream, 5000, 5000, buf, got), EIO);
+  EXPECT_EQ(prefetcher.hits(), 0u);
+}
+
+TEST_F(PrefetcherTest, ConcurrentStreamsAllMatch) {
+  Prefetcher prefetcher(tree_, 2);
+  std::vector<std::thread> readers;
+  std::atomic<int> mismatches{0};
+  for (int r = 0; r < 4; ++r) {
+    readers.emplace_back([&, r] {
+      const size_t chunk = 4096 + 30000 * r;
+      for (size_t t = 0; t < data_.targets(); ++t) {
+        const auto stream = prefetcher.open(ino_of(t));
+        const std::string& want = data_.expected(t);
+        std::string all;
+        std::vector<char> buf;
+        for (uint64_t off = 0; off < want.size(); off += chunk) {
+          size_t got = 0;
+          if (prefetcher.read(*stream, off, chunk, buf, got) != 0) ++mismatches;
+          all.append(buf.data(), got);
+        }
+        if (all != want) ++mismatches;
+      }
+    });
+  }
+  for (std::thread& t : readers) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST_F(PrefetcherTest, StopsWithBlocksQueuedAndStreamsStillOpen) {
+  std::shared_ptr<Prefetcher::Stream> stream;
+  {
+    Prefetcher prefetcher(tree_, 1);
+    stream = prefetcher.open(ino_of(2));
+    std::vector<char> buf;
+    size_t got = 0;
+    for (uint64_t off = 0; off < (1u << 20); off += 65536)
+      ASSERT_EQ(prefetcher.read(*stream, off, 65536, buf, got), 0);
+  }  // joins its helpers; must not hang or touch the stream afterwards
+  EXPECT_EQ(stream.use_count(), 1);  // no job outlived the prefetcher
+}
+
+TEST_F(PrefetcherTest, OpenRefusesNonFiles) {
+  Prefetcher prefetcher(tree_, 1);
+  EXPECT_EQ(prefetcher.open(Tree::kRootIno), nullptr);
+  EXPECT_EQ(prefetcher.open(2), nullptr);
+  EXPECT_EQ(prefetcher.open(99), nullptr);
+}
+
+}  // namespace
+}  // namespace ckptfs::fs
