@@ -77,7 +77,7 @@ void op_init(void* userdata, fuse_conn_info* conn) {
   // from memory, never spliced: a spliced 1 MiB reply needs 257 pipe pages, more than
   // pipe-max-size allows, and READs cut to fit cost a second round trip per MiB.
   conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_SPLICE_READ);
-  if (!s.cache)
+  if (s.read_ahead)
     s.prefetcher = std::make_unique<Prefetcher>(
         *s.tree, std::clamp(std::thread::hardware_concurrency(), 1u, kMaxHelpers));
   spdlog::info("fuse: protocol 7.{}, max_write {}, max_readahead {}, {} mode", conn->proto_minor,

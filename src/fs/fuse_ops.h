@@ -24,9 +24,10 @@ constexpr double kTimeout = 24 * 3600.0;
 // The session's userdata. Read-only once init has run, so callbacks share it without locks.
 struct Server {
   const Tree* tree = nullptr;
-  bool cache = false;  // keep_cache instead of direct_io
-  // direct_io mode only (in page-cache mode the kernel reads ahead itself). Started by init,
-  // in the server process, and stopped by destroy.
+  bool cache = false;       // keep_cache instead of direct_io
+  bool read_ahead = false;  // start a Prefetcher (direct_io mode)
+  // Started by init, in the server process (threads do not survive the fork), and stopped by
+  // destroy. In page-cache mode the kernel reads ahead itself.
   std::unique_ptr<Prefetcher> prefetcher;
   // Page-cache mode: the mount's read_ahead_kb file, raised at the first open (INIT, which
   // resets it, is over by then). Empty: leave it.

@@ -123,6 +123,7 @@ std::string escape_option(std::string_view value) {
 struct ParsedOptions {
   std::vector<std::string> fuse;  // for libfuse, one option each
   bool cache = false;
+  bool read_ahead = true;         // direct_io mode only
   unsigned max_threads = 0;       // 0: libfuse's default
   unsigned max_idle_threads = 8;  // keeps a pool warm for parallel readers
 };
@@ -143,6 +144,8 @@ ParsedOptions parse_options(const MountOptions& options) {
       std::string_view o = option;
       if (o == "cache") {
         out.cache = true;
+      } else if (o == "noreadahead") {
+        out.read_ahead = false;
       } else if (o.starts_with("max_threads=")) {
         out.max_threads = parse_count(o, o.substr(12));
       } else if (o.starts_with("max_idle_threads=")) {
@@ -359,6 +362,7 @@ int mount(const std::filesystem::path& mountpoint, Tree tree, const MountOptions
   detail::Server server;
   server.tree = &tree;
   server.cache = parsed.cache;
+  server.read_ahead = parsed.read_ahead && !parsed.cache;
 
   begin_setup();
   FuseArgs args(argv);

@@ -352,6 +352,14 @@ TEST_F(MountTest, ChangedSourceGivesEio) {
   stop_foreground();
 }
 
+TEST_F(MountTest, ServesTheSameBytesWithoutReadAhead) {
+  MountOptions options;
+  options.fuse_options = {"noreadahead,max_threads=2"};
+  start_foreground(options);
+  expect_contents_match();
+  stop_foreground();
+}
+
 TEST_F(MountTest, CacheModeAllowsSharedMmap) {
   MountOptions options;
   options.fuse_options = {"cache"};  // the -o spelling of options.cache

@@ -13,7 +13,8 @@ struct MountOptions {
   bool foreground = false;
   bool cache = false;  // page-cache mode with keep_cache (mmap users)
   // The -o list, passed on to libfuse (each entry may hold a comma-separated list). Handled
-  // here instead: "cache" (same as cache = true), "max_threads=N", "max_idle_threads=N".
+  // here instead: "cache" (same as cache = true), "noreadahead" (no read-ahead thread in
+  // direct_io mode), "max_threads=N", "max_idle_threads=N".
   // "ro" is always forced.
   std::vector<std::string> fuse_options;
   std::string log_file;  // where the daemon logs once detached
