@@ -224,12 +224,11 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
       fuse_reply_buf(req, nullptr, 0);
       return;
     }
-    // One per worker thread, reused: a fresh allocation per request costs more than the copy
-    // (perf-limits.md). The prefetcher swaps it with the block it read ahead.
-    thread_local std::vector<char> buf;
+    std::vector<char> buf = s.buffers.take();
     size_t got = 0;
     int err = 0;
     if (StreamHandle* h = stream_of(fi); h != nullptr && h->stream && s.prefetcher) {
+      // May swap `buf` with the block it read ahead.
       err = s.prefetcher->read(*h->stream, static_cast<uint64_t>(off), size, buf, got);
     } else {
       buf.resize(size);
@@ -238,10 +237,12 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     if (err != 0) {
       s.reads_failed.fetch_add(1, std::memory_order_relaxed);
       fuse_reply_err(req, err);
+      s.buffers.give(std::move(buf));
       return;
     }
     s.reads_served.fetch_add(1, std::memory_order_relaxed);
     fuse_reply_buf(req, buf.data(), got);
+    s.buffers.give(std::move(buf));
   });
 }
 
@@ -295,6 +296,23 @@ void op_access(fuse_req_t req, fuse_ino_t ino, int mask) {
     fuse_reply_err(req, (mask & W_OK) != 0 ? EROFS : 0);
   });
 }
+
+}  // namespace
+
+std::vector<char> BufferPool::take() {
+  std::lock_guard lock(mutex_);
+  if (spare_.empty()) return {};
+  std::vector<char> buffer = std::move(spare_.back());
+  spare_.pop_back();
+  return buffer;
+}
+
+void BufferPool::give(std::vector<char> buffer) {
+  std::lock_guard lock(mutex_);
+  if (spare_.size() < kSpare) spare_.push_back(std::move(buffer));
+}
+
+namespace {
 
 fuse_lowlevel_ops make_ops() {
   fuse_lowlevel_ops ops{};

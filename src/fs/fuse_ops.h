@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "ckptfs/fs/prefetcher.h"
 #include "ckptfs/fs/tree.h"
@@ -21,7 +22,23 @@ namespace ckptfs::fs::detail {
 // Content and attributes never change while mounted.
 constexpr double kTimeout = 24 * 3600.0;
 
-// The session's userdata. Read-only once init has run, so callbacks share it without locks.
+// Reply buffers shared by the worker threads: allocating one per request costs more than the
+// copy (perf-limits.md), and one per thread would hold memory for every idle worker.
+class BufferPool {
+ public:
+  // A buffer with the capacity of earlier replies, or an empty one.
+  std::vector<char> take();
+  // Keeps up to kSpare buffers; the rest are freed.
+  void give(std::vector<char> buffer);
+
+ private:
+  static constexpr size_t kSpare = 4;
+  std::mutex mutex_;
+  std::vector<std::vector<char>> spare_;
+};
+
+// The session's userdata. Read-only once init has run (the pool and counters synchronize
+// themselves), so callbacks share it without locks.
 struct Server {
   const Tree* tree = nullptr;
   bool cache = false;       // keep_cache instead of direct_io
@@ -33,6 +50,7 @@ struct Server {
   // resets it, is over by then). Empty: leave it.
   std::string readahead_knob;
   std::once_flag readahead_once;
+  BufferPool buffers;
   // What the read path did, logged at unmount.
   std::atomic<uint64_t> reads_served{0};
   std::atomic<uint64_t> reads_failed{0};

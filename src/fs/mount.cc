@@ -1,6 +1,7 @@
 #include "ckptfs/fs/mount.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
@@ -198,6 +199,10 @@ std::string errno_text(int err) { return std::error_code(err, std::generic_categ
 // Runs the session until the kernel unmounts (or a signal), then tears it down. 0 on a clean
 // end, 1 if the loop failed.
 int serve(fuse_session* se, const ParsedOptions& parsed) {
+  // Reply and read-ahead buffers are MiB-sized. A fixed threshold keeps them in their own
+  // mappings, returned to the kernel when freed; glibc's sliding default would move them into
+  // per-thread arenas, which keep freed memory.
+  ::mallopt(M_MMAP_THRESHOLD, 256 * 1024);
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_clone_fd(config, 0);
   fuse_loop_cfg_set_idle_threads(config, parsed.max_idle_threads);

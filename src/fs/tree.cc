@@ -1,7 +1,6 @@
 #include "ckptfs/fs/tree.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,7 +8,6 @@
 #include <cstring>
 
 #include "ckptfs/error.h"
-#include "ckptfs/fs/bus_guard.h"
 
 namespace ckptfs::fs {
 
@@ -44,12 +42,7 @@ Tree::Tree(plan::Plan plan)
     total_bytes_ += target.file.size();
   }
   for (size_t i = 0; i < plan_.sources.size(); ++i) reported_[i].store(false);
-  maps_.reserve(plan_.sources.size());
-  for (const index::IndexedSource& source : plan_.sources) {
-    maps_.emplace_back(source.file.fd.get(), source.file.fingerprint.size);
-    if (source.file.fingerprint.size > 0 && maps_.back().data() == nullptr)
-      fail("cannot map {}: {}", source.file.path.string(), std::strerror(errno));
-  }
+  mapped_ = std::make_unique<MappedSources>(plan_.sources);
 }
 
 Tree::Tree(Tree&&) noexcept = default;
@@ -170,85 +163,27 @@ int Tree::check_file(uint64_t ino) const {
   return 0;
 }
 
-namespace {
-
-// Source pages a thread has touched through the mappings since it last let them go. Mapped
-// pages count in the daemon's resident set although they belong to the page cache; dropping
-// the thread's page-table entries every kMappedBudget bytes keeps that set flat however much
-// is read. Dropping never loses data: the next touch maps the cached page again.
-class TouchedRanges {
- public:
-  void note(uint32_t source, uint64_t begin, uint64_t end) {
-    if (ranges_.size() <= source) ranges_.resize(source + 1);
-    Range& r = ranges_[source];
-    const uint64_t before = r.end - r.begin;
-    if (r.begin == r.end) {
-      r = {begin, end};
-    } else {
-      r.begin = std::min(r.begin, begin);
-      r.end = std::max(r.end, end);
-    }
-    spanned_ += (r.end - r.begin) - before;
-  }
-
-  // After the copies that touched the noted ranges are done.
-  void trim(std::span<const MappedFile> maps, uint64_t budget) {
-    if (spanned_ < budget) return;
-    for (size_t i = 0; i < ranges_.size(); ++i) {
-      Range& r = ranges_[i];
-      if (r.begin == r.end) continue;
-      const uint64_t begin = r.begin & ~uint64_t{4095};
-      ::madvise(const_cast<char*>(maps[i].data()) + begin, r.end - begin, MADV_DONTNEED);
-      r = {};
-    }
-    spanned_ = 0;
-  }
-
- private:
-  struct Range {
-    uint64_t begin = 0, end = 0;
-  };
-  std::vector<Range> ranges_;
-  uint64_t spanned_ = 0;
-};
-
-}  // namespace
-
 int Tree::gather(std::span<const plan::Run> runs, char* out) const {
-  thread_local TouchedRanges touched;
   for (const plan::Run& run : runs) {
     if (run.mem != nullptr) continue;
-    if (run.source >= maps_.size()) {
+    if (run.source >= mapped_->count()) {
       spdlog::error("read mapped to source #{}, but the plan has {} sources", run.source,
-                    maps_.size());
+                    mapped_->count());
       return EIO;
     }
-    if (run.offset > maps_[run.source].size() ||
-        run.length > maps_[run.source].size() - run.offset) {
+    const uint64_t size = mapped_->mapped_size(run.source);
+    if (run.offset > size || run.length > size - run.offset) {
       report(run.source, fmt::format("ends before {}, but bytes up to there are mapped",
                                      run.offset + run.length));
       return EIO;
     }
   }
-  const bool copied = copy_guarded([&] {
-    char* to = out;
-    for (const plan::Run& run : runs) {
-      const char* from = run.mem != nullptr ? run.mem : maps_[run.source].data() + run.offset;
-      std::memcpy(to, from, run.length);
-      to += run.length;
-    }
-  });
-  if (!copied) {
-    // Which source shrank is not known from the fault; the fingerprint check names it.
-    for (const plan::Run& run : runs)
-      if (run.mem == nullptr && check_source(run.source) != 0) return EIO;
-    spdlog::error("a source shrank during a read (SIGBUS on its mapping)");
-    return EIO;
-  }
+  if (mapped_->copy(runs, out)) return 0;
+  // The fault does not say which source shrank; the fingerprint check names it.
   for (const plan::Run& run : runs)
-    if (run.mem == nullptr) touched.note(run.source, run.offset, run.offset + run.length);
-  touched.trim(maps_, kMappedBudget);
-  return 0;
+    if (run.mem == nullptr && check_source(run.source) != 0) return EIO;
+  spdlog::error("a source shrank during a read (SIGBUS on its mapping)");
+  return EIO;
 }
 
 int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got) const {

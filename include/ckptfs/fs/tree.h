@@ -17,8 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ckptfs/fs/mapped_sources.h"
 #include "ckptfs/plan/planner.h"
-#include "ckptfs/util/mapped_file.h"
 
 namespace ckptfs::fs {
 
@@ -64,8 +64,7 @@ class Tree {
   // Copies the bytes of `runs` to `out` (which holds their total length) from the header
   // buffers and the source mappings. 0, or EIO (logged) if a run lies past its source's size at
   // mount or the file has shrunk under the mapping since. Does not check fingerprints; call
-  // check_sources first. Keeps at most kMappedBudget bytes of source pages mapped per thread.
-  static constexpr uint64_t kMappedBudget = 4 << 20;
+  // check_sources first.
   int gather(std::span<const plan::Run> runs, char* out) const;
   // Serves a read of file `ino` into `buf`: maps [off, off + buf.size()), checks the sources
   // and gathers. `got` is the byte count (short only at end of file). 0, or an errno:
@@ -89,7 +88,7 @@ class Tree {
   gid_t gid_ = 0;
   struct timespec time_ {};
   std::unique_ptr<std::atomic<bool>[]> reported_;  // per source
-  std::vector<MappedFile> maps_;                   // per source, fingerprint size
+  std::unique_ptr<MappedSources> mapped_;
 };
 
 }  // namespace ckptfs::fs

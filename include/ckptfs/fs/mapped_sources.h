@@ -1,0 +1,45 @@
+// The source files mapped read-only, and copies of runs out of them. Mapped pages count in the
+// daemon's resident set although they belong to the page cache, so once kBudget bytes of source
+// have been touched (by all threads together) their page-table entries are dropped again: the
+// resident set stays flat however much is read, and the next touch maps the cached page again.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "ckptfs/index/store.h"
+#include "ckptfs/plan/virtual_file.h"
+#include "ckptfs/util/mapped_file.h"
+
+namespace ckptfs::fs {
+
+class MappedSources {
+ public:
+  static constexpr uint64_t kBudget = 8 << 20;
+
+  // Maps every source at its fingerprint size; throws Error naming a file that cannot be mapped.
+  explicit MappedSources(std::span<const index::IndexedSource> sources);
+
+  size_t count() const { return maps_.size(); }
+  // Bytes mapped of source `index` (its size at mount).
+  uint64_t mapped_size(uint32_t index) const { return maps_[index].size(); }
+
+  // Copies the bytes of `runs` to `out` (header runs from memory). Every source run must lie
+  // within its mapping. False if the copy faulted: a file shrank since it was mapped.
+  bool copy(std::span<const plan::Run> runs, char* out);
+
+ private:
+  struct Range {
+    uint64_t begin = 0, end = 0;
+  };
+  void let_go(std::vector<std::pair<uint32_t, Range>>& ranges) const;
+
+  std::vector<MappedFile> maps_;
+  std::mutex mutex_;            // guards touched_ and spanned_
+  std::vector<Range> touched_;  // per source: the span touched since the last let-go
+  uint64_t spanned_ = 0;
+};
+
+}  // namespace ckptfs::fs
