@@ -18,8 +18,9 @@ Figures (MB/s = 10^6 bytes/s; "ratio" = median over paired runs of scenario / ho
 Method (shared/perf-limits.md): every scenario run is followed by a hot read of its reference
 files (A B A B ...); the ratio is the median over the pairs. "First read" drops the FUSE
 file's page cache with posix_fadvise(DONTNEED) before each timed run, outside the timing; the
-source files stay hot. Before first use, every source and reference file is dropped from the
-page cache once and read back front to back, so both sides of a ratio are cached alike. Every mount scenario also gets one checksum pass with the same reader
+source files stay hot. Each scenario starts with exactly its own source and reference files in
+the page cache, each read front to back after being dropped once, so both sides of a ratio are
+cached alike and other scenarios' data does not crowd the cache. Every mount scenario also gets one checksum pass with the same reader
 layout, compared with the expected files; any mismatch makes the run exit non-zero.
 """
 
@@ -277,31 +278,36 @@ def _key(path):
     return (os.path.realpath(path), st.st_size, st.st_mtime_ns)
 
 
-_SETTLED = set()
+_KNOWN = set()     # every data file a scenario has used
+_RESIDENT = set()  # of those, the ones settled in the page cache and not dropped since
 
 
-def settle(files):
-    """Drops each file from the page cache once per bench run and reads it back front to back.
-    Both sides of every ratio (source files read through the mount, reference files read
-    directly) then sit in the page cache the same way: a sequential read leaves ext4's large
-    folios, while a file cached piecemeal (as the generator wrote it) reads up to 1.5x slower
-    even when hot, which would move the yardstick instead of the mount."""
-    for path in files:
-        key = _key(path)
-        if key in _SETTLED:
-            continue
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        _SETTLED.add(key)
+def _drop(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def warm(files):
-    """Reads files once so they are in the page cache (the 'cat them once' of the method),
-    settling them first on first use."""
-    settle(files)
+    """Puts exactly `files` (sources and references of one scenario) in the page cache, the
+    same way for both sides of a ratio. Data files of other scenarios are dropped first: the
+    data sets together are close to the machine's memory, and LRU churn would otherwise slow
+    whatever the scenario caches (the mount's own page cache in -o cache mode) by up to 2x.
+    A file not already settled is dropped and read back front to back: ext4 then holds it in
+    large folios, while a file cached piecemeal (as the generator wrote it) reads up to 1.5x
+    slower even when hot, which would move the yardstick instead of the mount."""
+    wanted = {os.path.realpath(f) for f in files}
+    for path in sorted(_KNOWN - wanted):
+        if path in _RESIDENT:
+            _drop(path)
+            _RESIDENT.discard(path)
+    for path in wanted:
+        if path not in _RESIDENT:
+            _drop(path)
+    _KNOWN.update(wanted)
+    _RESIDENT.update(wanted)
     readbench(files)
 
 
@@ -515,8 +521,7 @@ class Bench:
         self.log(f"main data {ds.name}: {ds.bytes() / MIB:.0f} MiB in {len(ds.expected_files())} "
                  f"target files")
         ref = ds.expected_files()
-        warm(ds.source_files)
-        warm(ref)
+        warm(list(ds.source_files) + list(ref))
         mnt = self.mnt("main")
         _, pid, log_file = self.mounts.mount(ds, mnt, self.index_dir)
         files = ds.mount_files(mnt)
@@ -541,8 +546,7 @@ class Bench:
     def strided_reads(self, ds: Dataset, runs):
         """(d): every tensor split on its last dimension; its own hot reference."""
         ref = ds.expected_files()
-        warm(ds.source_files)
-        warm(ref)
+        warm(list(ds.source_files) + list(ref))
         mnt = self.mnt("strided")
         _, pid, log_file = self.mounts.mount(ds, mnt, self.index_dir)
         files = ds.mount_files(mnt)
@@ -558,8 +562,7 @@ class Bench:
         """What the user-visible knobs do, on the main data: each variant is paired with the
         hot read like the figures above, and compared with the figure it varies."""
         ref = ds.expected_files()
-        warm(ds.source_files)
-        warm(ref)
+        warm(list(ds.source_files) + list(ref))
         variants = [
             # label, mount options, readers, split, block, read_ahead_kb, compare with
             ("direct_io, 1 reader, 128 KiB preads", [], 1, "range", "128K", None, "b/a"),
@@ -599,8 +602,7 @@ class Bench:
         """(e): -o cache; first read fills the FUSE page cache, timed re-reads hit it. Also the
         buffered first read (cache dropped each run) for comparison with (b)."""
         ref = ds.expected_files()
-        warm(ds.source_files)
-        warm(ref)
+        warm(list(ds.source_files) + list(ref))
         mnt = self.mnt("cache")
         _, pid, log_file = self.mounts.mount(ds, mnt, self.index_dir, cache=True)
         files = ds.mount_files(mnt)
@@ -620,8 +622,7 @@ class Bench:
     def merge_reads(self, ds: Dataset, runs):
         """The 8 -> 1 merge: one large file, 1 and 2 readers (stripes of the one file)."""
         ref = ds.expected_files()
-        warm(ds.source_files)
-        warm(ref)
+        warm(list(ds.source_files) + list(ref))
         mnt = self.mnt("merge")
         _, pid, _ = self.mounts.mount(ds, mnt, self.index_dir)
         files = ds.mount_files(mnt)
