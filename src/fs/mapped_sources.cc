@@ -18,6 +18,11 @@ namespace {
 // and dropped in whole tables.
 constexpr uint64_t kTable = 2 << 20;
 
+// The page tables a source run lies in.
+MappedSources::Range tables_of(const plan::Run& run) {
+  return {run.offset & ~(kTable - 1), (run.offset + run.length + kTable - 1) & ~(kTable - 1)};
+}
+
 }  // namespace
 
 MappedSources::MappedSources(std::span<const index::IndexedSource> sources) {
@@ -31,26 +36,64 @@ MappedSources::MappedSources(std::span<const index::IndexedSource> sources) {
 }
 
 bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
+  // Where each run goes, and how many sources the request reads.
+  thread_local std::vector<char*> dest;
+  thread_local std::vector<uint32_t> order;  // indexes of the source runs
+  thread_local std::vector<uint64_t> seen;   // per source: the last copy that read it
+  thread_local uint64_t epoch = 0;
+  dest.resize(runs.size());
+  order.clear();
+  if (seen.size() < maps_.size()) seen.resize(maps_.size(), 0);
+  ++epoch;
+  size_t sources = 0;
+  char* to = out;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    dest[i] = to;
+    to += runs[i].length;
+    if (runs[i].mem != nullptr) continue;
+    order.push_back(static_cast<uint32_t>(i));
+    if (seen[runs[i].source] != epoch) {
+      seen[runs[i].source] = epoch;
+      ++sources;
+    }
+  }
+  // A request that interleaves many sources (a merge of column blocks) would map a page
+  // table of every one at once, and a fault maps up to 2 MiB: then copy one source at a time
+  // and drop its tables before the next.
+  const bool one_by_one = sources > kFewSources;
+  if (one_by_one)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](uint32_t a, uint32_t b) { return runs[a].source < runs[b].source; });
+
+  thread_local std::vector<std::pair<uint32_t, Range>> done;
   const bool copied = copy_guarded([&] {
-    char* to = out;
-    for (const plan::Run& run : runs) {
-      const char* from = run.mem != nullptr ? run.mem : maps_[run.source].data() + run.offset;
-      std::memcpy(to, from, run.length);
-      to += run.length;
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (runs[i].mem != nullptr) std::memcpy(dest[i], runs[i].mem, runs[i].length);
+    for (size_t k = 0; k < order.size(); ++k) {
+      const plan::Run& run = runs[order[k]];
+      std::memcpy(dest[order[k]], maps_[run.source].data() + run.offset, run.length);
+      if (!one_by_one) continue;
+      const Range tables = tables_of(run);
+      if (done.empty() || done.back().first != run.source)
+        done.emplace_back(run.source, tables);
+      else
+        done.back().second = {std::min(done.back().second.begin, tables.begin),
+                              std::max(done.back().second.end, tables.end)};
+      if (k + 1 == order.size() || runs[order[k + 1]].source != run.source) let_go(done);
     }
   });
-  thread_local std::vector<std::pair<uint32_t, Range>> done;
+  if (one_by_one || !copied) {
+    done.clear();
+    return copied;
+  }
   {
     std::lock_guard lock(mutex_);
-    for (const plan::Run& run : runs) {
-      if (run.mem != nullptr) continue;
-      // Counted in whole page tables, as they are mapped and dropped.
-      Range& r = touched_[run.source];
+    for (uint32_t i : order) {
+      Range& r = touched_[runs[i].source];
       const uint64_t before = r.end - r.begin;
-      const uint64_t begin = run.offset & ~(kTable - 1);
-      const uint64_t end = (run.offset + run.length + kTable - 1) & ~(kTable - 1);
-      r = r.begin == r.end ? Range{begin, end}
-                           : Range{std::min(r.begin, begin), std::max(r.end, end)};
+      const Range tables = tables_of(runs[i]);
+      r = r.begin == r.end ? tables
+                           : Range{std::min(r.begin, tables.begin), std::max(r.end, tables.end)};
       spanned_ += (r.end - r.begin) - before;
     }
     if (spanned_ >= kBudget) {

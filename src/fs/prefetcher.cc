@@ -1,5 +1,6 @@
 #include "ckptfs/fs/prefetcher.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 

@@ -202,6 +202,27 @@ TEST_F(TreeTest, LargeGathersOverSeveralBatchesAndSources) {
   EXPECT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
 }
 
+TEST_F(TreeTest, RowsInterleavingThreeSourcesAreCopiedSourceBySource) {
+  // A merge of column blocks: every row takes a piece of each source, so a request reads
+  // more sources than MappedSources::kFewSources and is copied one source at a time.
+  testing::TargetSpec merged{13, {testing::Bytes{"rows:"}}};
+  for (uint32_t row = 0; row < 3000; ++row)
+    for (uint32_t s = 0; s < 3; ++s)
+      merged.pieces.push_back(testing::Range{s, row * 3ull + s * 7, 3 + s});
+  const Tree tree(data_.make_plan_from({merged}));
+  const std::string want = data_.concat(merged);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<size_t> len_of(1, 40000);
+  for (size_t off = 0; off < want.size(); off += 1111) {
+    const size_t len = len_of(rng);
+    std::string buf(len, '\xEE');
+    size_t got = 0;
+    ASSERT_EQ(tree.read_into(3, off, std::span<char>(buf.data(), buf.size()), got), 0);
+    buf.resize(got);
+    ASSERT_EQ(buf, want.substr(off, len)) << "off " << off << " len " << len;
+  }
+}
+
 TEST_F(TreeTest, ReadsWholeFilesAndLargeWindows) {
   std::mt19937 rng(7);
   for (size_t t = 0; t < data_.targets(); ++t) {

@@ -18,6 +18,8 @@ namespace ckptfs::fs {
 class MappedSources {
  public:
   static constexpr uint64_t kBudget = 8 << 20;
+  // A copy reading more sources than this drops each one's pages as soon as it is done.
+  static constexpr size_t kFewSources = 2;
 
   // Maps every source at its fingerprint size; throws Error naming a file that cannot be mapped.
   explicit MappedSources(std::span<const index::IndexedSource> sources);
@@ -30,10 +32,11 @@ class MappedSources {
   // within its mapping. False if the copy faulted: a file shrank since it was mapped.
   bool copy(std::span<const plan::Run> runs, char* out);
 
- private:
   struct Range {
     uint64_t begin = 0, end = 0;
   };
+
+ private:
   void let_go(std::vector<std::pair<uint32_t, Range>>& ranges) const;
 
   std::vector<MappedFile> maps_;
