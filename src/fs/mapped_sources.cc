@@ -46,22 +46,25 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
   if (seen.size() < maps_.size()) seen.resize(maps_.size(), 0);
   ++epoch;
   size_t sources = 0;
+  bool grouped = true;  // each source's runs come in one stretch
   char* to = out;
   for (size_t i = 0; i < runs.size(); ++i) {
     dest[i] = to;
     to += runs[i].length;
     if (runs[i].mem != nullptr) continue;
-    order.push_back(static_cast<uint32_t>(i));
     if (seen[runs[i].source] != epoch) {
       seen[runs[i].source] = epoch;
       ++sources;
+    } else if (runs[order.back()].source != runs[i].source) {
+      grouped = false;
     }
+    order.push_back(static_cast<uint32_t>(i));
   }
   // A request that interleaves many sources (a merge of column blocks) would map a page
   // table of every one at once, and a fault maps up to 2 MiB: then copy one source at a time
   // and drop its tables before the next.
   const bool one_by_one = sources > kFewSources;
-  if (one_by_one)
+  if (one_by_one && !grouped)
     std::stable_sort(order.begin(), order.end(),
                      [&](uint32_t a, uint32_t b) { return runs[a].source < runs[b].source; });
 

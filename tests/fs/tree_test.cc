@@ -22,6 +22,22 @@ using ::testing::ElementsAre;
 using testing::TempDir;
 using testing::TestData;
 
+// Reads windows of the single file (inode 3) of `tree`, starting every `step` bytes with random
+// lengths up to `max_len`, and compares each with `want`.
+void expect_windows_match(const Tree& tree, const std::string& want, size_t step, size_t max_len,
+                          unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<size_t> len_of(1, max_len);
+  for (size_t off = 0; off < want.size(); off += step) {
+    const size_t len = len_of(rng);
+    std::string buf(len, '\xEE');
+    size_t got = 0;
+    ASSERT_EQ(tree.read_into(3, off, std::span<char>(buf.data(), buf.size()), got), 0);
+    buf.resize(got);
+    ASSERT_EQ(buf, want.substr(off, len)) << "off " << off << " len " << len;
+  }
+}
+
 class TreeTest : public ::testing::Test {
  protected:
   TreeTest() : data_(dir_.path()), tree_(data_.make_plan()) {}
@@ -165,17 +181,7 @@ TEST_F(TreeTest, StridedRunsOfOneSourceReadInBatches) {
   for (uint32_t k = 0; k < 50; ++k)
     strided.pieces.push_back(testing::Range{k % 2, 3000ull + k * 7, 5});
   const Tree tree(data_.make_plan_from({strided}));
-  const std::string want = data_.concat(strided);
-  std::mt19937 rng(11);
-  std::uniform_int_distribution<size_t> len_of(1, 9000);
-  for (size_t off = 0; off < want.size(); off += 97) {
-    const size_t len = len_of(rng);
-    std::string buf(len, '\xEE');
-    size_t got = 0;
-    ASSERT_EQ(tree.read_into(3, off, std::span<char>(buf.data(), buf.size()), got), 0);
-    buf.resize(got);
-    ASSERT_EQ(buf, want.substr(off, len)) << "off " << off << " len " << len;
-  }
+  expect_windows_match(tree, data_.concat(strided), 97, 9000, 11);
 }
 
 TEST_F(TreeTest, LargeGathersOverSeveralBatchesAndSources) {
@@ -210,17 +216,7 @@ TEST_F(TreeTest, RowsInterleavingThreeSourcesAreCopiedSourceBySource) {
     for (uint32_t s = 0; s < 3; ++s)
       merged.pieces.push_back(testing::Range{s, row * 3ull + s * 7, 3 + s});
   const Tree tree(data_.make_plan_from({merged}));
-  const std::string want = data_.concat(merged);
-  std::mt19937 rng(3);
-  std::uniform_int_distribution<size_t> len_of(1, 40000);
-  for (size_t off = 0; off < want.size(); off += 1111) {
-    const size_t len = len_of(rng);
-    std::string buf(len, '\xEE');
-    size_t got = 0;
-    ASSERT_EQ(tree.read_into(3, off, std::span<char>(buf.data(), buf.size()), got), 0);
-    buf.resize(got);
-    ASSERT_EQ(buf, want.substr(off, len)) << "off " << off << " len " << len;
-  }
+  expect_windows_match(tree, data_.concat(merged), 1111, 40000, 3);
 }
 
 TEST_F(TreeTest, ReadsWholeFilesAndLargeWindows) {
