@@ -3,6 +3,7 @@ fail with EIO and the log names the file; the other target files stay correct.""
 
 import errno
 import os
+import time
 
 import itest
 import ckpt_fixture
@@ -70,11 +71,54 @@ def check(args, how):
     assert victim in text, f"log does not name {victim}:\n{text}"
 
 
+# 8 MiB of Float32 rows over two source ranks, served whole to one target: MiBs to stream.
+STREAM_CASE = case(
+    "changed_mid_stream", "2 -> 1 rows, 8 MiB", side(2), None,
+    [param("w", "Float32", [2048, 1024], lay([2], [0, -1]), None)], [])
+
+
+def check_mid_stream(args, how):
+    """The source changes while a reader streams the target file 1 MiB at a time, with a block
+    already read ahead: the next read fails with EIO, nothing read before differs from the
+    expected bytes, and the daemon keeps serving."""
+    work = os.path.join(args.work, "stream-" + how)
+    fx = ckpt_fixture.make(STREAM_CASE, os.path.join(work, "fixture"))
+    mnt = os.path.join(work, "mnt")
+    # Rows 0-1023 of w: the first 4 MiB of the target, so the block read ahead holds bytes
+    # gathered from the victim before it changed.
+    victim = os.path.realpath(fx.source_files[0])
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                       index_dir=os.path.join(work, "index")):
+        target = fx.targets[0]
+        path = os.path.join(mnt, target["file"].replace("expected/", ""))
+        want = itest.read_file(os.path.join(fx.outdir, target["file"]))
+        with open(path, "rb", buffering=0) as f:
+            head = f.read(1 << 20)  # sequential from 0: the next MiB is read ahead now
+            assert head == want[:len(head)]
+            time.sleep(0.2)  # let the helper finish that block, from the unchanged source
+            with open(victim, "r+b") as v:
+                if how == "truncated":
+                    v.truncate(os.path.getsize(victim) // 2)
+                else:
+                    v.seek(100)
+                    v.write(b"\x00changed\x00")
+            try:
+                # Exactly the block read ahead: it must not be served once its source changed.
+                rest = f.read(1 << 20)
+                raise AssertionError(f"read {len(rest)} more bytes after the change, no EIO")
+            except OSError as e:
+                assert e.errno == errno.EIO, f"expected EIO, got {e}"
+        # The daemon is alive and still refuses the changed file, by open or by read.
+        assert read_or_errno(path) == errno.EIO
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
     checks.run("source modified after mount", check, args, "modified")
     checks.run("source truncated after mount", check, args, "truncated")
+    checks.run("source truncated while a reader streams", check_mid_stream, args, "truncated")
+    checks.run("source modified while a reader streams", check_mid_stream, args, "modified")
     checks.finish()
 
 
