@@ -1,30 +1,43 @@
 #include "ckptfs/fs/prefetcher.h"
 
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 namespace ckptfs::fs {
+
+namespace {
+
+// One block of the file read ahead.
+struct Slot {
+  enum class State { kFree, kQueued, kRunning, kReady, kFailed };
+  State state = State::kFree;
+  // Bumped whenever the slot is given another block or taken back, so a queued job for the
+  // old one finds it is no longer wanted.
+  uint64_t generation = 0;
+  uint64_t off = 0;
+  size_t got = 0;          // the block's length (clipped at end of file)
+  std::vector<char> data;  // written by the filler while kRunning
+  uint64_t end() const { return off + got; }
+  bool busy() const { return state == State::kQueued || state == State::kRunning; }
+  bool holds(uint64_t o, size_t n) const { return o >= off && o + n <= end(); }
+};
+
+}  // namespace
 
 class Prefetcher::Stream : public std::enable_shared_from_this<Stream> {
  public:
   Stream(uint64_t ino, uint64_t size) : ino(ino), size(size) {}
 
-  enum class Ahead { kNone, kQueued, kRunning, kReady, kFailed };
-
   const uint64_t ino;
   const uint64_t size;
   std::mutex mutex;
-  std::condition_variable done;  // signalled when a running block is ready or failed
+  std::condition_variable done;  // a running slot became ready or failed
   uint64_t next = 0;             // where the previous read ended
-  Ahead state = Ahead::kNone;
-  // Bumped whenever the block ahead is retargeted or taken over, so a queued job that was
-  // overtaken finds it is no longer wanted.
-  uint64_t generation = 0;
-  uint64_t off = 0;  // the block ahead: [off, off + len), `got` bytes of it valid
-  size_t len = 0;
-  size_t got = 0;
-  std::vector<char> block;  // owned by the helper while kRunning
+  std::array<Slot, 2> slots;     // the block holding the reader's position, and the next
 };
 
 Prefetcher::Prefetcher(const Tree& tree, unsigned helpers) : tree_(tree) {
@@ -49,32 +62,65 @@ std::shared_ptr<Prefetcher::Stream> Prefetcher::open(uint64_t ino) const {
 }
 
 int Prefetcher::read(Stream& s, uint64_t off, size_t len, std::vector<char>& buf, size_t& got) {
-  using Ahead = Stream::Ahead;
+  using State = Slot::State;
   bool hit = false;
   bool sequential = false;
-  {
+  for (;;) {
     std::unique_lock lock(s.mutex);
     sequential = off == s.next;
-    if (s.state != Ahead::kNone && s.off == off && s.len == len) {
-      if (s.state == Ahead::kQueued) {
-        // Not started: gathering it here is sooner than waiting for a helper.
-        s.state = Ahead::kNone;
-        ++s.generation;
-      } else {
-        s.done.wait(lock, [&] { return s.state != Ahead::kRunning; });
-        if (s.state == Ahead::kReady) {
-          buf.swap(s.block);
-          got = s.got;
-          hit = true;
-        }
-        s.state = Ahead::kNone;
+    const uint64_t want = std::min<uint64_t>(len, s.size > off ? s.size - off : 0);
+    if (want == 0) break;
+    // The slots holding [off, off + want): one, or two that follow each other.
+    auto usable = [](const Slot& slot) {
+      return slot.state != State::kFree && slot.state != State::kFailed;
+    };
+    std::array<Slot*, 2> parts{};
+    size_t n = 0;
+    for (uint64_t pos = off; pos < off + want && n < parts.size();) {
+      auto it = std::find_if(s.slots.begin(), s.slots.end(), [&](const Slot& slot) {
+        return usable(slot) && slot.off <= pos && pos < slot.end();
+      });
+      if (it == s.slots.end()) break;
+      parts[n++] = &*it;
+      pos = it->end();
+    }
+    if (n == 0 || parts[n - 1]->end() < off + want) break;
+    if (Slot** queued = std::find_if(parts.begin(), parts.begin() + n,
+                                     [](Slot* p) { return p->state == State::kQueued; });
+        queued != parts.begin() + n) {
+      // No helper has started it: gathering it here is sooner than waiting for one.
+      const size_t index = static_cast<size_t>(*queued - s.slots.data());
+      const uint64_t generation = (*queued)->generation;
+      lock.unlock();
+      fill(s, index, generation);
+      continue;
+    }
+    if (std::any_of(parts.begin(), parts.begin() + n,
+                    [](Slot* p) { return p->state == State::kRunning; })) {
+      s.done.wait(lock);
+      continue;  // look again: the slots may have changed meanwhile
+    }
+    if (n == 1 && parts[0]->off == off && parts[0]->got == want) {
+      buf.swap(parts[0]->data);  // the whole block: hand it over instead of copying
+      parts[0]->state = State::kFree;
+    } else {
+      buf.resize(want);
+      for (size_t i = 0; i < n; ++i) {
+        Slot& slot = *parts[i];
+        const uint64_t from = std::max(off, slot.off);
+        const uint64_t to = std::min(off + want, slot.end());
+        std::memcpy(buf.data() + (from - off), slot.data.data() + (from - slot.off), to - from);
+        if (to == slot.end()) slot.state = State::kFree;  // read to its end
       }
     }
+    got = want;
+    hit = true;
+    break;
   }
   int err = 0;
   if (hit) {
-    // The block was gathered a moment ago: its sources must still be what was mounted, or
-    // what it holds may be a mix of old and new bytes.
+    // The block was gathered a moment ago: the file's sources must still be what was
+    // mounted, or it may hold a mix of old and new bytes.
     err = tree_.check_file(s.ino);
     if (err == 0) hits_.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -82,13 +128,70 @@ int Prefetcher::read(Stream& s, uint64_t off, size_t len, std::vector<char>& buf
     err = tree_.read_into(s.ino, off, std::span<char>(buf.data(), len), got);
   }
   if (err != 0) return err;
+
+  std::vector<std::pair<size_t, uint64_t>> queued;  // (slot, generation)
   {
     std::lock_guard lock(s.mutex);
     s.next = off + got;
+    if (sequential && !others_reading(s)) plan_ahead(s, off + got, queued);
   }
-  if (sequential && got == len && off + got < s.size && !others_reading(s))
-    queue(s.shared_from_this(), off + got, len);
+  if (!queued.empty()) {
+    std::shared_ptr<Stream> self = s.shared_from_this();
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return 0;
+      for (const auto& [slot, generation] : queued) jobs_.push_back({self, slot, generation});
+    }
+    if (queued.size() == 1)
+      wake_.notify_one();
+    else
+      wake_.notify_all();
+  }
   return 0;
+}
+
+void Prefetcher::plan_ahead(Stream& s, uint64_t at,
+                            std::vector<std::pair<size_t, uint64_t>>& queued) {
+  using State = Slot::State;
+  // The chain of blocks from the reader's position on: the one holding `at`, then the one
+  // right after it. Slots outside the chain hold what the reader has passed or jumped away
+  // from; they are taken back, unless a filler is writing them.
+  std::array<bool, 2> in_chain{};
+  uint64_t pos = at;
+  for (size_t depth = 0; depth < s.slots.size() && pos < s.size; ++depth) {
+    auto it = std::find_if(s.slots.begin(), s.slots.end(), [&](const Slot& slot) {
+      return (slot.busy() || slot.state == State::kReady) && slot.off <= pos && pos < slot.end();
+    });
+    if (it == s.slots.end()) break;
+    in_chain[it - s.slots.begin()] = true;
+    pos = it->end();
+  }
+  for (size_t i = 0; i < s.slots.size(); ++i) {
+    Slot& slot = s.slots[i];
+    if (in_chain[i] || slot.state == State::kRunning || slot.state == State::kFree) continue;
+    slot.state = State::kFree;
+    ++slot.generation;
+  }
+  // Fill free slots along the chain until it is two blocks long.
+  pos = at;
+  for (size_t depth = 0; depth < s.slots.size() && pos < s.size; ++depth) {
+    auto holding = std::find_if(s.slots.begin(), s.slots.end(), [&](const Slot& slot) {
+      return slot.state != State::kFree && slot.off <= pos && pos < slot.end();
+    });
+    if (holding != s.slots.end()) {
+      pos = holding->end();
+      continue;
+    }
+    auto free = std::find_if(s.slots.begin(), s.slots.end(),
+                             [](const Slot& slot) { return slot.state == State::kFree; });
+    if (free == s.slots.end()) break;
+    free->state = State::kQueued;
+    free->off = pos;
+    free->got = static_cast<size_t>(std::min<uint64_t>(kBlockBytes, s.size - pos));
+    free->data.resize(free->got);
+    queued.emplace_back(static_cast<size_t>(free - s.slots.begin()), ++free->generation);
+    pos = free->end();
+  }
 }
 
 bool Prefetcher::others_reading(const Stream& s) {
@@ -101,29 +204,9 @@ bool Prefetcher::others_reading(const Stream& s) {
   return now - other_at_.load(std::memory_order_relaxed) < kBusyWindowUs;
 }
 
-void Prefetcher::queue(const std::shared_ptr<Stream>& s, uint64_t off, size_t len) {
-  using Ahead = Stream::Ahead;
-  uint64_t generation = 0;
-  {
-    std::lock_guard lock(s->mutex);
-    if (s->state == Ahead::kRunning) return;  // one block ahead at a time
-    // A queued block for another range is retargeted; a ready one nobody took is dropped.
-    s->state = Ahead::kQueued;
-    s->off = off;
-    s->len = len;
-    generation = ++s->generation;
-  }
-  {
-    std::lock_guard lock(mutex_);
-    if (stopping_) return;
-    jobs_.emplace_back(s, generation);
-  }
-  wake_.notify_one();
-}
-
 void Prefetcher::helper_loop() {
   for (;;) {
-    std::pair<std::shared_ptr<Stream>, uint64_t> job;
+    Job job;
     {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
@@ -131,28 +214,28 @@ void Prefetcher::helper_loop() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    gather_ahead(*job.first, job.second);
+    fill(*job.stream, job.slot, job.generation);
   }
 }
 
-void Prefetcher::gather_ahead(Stream& s, uint64_t generation) {
-  using Ahead = Stream::Ahead;
+void Prefetcher::fill(Stream& s, size_t index, uint64_t generation) {
+  using State = Slot::State;
+  Slot& slot = s.slots[index];
   uint64_t off = 0;
-  size_t len = 0;
+  size_t want = 0;
   {
     std::lock_guard lock(s.mutex);
-    if (s.state != Ahead::kQueued || s.generation != generation) return;
-    s.state = Ahead::kRunning;
-    off = s.off;
-    len = s.len;
+    if (slot.state != State::kQueued || slot.generation != generation) return;
+    slot.state = State::kRunning;
+    off = slot.off;
+    want = slot.got;
   }
-  s.block.resize(len);
   size_t got = 0;
-  const int err = tree_.read_into(s.ino, off, std::span<char>(s.block.data(), len), got);
+  int err = tree_.read_into(s.ino, off, std::span<char>(slot.data.data(), want), got);
+  if (err == 0 && got != want) err = EIO;  // the size is fixed for the mount: cannot happen
   {
     std::lock_guard lock(s.mutex);
-    s.got = got;
-    s.state = err == 0 ? Ahead::kReady : Ahead::kFailed;
+    slot.state = err == 0 ? State::kReady : State::kFailed;
   }
   s.done.notify_all();
   gathered_ahead_.fetch_add(1, std::memory_order_relaxed);

@@ -1,8 +1,10 @@
 // Read-ahead for sequential readers. A loader reads a checkpoint front to back, one READ at a
 // time, and each READ costs two copies in turn: gathering the source runs, then the kernel's
 // copy of the reply into the reader's pages. When a READ continues the previous one on the
-// same open file, a helper thread gathers the next block of the same length while the current
-// reply is being copied, so the next READ finds its bytes ready.
+// same open file, helper threads gather the next 1 MiB blocks of the file while the current
+// reply is being copied, so the following READs find their bytes ready. A READ that is one
+// whole block takes the block's buffer; one inside a block (a reader whose buffer is not
+// page-aligned gets READs of 1 MiB minus a few bytes, then the few bytes) is copied out of it.
 #pragma once
 
 #include <atomic>
@@ -13,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ckptfs/fs/tree.h"
@@ -21,8 +24,10 @@ namespace ckptfs::fs {
 
 class Prefetcher {
  public:
-  // State of one open file: where its last read ended and the block read ahead.
+  // State of one open file: where its last read ended and the blocks read ahead.
   class Stream;
+  // Size of a block read ahead: the largest READ the kernel sends.
+  static constexpr size_t kBlockBytes = 1 << 20;
 
   // Starts `helpers` (at least 1) threads. `tree` must outlive the prefetcher.
   Prefetcher(const Tree& tree, unsigned helpers);
@@ -35,12 +40,13 @@ class Prefetcher {
   std::shared_ptr<Stream> open(uint64_t ino) const;
 
   // Serves [off, off + len) of the stream's file into `buf` (resized to len; `got` is short
-  // only at end of file): from the block read ahead when it is that range and its sources are
-  // unchanged, else gathered now. Then, if this read continued the previous one, queues the
-  // next block. 0, or an errno as Tree::read_into.
+  // only at end of file): from a block read ahead when one holds that range and the file's
+  // sources are unchanged, else gathered now. Then, if this read continued the previous one,
+  // queues blocks so that two are read ahead of the reader's position. 0, or an errno as
+  // Tree::read_into.
   int read(Stream& stream, uint64_t off, size_t len, std::vector<char>& buf, size_t& got);
 
-  // Reads served from a block read ahead, and blocks read ahead in all.
+  // Reads served from a block read ahead, and blocks gathered ahead in all.
   uint64_t hits() const { return hits_; }
   uint64_t gathered_ahead() const { return gathered_ahead_; }
 
@@ -48,14 +54,23 @@ class Prefetcher {
   // Whether another stream read in the last kBusyWindowUs. Then the CPUs are busy serving
   // readers, and gathering ahead would only move work between them, at the cost of a handoff.
   bool others_reading(const Stream& stream);
-  void queue(const std::shared_ptr<Stream>& stream, uint64_t off, size_t len);
+  // Under the stream's lock: takes back the slots the reader has left behind and queues free
+  // ones for the blocks from `at` on, appending (slot, generation) to `queued`.
+  void plan_ahead(Stream& stream, uint64_t at, std::vector<std::pair<size_t, uint64_t>>& queued);
   void helper_loop();
-  void gather_ahead(Stream& stream, uint64_t generation);
+  // Gathers the block of slot `index` if it is still queued with `generation`.
+  void fill(Stream& stream, size_t index, uint64_t generation);
+
+  struct Job {
+    std::shared_ptr<Stream> stream;
+    size_t slot = 0;
+    uint64_t generation = 0;
+  };
 
   const Tree& tree_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::pair<std::shared_ptr<Stream>, uint64_t>> jobs_;  // (stream, generation)
+  std::deque<Job> jobs_;
   bool stopping_ = false;
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> gathered_ahead_{0};
