@@ -227,9 +227,13 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     std::vector<char> buf = s.buffers.take();
     size_t got = 0;
     int err = 0;
-    if (StreamHandle* h = stream_of(fi); h != nullptr && h->stream && s.prefetcher) {
-      // May swap `buf` with the block it read ahead.
-      err = s.prefetcher->read(*h->stream, static_cast<uint64_t>(off), size, buf, got);
+    // Our own reference: once the reply is out, the reader may close the file and its
+    // RELEASE may free the handle on another thread before start() below runs.
+    std::shared_ptr<Prefetcher::Stream> stream;
+    if (const StreamHandle* h = stream_of(fi); h != nullptr && s.prefetcher) stream = h->stream;
+    if (stream) {
+      // May swap `buf` with a block it read ahead.
+      err = s.prefetcher->read(*stream, static_cast<uint64_t>(off), size, buf, got);
     } else {
       buf.resize(size);
       err = tree.read_into(ino, static_cast<uint64_t>(off), std::span<char>(buf.data(), size), got);
@@ -243,6 +247,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     s.reads_served.fetch_add(1, std::memory_order_relaxed);
     fuse_reply_buf(req, buf.data(), got);
     s.buffers.give(std::move(buf));
+    if (stream) s.prefetcher->start(*stream);
   });
 }
 

@@ -20,7 +20,7 @@ struct Slot {
   uint64_t generation = 0;
   uint64_t off = 0;
   size_t got = 0;          // the block's length (clipped at end of file)
-  std::vector<char> data;  // written by the filler while kRunning
+  std::vector<char> data;  // at least `got` bytes once filled; the filler's while kRunning
   uint64_t end() const { return off + got; }
   bool busy() const { return state == State::kQueued || state == State::kRunning; }
   bool holds(uint64_t o, size_t n) const { return o >= off && o + n <= end(); }
@@ -38,6 +38,8 @@ class Prefetcher::Stream : public std::enable_shared_from_this<Stream> {
   std::condition_variable done;  // a running slot became ready or failed
   uint64_t next = 0;             // where the previous read ended
   std::array<Slot, 2> slots;     // the block holding the reader's position, and the next
+  // Slots queued by the last read, handed to the helpers by start(): (slot, generation).
+  std::vector<std::pair<size_t, uint64_t>> planned;
 };
 
 Prefetcher::Prefetcher(const Tree& tree, unsigned helpers) : tree_(tree) {
@@ -129,25 +131,30 @@ int Prefetcher::read(Stream& s, uint64_t off, size_t len, std::vector<char>& buf
   }
   if (err != 0) return err;
 
-  std::vector<std::pair<size_t, uint64_t>> queued;  // (slot, generation)
+  std::lock_guard lock(s.mutex);
+  s.next = off + got;
+  if (sequential && !others_reading(s)) plan_ahead(s, off + got, s.planned);
+  return 0;
+}
+
+void Prefetcher::start(Stream& s) {
+  thread_local std::vector<std::pair<size_t, uint64_t>> planned;
   {
     std::lock_guard lock(s.mutex);
-    s.next = off + got;
-    if (sequential && !others_reading(s)) plan_ahead(s, off + got, queued);
+    if (s.planned.empty()) return;
+    planned.swap(s.planned);
   }
-  if (!queued.empty()) {
-    std::shared_ptr<Stream> self = s.shared_from_this();
-    {
-      std::lock_guard lock(mutex_);
-      if (stopping_) return 0;
-      for (const auto& [slot, generation] : queued) jobs_.push_back({self, slot, generation});
-    }
-    if (queued.size() == 1)
-      wake_.notify_one();
-    else
-      wake_.notify_all();
+  const std::shared_ptr<Stream> self = s.shared_from_this();
+  {
+    std::lock_guard lock(mutex_);
+    if (!stopping_)
+      for (const auto& [slot, generation] : planned) jobs_.push_back({self, slot, generation});
   }
-  return 0;
+  if (planned.size() == 1)
+    wake_.notify_one();
+  else
+    wake_.notify_all();
+  planned.clear();
 }
 
 void Prefetcher::plan_ahead(Stream& s, uint64_t at,
@@ -188,7 +195,6 @@ void Prefetcher::plan_ahead(Stream& s, uint64_t at,
     free->state = State::kQueued;
     free->off = pos;
     free->got = static_cast<size_t>(std::min<uint64_t>(kBlockBytes, s.size - pos));
-    free->data.resize(free->got);
     queued.emplace_back(static_cast<size_t>(free - s.slots.begin()), ++free->generation);
     pos = free->end();
   }
@@ -230,6 +236,8 @@ void Prefetcher::fill(Stream& s, size_t index, uint64_t generation) {
     off = slot.off;
     want = slot.got;
   }
+  // Allocated (and first touched) here, by the filler, not on a reader's path.
+  if (slot.data.size() < want) slot.data.resize(want);
   size_t got = 0;
   int err = tree_.read_into(s.ino, off, std::span<char>(slot.data.data(), want), got);
   if (err == 0 && got != want) err = EIO;  // the size is fixed for the mount: cannot happen

@@ -63,6 +63,7 @@ std::string read_sequentially(Prefetcher& prefetcher, const TestData& data, size
     settle(prefetcher);
     size_t got = 0;
     EXPECT_EQ(prefetcher.read(*stream, off, sizes[reads % sizes.size()], buf, got), 0);
+    prefetcher.start(*stream);
     if (got == 0) break;
     all.append(buf.data(), got);
     off += got;
@@ -107,6 +108,7 @@ TEST_F(PrefetcherTest, RandomReadsAreNotReadAhead) {
     const uint64_t off = off_of(rng);
     size_t got = 0;
     ASSERT_EQ(prefetcher.read(*stream, off, 4096, buf, got), 0);
+    prefetcher.start(*stream);
     ASSERT_EQ(std::string(buf.data(), got), want.substr(off, 4096)) << off;
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -121,6 +123,7 @@ TEST_F(PrefetcherTest, SourceChangedAfterReadAheadFailsTheRead) {
   std::vector<char> buf;
   size_t got = 0;
   ASSERT_EQ(prefetcher.read(*stream, 0, 5000, buf, got), 0);
+  prefetcher.start(*stream);
   ASSERT_EQ(std::string(buf.data(), got), want.substr(0, 5000));
   ASSERT_TRUE(wait_gathered(prefetcher, 1));  // [5000, 10000), gathered from the old source 1
   data_.change_source(1);
@@ -143,6 +146,7 @@ TEST_F(PrefetcherTest, ConcurrentStreamsAllMatch) {
         for (uint64_t off = 0; off < want.size(); off += chunk) {
           size_t got = 0;
           if (prefetcher.read(*stream, off, chunk, buf, got) != 0) ++mismatches;
+          prefetcher.start(*stream);
           all.append(buf.data(), got);
         }
         if (all != want) ++mismatches;
@@ -160,8 +164,10 @@ TEST_F(PrefetcherTest, StopsWithBlocksQueuedAndStreamsStillOpen) {
     stream = prefetcher.open(ino_of(2));
     std::vector<char> buf;
     size_t got = 0;
-    for (uint64_t off = 0; off < (1u << 20); off += 65536)
+    for (uint64_t off = 0; off < (1u << 20); off += 65536) {
       ASSERT_EQ(prefetcher.read(*stream, off, 65536, buf, got), 0);
+      prefetcher.start(*stream);
+    }
   }  // joins its helpers; must not hang or touch the stream afterwards
   EXPECT_EQ(stream.use_count(), 1);  // no job outlived the prefetcher
 }

@@ -42,9 +42,12 @@ class Prefetcher {
   // Serves [off, off + len) of the stream's file into `buf` (resized to len; `got` is short
   // only at end of file): from a block read ahead when one holds that range and the file's
   // sources are unchanged, else gathered now. Then, if this read continued the previous one,
-  // queues blocks so that two are read ahead of the reader's position. 0, or an errno as
+  // plans blocks so that two are read ahead of the reader's position. 0, or an errno as
   // Tree::read_into.
   int read(Stream& stream, uint64_t off, size_t len, std::vector<char>& buf, size_t& got);
+  // Hands the blocks the last read planned to the helpers. Called once the reply is sent, so
+  // that waking them does not delay it.
+  void start(Stream& stream);
 
   // Reads served from a block read ahead, and blocks gathered ahead in all.
   uint64_t hits() const { return hits_; }
