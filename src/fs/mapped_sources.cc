@@ -85,13 +85,16 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
       if (k + 1 == order.size() || runs[order[k + 1]].source != run.source) let_go(done);
     }
   });
-  if (one_by_one || !copied) {
-    done.clear();
-    return copied;
-  }
+  done.clear();
+  if (copied && !one_by_one) note(runs, order);
+  return copied;
+}
+
+void MappedSources::note(std::span<const plan::Run> runs, std::span<const uint32_t> source_runs) {
+  thread_local std::vector<std::pair<uint32_t, Range>> due;
   {
     std::lock_guard lock(mutex_);
-    for (uint32_t i : order) {
+    for (uint32_t i : source_runs) {
       Range& r = touched_[runs[i].source];
       const uint64_t before = r.end - r.begin;
       const Range tables = tables_of(runs[i]);
@@ -99,15 +102,13 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
                            : Range{std::min(r.begin, tables.begin), std::max(r.end, tables.end)};
       spanned_ += (r.end - r.begin) - before;
     }
-    if (spanned_ >= kBudget) {
-      for (uint32_t i = 0; i < touched_.size(); ++i)
-        if (touched_[i].begin != touched_[i].end) done.emplace_back(i, touched_[i]);
-      std::fill(touched_.begin(), touched_.end(), Range{});
-      spanned_ = 0;
-    }
+    if (spanned_ < kBudget) return;
+    for (uint32_t i = 0; i < touched_.size(); ++i)
+      if (touched_[i].begin != touched_[i].end) due.emplace_back(i, touched_[i]);
+    std::fill(touched_.begin(), touched_.end(), Range{});
+    spanned_ = 0;
   }
-  let_go(done);
-  return copied;
+  let_go(due);
 }
 
 void MappedSources::let_go(std::vector<std::pair<uint32_t, Range>>& ranges) const {

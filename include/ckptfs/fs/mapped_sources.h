@@ -37,6 +37,10 @@ class MappedSources {
   };
 
  private:
+  // Adds the page tables of `source_runs` (indexes into `runs`) to the touched set, and lets
+  // the whole set go once it spans kBudget.
+  void note(std::span<const plan::Run> runs, std::span<const uint32_t> source_runs);
+  // MADV_DONTNEED on each (source, tables) range; empties `ranges`.
   void let_go(std::vector<std::pair<uint32_t, Range>>& ranges) const;
 
   std::vector<MappedFile> maps_;
