@@ -356,15 +356,16 @@ class Planner {
   SourceBlock pick_block(const ckpt::Param& p, uint32_t stage, const TargetMaps& maps,
                          const std::vector<int64_t>& candidates,
                          const std::vector<int64_t>& preferred, int64_t t) {
-    auto usable = [&](int64_t local) -> const SourceSet::File* {
+    // The block of source rank `local`, if its file is there and holds the parameter.
+    auto usable = [&](int64_t local) -> SourceBlock {
       const SourceSet::File* f = files_.file(stage * maps.src_devices() + local);
-      return f && f->find(p.name) ? f : nullptr;
+      return f ? SourceBlock{f->index, f->find(p.name)} : SourceBlock{};
     };
     for (int64_t local : candidates)
       if (std::binary_search(preferred.begin(), preferred.end(), local))
-        if (const auto* f = usable(local)) return SourceBlock{f->index, f->find(p.name)};
+        if (const SourceBlock b = usable(local); b.param) return b;
     for (int64_t local : candidates)
-      if (const auto* f = usable(local)) return SourceBlock{f->index, f->find(p.name)};
+      if (const SourceBlock b = usable(local); b.param) return b;
     const int64_t g = stage * maps.src_devices() + candidates.front();
     if (!files_.file(g)) missing_rank(g, t, p.name);
     fail("parameter {} is needed from source rank {} for target rank {}, but {} does not hold it",
