@@ -98,10 +98,11 @@ class LayoutCache {
     std::vector<uint32_t> src_stages;
   };
 
-  // The layouts of a Reshard parameter for targets of the given TargetMaps' stage.
+  // The layouts of a Reshard parameter for targets of the given TargetMaps' stage. `name` must
+  // outlive the cache (it points into the plan's scans).
   const Pair& layouts(const TargetMaps& maps, std::string_view name, size_t rank) {
-    std::string key = fmt::format("{}/{}/{}", maps.target_stage(), rank, name);
-    auto [it, inserted] = by_name_.try_emplace(std::move(key));
+    auto& by_name = by_stage_rank_[{maps.target_stage(), rank}];
+    auto [it, inserted] = by_name.try_emplace(name);
     if (inserted) {
       Pair& pair = it->second;
       pair.src_id = intern(maps.src_layout(name, rank));
@@ -155,7 +156,8 @@ class LayoutCache {
 
   std::deque<Layout> layouts_;  // by id; a deque keeps Pair pointers valid
   std::unordered_map<std::string, uint32_t> ids_;
-  std::unordered_map<std::string, Pair> by_name_;
+  // (target stage, tensor rank) -> parameter name -> its layouts
+  std::map<std::pair<int64_t, size_t>, std::unordered_map<std::string_view, Pair>> by_stage_rank_;
   std::unordered_map<uint32_t, std::vector<std::vector<int64_t>>> holders_;
   std::map<std::tuple<uint32_t, uint32_t, int64_t>, Needed> needed_;
 };
