@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -11,7 +12,6 @@
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "ckptfs/ckpt/encoder.h"
 #include "ckptfs/error.h"
@@ -36,35 +36,58 @@ std::string layout_key(const Layout& layout) {
   return key + fmt::format("|{}", fmt::join(layout.splits(), ","));
 }
 
-// The source files and what they hold, by global rank, with fast name lookup.
+// The source files and what they hold, by global rank. Every distinct parameter name gets an
+// id, and each file a table by id, so the planner looks names up once and then indexes.
 class SourceSet {
  public:
+  static constexpr uint32_t kNoId = std::numeric_limits<uint32_t>::max();
+
   SourceSet(std::vector<index::IndexedSource>& sources, const std::vector<int64_t>& ranks) {
+    // Files usually list the same names in the same order: a name is compared with the one at
+    // its position in the previous file first, and hashed only when they differ.
+    const File* prev = nullptr;
     for (size_t i = 0; i < sources.size(); ++i) {
-      auto& by_name = by_rank_[ranks[i]];
-      by_name.index = static_cast<uint32_t>(i);
-      by_name.path = sources[i].file.path.string();
-      for (const ckpt::Param& p : sources[i].scan.params) by_name.params.emplace(p.name, &p);
-      by_name.order = &sources[i].scan.params;
-      for (const ckpt::Param& p : sources[i].scan.params) any_.emplace(p.name, &p);
+      File& file = by_rank_[ranks[i]];
+      file.index = static_cast<uint32_t>(i);
+      file.path = sources[i].file.path.string();
+      file.order = &sources[i].scan.params;
+      const std::vector<ckpt::Param>& params = *file.order;
+      file.ids.resize(params.size());
+      for (size_t k = 0; k < params.size(); ++k) {
+        if (prev && k < prev->order->size() && (*prev->order)[k].name == params[k].name) {
+          file.ids[k] = prev->ids[k];
+          continue;
+        }
+        auto [it, inserted] = ids_.try_emplace(params[k].name, static_cast<uint32_t>(any_.size()));
+        if (inserted) any_.push_back(&params[k]);
+        file.ids[k] = it->second;
+      }
+      prev = &file;
+    }
+    for (auto& [rank, file] : by_rank_) {
+      file.by_id.assign(any_.size(), nullptr);
+      for (size_t k = 0; k < file.ids.size(); ++k)
+        if (!file.by_id[file.ids[k]]) file.by_id[file.ids[k]] = &(*file.order)[k];
     }
   }
 
-  // Some copy of the parameter, for facts every copy shares (its tensor rank).
-  const ckpt::Param* find_any(std::string_view name) const {
-    auto it = any_.find(name);
-    return it == any_.end() ? nullptr : it->second;
+  // kNoId if no file holds the name.
+  uint32_t id_of(std::string_view name) const {
+    auto it = ids_.find(name);
+    return it == ids_.end() ? kNoId : it->second;
   }
+  size_t names() const { return any_.size(); }
+
+  // Some copy of the parameter, for facts every copy shares (its tensor rank).
+  const ckpt::Param* find_any(uint32_t id) const { return id < any_.size() ? any_[id] : nullptr; }
 
   struct File {
     uint32_t index = 0;
     std::string path;
-    std::unordered_map<std::string_view, const ckpt::Param*> params;
     const std::vector<ckpt::Param>* order = nullptr;
-    const ckpt::Param* find(std::string_view name) const {
-      auto it = params.find(name);
-      return it == params.end() ? nullptr : it->second;
-    }
+    std::vector<uint32_t> ids;              // of order[k]
+    std::vector<const ckpt::Param*> by_id;  // null where the file lacks the name
+    const ckpt::Param* find(uint32_t id) const { return id < by_id.size() ? by_id[id] : nullptr; }
   };
 
   const File* file(int64_t rank) const {
@@ -75,7 +98,8 @@ class SourceSet {
 
  private:
   std::map<int64_t, File> by_rank_;
-  std::unordered_map<std::string_view, const ckpt::Param*> any_;
+  std::unordered_map<std::string_view, uint32_t> ids_;
+  std::vector<const ckpt::Param*> any_;  // by id: the first copy seen
 };
 
 // Local source ranks MindSpore reads for a (source, target) layout pair. Where MindSpore's planner
@@ -169,6 +193,12 @@ struct ParamFacts {
   uint32_t element_size = 0;
 };
 
+// A parameter as the planner walks it: one copy, and its name's id in the SourceSet.
+struct ParamRef {
+  const ckpt::Param* param = nullptr;
+  uint32_t id = SourceSet::kNoId;
+};
+
 class Planner {
  public:
   Planner(Plan& plan, const strategy::Strategy* src, const strategy::Strategy* dst)
@@ -178,26 +208,27 @@ class Planner {
     TargetMaps maps(src_, dst_, t);
     const std::vector<int64_t> load_order = load_order_for(maps);
 
-    const std::vector<const ckpt::Param*>& order = first_appearance(load_order);
+    const std::vector<ParamRef>& order = first_appearance(load_order);
 
     VirtualFile::Builder builder;
-    std::vector<const ckpt::Param*> passthrough;
+    std::vector<ParamRef> passthrough;
     size_t resharded = 0;
-    for (const ckpt::Param* p : order) {
-      switch (maps.role(p->name)) {
+    for (const ParamRef& ref : order) {
+      const ckpt::Param& p = *ref.param;
+      switch (maps.role(p.name)) {
         case TargetMaps::Role::Drop:
           break;
         case TargetMaps::Role::Reshard:
-          if (p->kind == ckpt::EntryKind::Tensor) {
-            add_resharded(builder, maps, *p, t);
+          if (p.kind == ckpt::EntryKind::Tensor) {
+            add_resharded(builder, maps, ref, t);
             ++resharded;
           } else {
-            require_unsplit(maps, *p);
-            passthrough.push_back(p);
+            require_unsplit(maps, p);
+            passthrough.push_back(ref);
           }
           break;
         case TargetMaps::Role::Passthrough:
-          passthrough.push_back(p);
+          passthrough.push_back(ref);
           break;
       }
     }
@@ -206,23 +237,26 @@ class Planner {
           "target rank {}: none of the parameters in the source checkpoints is in the source or "
           "destination strategy",
           t);
-    for (const ckpt::Param* p : passthrough) add_passthrough(builder, maps, *p, load_order, t);
+    for (const ParamRef& ref : passthrough) add_passthrough(builder, maps, ref, load_order, t);
     return TargetFile{t, builder.finish()};
   }
 
  private:
   // L of spec §4.4: names in first-appearance order over the loaded files; targets with the same
   // load order share it.
-  const std::vector<const ckpt::Param*>& first_appearance(const std::vector<int64_t>& load_order) {
+  const std::vector<ParamRef>& first_appearance(const std::vector<int64_t>& load_order) {
     auto [it, inserted] = orders_.try_emplace(load_order);
     if (inserted) {
-      std::unordered_set<std::string_view> seen;
+      std::vector<bool> seen(files_.names(), false);
       for (int64_t g : load_order) {
         const SourceSet::File* f = files_.file(g);
         if (!f) continue;
-        seen.reserve(seen.size() + f->order->size());
-        for (const ckpt::Param& p : *f->order)
-          if (seen.insert(p.name).second) it->second.push_back(&p);
+        for (size_t k = 0; k < f->order->size(); ++k) {
+          const uint32_t id = f->ids[k];
+          if (seen[id]) continue;
+          seen[id] = true;
+          it->second.push_back({&(*f->order)[k], id});
+        }
       }
     }
     return it->second;
@@ -236,7 +270,7 @@ class Planner {
     for (const auto& [name, param] : src_->params) {
       if (maps.role(name) != TargetMaps::Role::Reshard) continue;
       // The checkpoint's own tensor rank, so a map of the wrong length is blamed on its file.
-      const ckpt::Param* copy = files_.find_any(name);
+      const ckpt::Param* copy = files_.find_any(files_.id_of(name));
       const size_t rank =
           copy ? copy->shape.size() : param.stages.begin()->second.tensor_map.size();
       const LayoutCache::Pair& pair = layouts_.layouts(maps, name, rank);
@@ -256,9 +290,10 @@ class Planner {
     return ranks;
   }
 
-  const ParamFacts& facts_for(const TargetMaps& maps, const ckpt::Param& p, uint32_t stage,
+  const ParamFacts& facts_for(const TargetMaps& maps, const ParamRef& ref, uint32_t stage,
                               const Layout& src_layout) {
-    auto [it, inserted] = facts_.try_emplace(p.name);
+    const ckpt::Param& p = *ref.param;
+    auto [it, inserted] = facts_.try_emplace(ref.id);
     if (!inserted) return it->second;
     ParamFacts& facts = it->second;
     facts.global_shape = src_layout.global_shape(p.shape);
@@ -268,7 +303,7 @@ class Planner {
     const std::vector<int64_t> slice = src_layout.slice_shape(facts.global_shape, p.name);
     for (int64_t r = 0; r < maps.src_devices(); ++r) {
       const SourceSet::File* f = files_.file(stage * maps.src_devices() + r);
-      const ckpt::Param* copy = f ? f->find(p.name) : nullptr;
+      const ckpt::Param* copy = f ? f->find(ref.id) : nullptr;
       if (!copy) continue;
       if (copy->shape != slice || copy->dtype != p.dtype)
         fail(
@@ -279,14 +314,15 @@ class Planner {
     return facts;
   }
 
-  void add_resharded(VirtualFile::Builder& builder, const TargetMaps& maps, const ckpt::Param& p,
+  void add_resharded(VirtualFile::Builder& builder, const TargetMaps& maps, const ParamRef& ref,
                      int64_t t) {
+    const ckpt::Param& p = *ref.param;
     const size_t rank = p.shape.size();
     const LayoutCache::Pair& pair = layouts_.layouts(maps, p.name, rank);
     const Layout& src = *pair.src;
     const Layout& dst = *pair.dst;
     const uint32_t stage = pair.src_stages.front();
-    const ParamFacts& facts = facts_for(maps, p, stage, src);
+    const ParamFacts& facts = facts_for(maps, ref, stage, src);
 
     dst.slice_shape(facts.global_shape, p.name);  // divisibility check
     const strategy::Box box = dst.slice_of(maps.target_local(), facts.global_shape);
@@ -332,7 +368,7 @@ class Planner {
     for (bool more = true; more;) {
       const auto& candidates =
           holders[static_cast<size_t>(LayoutCache::flat_block(coord, split_vec))];
-      content->blocks.push_back(pick_block(p, stage, maps, candidates, preferred, t));
+      content->blocks.push_back(pick_block(ref, stage, maps, candidates, preferred, t));
       more = false;
       for (size_t j = coord.size(); j-- > 0;) {
         if (++coord[j] <= last[j]) {
@@ -355,13 +391,13 @@ class Planner {
         g, g, t, param);
   }
 
-  SourceBlock pick_block(const ckpt::Param& p, uint32_t stage, const TargetMaps& maps,
+  SourceBlock pick_block(const ParamRef& ref, uint32_t stage, const TargetMaps& maps,
                          const std::vector<int64_t>& candidates,
                          const std::vector<int64_t>& preferred, int64_t t) {
     // The block of source rank `local`, if its file is there and holds the parameter.
     auto usable = [&](int64_t local) -> SourceBlock {
       const SourceSet::File* f = files_.file(stage * maps.src_devices() + local);
-      return f ? SourceBlock{f->index, f->find(p.name)} : SourceBlock{};
+      return f ? SourceBlock{f->index, f->find(ref.id)} : SourceBlock{};
     };
     for (int64_t local : candidates)
       if (std::binary_search(preferred.begin(), preferred.end(), local))
@@ -369,9 +405,9 @@ class Planner {
     for (int64_t local : candidates)
       if (const SourceBlock b = usable(local); b.param) return b;
     const int64_t g = stage * maps.src_devices() + candidates.front();
-    if (!files_.file(g)) missing_rank(g, t, p.name);
+    if (!files_.file(g)) missing_rank(g, t, ref.param->name);
     fail("parameter {} is needed from source rank {} for target rank {}, but {} does not hold it",
-         p.name, g, t, files_.file(g)->path);
+         ref.param->name, g, t, files_.file(g)->path);
   }
 
   // Strings, map tensors and opaque types (Int4, ...) have no element grid to cut: they are
@@ -387,21 +423,22 @@ class Planner {
 
   // Passthrough: the record of the file with local index t_local mod N_src, lowest stage first
   // (spec §4.4 step 3, §7), re-serialized with ≥2.3 conventions.
-  void add_passthrough(VirtualFile::Builder& builder, const TargetMaps& maps, const ckpt::Param& p,
+  void add_passthrough(VirtualFile::Builder& builder, const TargetMaps& maps, const ParamRef& ref,
                        const std::vector<int64_t>& load_order, int64_t t) {
+    const ckpt::Param& p = *ref.param;
     const int64_t local = maps.target_local() % maps.src_devices();
     // Lowest global rank first, among the files with that local index, then among any.
     auto lowest_holder = [&](bool same_local) -> const SourceSet::File* {
       for (auto it = load_order.rbegin(); it != load_order.rend(); ++it) {
         const SourceSet::File* f = files_.file(*it);
-        if (f && f->find(p.name) && (!same_local || *it % maps.src_devices() == local)) return f;
+        if (f && f->find(ref.id) && (!same_local || *it % maps.src_devices() == local)) return f;
       }
       return nullptr;
     };
     const SourceSet::File* from = lowest_holder(true);
     if (!from) from = lowest_holder(false);
     if (!from) fail("target rank {}: no loaded source file holds parameter {}", t, p.name);
-    const ckpt::Param& q = *from->find(p.name);
+    const ckpt::Param& q = *from->find(ref.id);
 
     if (q.kind == ckpt::EntryKind::MapTensor) {
       for (const ckpt::Extent& r : q.records)
@@ -440,8 +477,8 @@ class Planner {
   const strategy::Strategy* src_;
   const strategy::Strategy* dst_;
   LayoutCache layouts_;
-  std::map<std::vector<int64_t>, std::vector<const ckpt::Param*>> orders_;  // by load order
-  std::unordered_map<std::string, ParamFacts> facts_;
+  std::map<std::vector<int64_t>, std::vector<ParamRef>> orders_;  // by load order
+  std::unordered_map<uint32_t, ParamFacts> facts_;                // by name id
 };
 
 }  // namespace
