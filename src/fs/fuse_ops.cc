@@ -7,11 +7,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <memory>
-#include <new>
 #include <span>
 #include <string>
 #include <thread>

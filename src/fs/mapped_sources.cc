@@ -8,6 +8,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/fs/bus_guard.h"
+#include "source_marks.h"
 
 namespace ckptfs::fs {
 
@@ -39,12 +40,10 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
   // Where each run goes, and how many sources the request reads.
   thread_local std::vector<char*> dest;
   thread_local std::vector<uint32_t> order;  // indexes of the source runs
-  thread_local std::vector<uint64_t> seen;   // per source: the last copy that read it
-  thread_local uint64_t epoch = 0;
+  thread_local detail::SourceMarks marks;
   dest.resize(runs.size());
   order.clear();
-  if (seen.size() < maps_.size()) seen.resize(maps_.size(), 0);
-  ++epoch;
+  marks.begin(maps_.size());
   size_t sources = 0;
   bool grouped = true;  // each source's runs come in one stretch
   char* to = out;
@@ -52,8 +51,7 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
     dest[i] = to;
     to += runs[i].length;
     if (runs[i].mem != nullptr) continue;
-    if (seen[runs[i].source] != epoch) {
-      seen[runs[i].source] = epoch;
+    if (marks.first(runs[i].source)) {
       ++sources;
     } else if (runs[order.back()].source != runs[i].source) {
       grouped = false;

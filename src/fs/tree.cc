@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ckptfs/error.h"
+#include "source_marks.h"
 
 namespace ckptfs::fs {
 
@@ -121,22 +122,16 @@ void Tree::report(uint32_t source, std::string_view what) const {
 }
 
 int Tree::check_sources(std::span<const plan::Run> runs) const {
-  // A stamp per source makes "each distinct source once" O(runs) even for strided reads
-  // that alternate between many sources. The epoch is per thread and per call, so stamps
-  // left by another tree on this thread never match.
-  thread_local std::vector<uint64_t> stamps;
-  thread_local uint64_t epoch = 0;
+  thread_local detail::SourceMarks marks;
   const size_t n = plan_.sources.size();
-  if (stamps.size() < n) stamps.resize(n, 0);
-  ++epoch;
+  marks.begin(n);
   for (const plan::Run& run : runs) {
     if (run.mem != nullptr) continue;
     if (run.source >= n) {
       spdlog::error("read mapped to source #{}, but the plan has {} sources", run.source, n);
       return EIO;
     }
-    if (stamps[run.source] == epoch) continue;
-    stamps[run.source] = epoch;
+    if (!marks.first(run.source)) continue;
     if (int err = check_source(run.source)) return err;
   }
   return 0;

@@ -94,7 +94,6 @@ class SourceSet {
     auto it = by_rank_.find(rank);
     return it == by_rank_.end() ? nullptr : &it->second;
   }
-  const std::map<int64_t, File>& files() const { return by_rank_; }
 
  private:
   std::map<int64_t, File> by_rank_;

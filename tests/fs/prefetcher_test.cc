@@ -125,7 +125,8 @@ TEST_F(PrefetcherTest, SourceChangedAfterReadAheadFailsTheRead) {
   ASSERT_EQ(prefetcher.read(*stream, 0, 5000, buf, got), 0);
   prefetcher.start(*stream);
   ASSERT_EQ(std::string(buf.data(), got), want.substr(0, 5000));
-  ASSERT_TRUE(wait_gathered(prefetcher, 1));  // [5000, 10000), gathered from the old source 1
+  // The block from 5000 to the end of the file, gathered from the old source 1.
+  ASSERT_TRUE(wait_gathered(prefetcher, 1));
   data_.change_source(1);
   EXPECT_EQ(prefetcher.read(*stream, 5000, 5000, buf, got), EIO);
   EXPECT_EQ(prefetcher.hits(), 0u);

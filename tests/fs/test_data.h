@@ -50,8 +50,8 @@ class TestData {
  public:
   explicit TestData(const std::filesystem::path& dir) : dir_(dir / "src") {
     std::filesystem::create_directories(dir_);
-    // Sizes chosen so that reads cross header/source seams, the gather path (many tiny runs)
-    // and the splice path (MiB-long runs) all get exercised.
+    // Sizes chosen so that reads cross header/source seams, and both many tiny runs and
+    // MiB-long runs get exercised.
     add_source(10000, 1);
     add_source(70000, 2);
     add_source((3u << 20) + 4096, 3);
