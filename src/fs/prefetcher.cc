@@ -42,6 +42,19 @@ class Prefetcher::Stream : public std::enable_shared_from_this<Stream> {
   std::vector<std::pair<size_t, uint64_t>> planned;
 };
 
+namespace {
+
+// The queued, running or ready slot whose block holds byte `pos`, or null. Under the lock.
+Slot* holding(Prefetcher::Stream& s, uint64_t pos) {
+  for (Slot& slot : s.slots)
+    if (slot.state != Slot::State::kFree && slot.state != Slot::State::kFailed && slot.off <= pos &&
+        pos < slot.end())
+      return &slot;
+  return nullptr;
+}
+
+}  // namespace
+
 Prefetcher::Prefetcher(const Tree& tree, unsigned helpers) : tree_(tree) {
   helpers = std::max(helpers, 1u);
   for (unsigned i = 0; i < helpers; ++i) helpers_.emplace_back([this] { helper_loop(); });
@@ -73,18 +86,13 @@ int Prefetcher::read(Stream& s, uint64_t off, size_t len, std::vector<char>& buf
     const uint64_t want = std::min<uint64_t>(len, s.size > off ? s.size - off : 0);
     if (want == 0) break;
     // The slots holding [off, off + want): one, or two that follow each other.
-    auto usable = [](const Slot& slot) {
-      return slot.state != State::kFree && slot.state != State::kFailed;
-    };
     std::array<Slot*, 2> parts{};
     size_t n = 0;
     for (uint64_t pos = off; pos < off + want && n < parts.size();) {
-      auto it = std::find_if(s.slots.begin(), s.slots.end(), [&](const Slot& slot) {
-        return usable(slot) && slot.off <= pos && pos < slot.end();
-      });
-      if (it == s.slots.end()) break;
-      parts[n++] = &*it;
-      pos = it->end();
+      Slot* slot = holding(s, pos);
+      if (slot == nullptr) break;
+      parts[n++] = slot;
+      pos = slot->end();
     }
     if (n == 0 || parts[n - 1]->end() < off + want) break;
     if (Slot** queued = std::find_if(parts.begin(), parts.begin() + n,
@@ -162,16 +170,16 @@ void Prefetcher::plan_ahead(Stream& s, uint64_t at,
   using State = Slot::State;
   // The chain of blocks from the reader's position on: the one holding `at`, then the one
   // right after it. Slots outside the chain hold what the reader has passed or jumped away
-  // from; they are taken back, unless a filler is writing them.
+  // from; they are taken back, unless a filler is writing them. Then free slots extend the
+  // chain until it is two blocks long.
   std::array<bool, 2> in_chain{};
   uint64_t pos = at;
-  for (size_t depth = 0; depth < s.slots.size() && pos < s.size; ++depth) {
-    auto it = std::find_if(s.slots.begin(), s.slots.end(), [&](const Slot& slot) {
-      return (slot.busy() || slot.state == State::kReady) && slot.off <= pos && pos < slot.end();
-    });
-    if (it == s.slots.end()) break;
-    in_chain[it - s.slots.begin()] = true;
-    pos = it->end();
+  size_t depth = 0;
+  for (; depth < s.slots.size() && pos < s.size; ++depth) {
+    Slot* slot = holding(s, pos);
+    if (slot == nullptr) break;
+    in_chain[static_cast<size_t>(slot - s.slots.data())] = true;
+    pos = slot->end();
   }
   for (size_t i = 0; i < s.slots.size(); ++i) {
     Slot& slot = s.slots[i];
@@ -179,14 +187,9 @@ void Prefetcher::plan_ahead(Stream& s, uint64_t at,
     slot.state = State::kFree;
     ++slot.generation;
   }
-  // Fill free slots along the chain until it is two blocks long.
-  pos = at;
-  for (size_t depth = 0; depth < s.slots.size() && pos < s.size; ++depth) {
-    auto holding = std::find_if(s.slots.begin(), s.slots.end(), [&](const Slot& slot) {
-      return slot.state != State::kFree && slot.off <= pos && pos < slot.end();
-    });
-    if (holding != s.slots.end()) {
-      pos = holding->end();
+  for (; depth < s.slots.size() && pos < s.size; ++depth) {
+    if (Slot* slot = holding(s, pos)) {  // a block still being written, kept above
+      pos = slot->end();
       continue;
     }
     auto free = std::find_if(s.slots.begin(), s.slots.end(),
