@@ -175,8 +175,7 @@ int Tree::gather(std::span<const plan::Run> runs, char* out) const {
   }
   if (mapped_->copy(runs, out)) return 0;
   // The fault does not say which source shrank; the fingerprint check names it.
-  for (const plan::Run& run : runs)
-    if (run.mem == nullptr && check_source(run.source) != 0) return EIO;
+  if (check_sources(runs) != 0) return EIO;
   spdlog::error("a source shrank during a read (SIGBUS on its mapping)");
   return EIO;
 }
