@@ -222,7 +222,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
       fuse_reply_buf(req, nullptr, 0);
       return;
     }
-    std::vector<char> buf = s.buffers.take();
+    ReplyBuffer buf = s.buffers.take();
     size_t got = 0;
     int err = 0;
     // Our own reference: once the reply is out, the reader may close the file and its
@@ -302,15 +302,15 @@ void op_access(fuse_req_t req, fuse_ino_t ino, int mask) {
 
 }  // namespace
 
-std::vector<char> BufferPool::take() {
+ReplyBuffer BufferPool::take() {
   std::lock_guard lock(mutex_);
-  if (spare_.empty()) return {};
-  std::vector<char> buffer = std::move(spare_.back());
+  if (spare_.empty()) return make_reply_buffer();
+  ReplyBuffer buffer = std::move(spare_.back());
   spare_.pop_back();
   return buffer;
 }
 
-void BufferPool::give(std::vector<char> buffer) {
+void BufferPool::give(ReplyBuffer buffer) {
   std::lock_guard lock(mutex_);
   if (spare_.size() < kSpare) spare_.push_back(std::move(buffer));
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckptfs/fs/prefetcher.h"
+#include "ckptfs/fs/reply_buffer.h"
 #include "ckptfs/fs/tree.h"
 
 namespace ckptfs::fs::detail {
@@ -26,15 +27,15 @@ constexpr double kTimeout = 24 * 3600.0;
 // copy (perf-limits.md), and one per thread would hold memory for every idle worker.
 class BufferPool {
  public:
-  // A buffer with the capacity of earlier replies, or an empty one.
-  std::vector<char> take();
+  // A spare buffer, or a new one with room for a 1 MiB READ.
+  ReplyBuffer take();
   // Keeps up to kSpare buffers; the rest are freed.
-  void give(std::vector<char> buffer);
+  void give(ReplyBuffer buffer);
 
  private:
   static constexpr size_t kSpare = 4;
   std::mutex mutex_;
-  std::vector<std::vector<char>> spare_;
+  std::vector<ReplyBuffer> spare_;
 };
 
 // The session's userdata. Read-only once init has run (the pool and counters synchronize

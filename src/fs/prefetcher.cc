@@ -19,8 +19,8 @@ struct Slot {
   // old one finds it is no longer wanted.
   uint64_t generation = 0;
   uint64_t off = 0;
-  size_t got = 0;          // the block's length (clipped at end of file)
-  std::vector<char> data;  // at least `got` bytes once filled; the filler's while kRunning
+  size_t got = 0;    // the block's length (clipped at end of file)
+  ReplyBuffer data;  // at least `got` bytes once filled; the filler's while kRunning
   uint64_t end() const { return off + got; }
   bool busy() const { return state == State::kQueued || state == State::kRunning; }
   bool holds(uint64_t o, size_t n) const { return o >= off && o + n <= end(); }
@@ -76,7 +76,7 @@ std::shared_ptr<Prefetcher::Stream> Prefetcher::open(uint64_t ino) const {
   return std::make_shared<Stream>(ino, file->size());
 }
 
-int Prefetcher::read(Stream& s, uint64_t off, size_t len, std::vector<char>& buf, size_t& got) {
+int Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf, size_t& got) {
   using State = Slot::State;
   bool hit = false;
   bool sequential = false;
@@ -240,6 +240,7 @@ void Prefetcher::fill(Stream& s, size_t index, uint64_t generation) {
     want = slot.got;
   }
   // Allocated (and first touched) here, by the filler, not on a reader's path.
+  if (slot.data.capacity() == 0) slot.data = make_reply_buffer();
   if (slot.data.size() < want) slot.data.resize(want);
   size_t got = 0;
   int err = tree_.read_into(s.ino, off, std::span<char>(slot.data.data(), want), got);

@@ -56,7 +56,7 @@ void settle(const Prefetcher& p) {
 std::string read_sequentially(Prefetcher& prefetcher, const TestData& data, size_t t,
                               const std::vector<size_t>& sizes, uint64_t& reads) {
   const auto stream = prefetcher.open(ino_of(t));
-  std::vector<char> buf;
+  ReplyBuffer buf;
   std::string all;
   reads = 0;
   for (uint64_t off = 0; off < data.expected(t).size(); ++reads) {
@@ -103,7 +103,7 @@ TEST_F(PrefetcherTest, RandomReadsAreNotReadAhead) {
   const auto stream = prefetcher.open(ino_of(2));
   std::mt19937_64 rng(5);
   std::uniform_int_distribution<uint64_t> off_of(1, want.size() - 1);
-  std::vector<char> buf;
+  ReplyBuffer buf;
   for (int i = 0; i < 50; ++i) {
     const uint64_t off = off_of(rng);
     size_t got = 0;
@@ -120,7 +120,7 @@ TEST_F(PrefetcherTest, SourceChangedAfterReadAheadFailsTheRead) {
   Prefetcher prefetcher(tree_, 1);
   const std::string& want = data_.expected(0);  // header, source 0, source 1 from byte 5010
   const auto stream = prefetcher.open(ino_of(0));
-  std::vector<char> buf;
+  ReplyBuffer buf;
   size_t got = 0;
   ASSERT_EQ(prefetcher.read(*stream, 0, 5000, buf, got), 0);
   prefetcher.start(*stream);
@@ -143,7 +143,7 @@ TEST_F(PrefetcherTest, ConcurrentStreamsAllMatch) {
         const auto stream = prefetcher.open(ino_of(t));
         const std::string& want = data_.expected(t);
         std::string all;
-        std::vector<char> buf;
+        ReplyBuffer buf;
         for (uint64_t off = 0; off < want.size(); off += chunk) {
           size_t got = 0;
           if (prefetcher.read(*stream, off, chunk, buf, got) != 0) ++mismatches;
@@ -163,7 +163,7 @@ TEST_F(PrefetcherTest, StopsWithBlocksQueuedAndStreamsStillOpen) {
   {
     Prefetcher prefetcher(tree_, 1);
     stream = prefetcher.open(ino_of(2));
-    std::vector<char> buf;
+    ReplyBuffer buf;
     size_t got = 0;
     for (uint64_t off = 0; off < (1u << 20); off += 65536) {
       ASSERT_EQ(prefetcher.read(*stream, off, 65536, buf, got), 0);

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckptfs/fs/reply_buffer.h"
 #include "ckptfs/fs/tree.h"
 
 namespace ckptfs::fs {
@@ -44,7 +45,7 @@ class Prefetcher {
   // sources are unchanged, else gathered now. Then, if this read continued the previous one,
   // plans blocks so that two are read ahead of the reader's position. 0, or an errno as
   // Tree::read_into.
-  int read(Stream& stream, uint64_t off, size_t len, std::vector<char>& buf, size_t& got);
+  int read(Stream& stream, uint64_t off, size_t len, ReplyBuffer& buf, size_t& got);
   // Hands the blocks the last read planned to the helpers. Called once the reply is sent, so
   // that waking them does not delay it.
   void start(Stream& stream);
