@@ -226,6 +226,7 @@ class Tools:
     readbench = None
     ckptfs = None
     read_map_bench = None
+    fuse_ceiling = None
 
 
 def run(cmd, check=True, **kw):
@@ -543,6 +544,42 @@ class Bench:
         self.fig["main_bytes"] = ds.bytes()
         self.fig["main_tensors"] = ds.source_tensors()
 
+    def ceiling(self, ds: Dataset, runs):
+        """(j) What FUSE itself allows, in this run: bench/fuse_ceiling serving the main data's
+        expected files, from a constant buffer (the transport alone) and by pread (a server in
+        front of files already converted), 1 and 2 readers, paired with the hot read."""
+        ref = ds.expected_files()
+        warm(list(ds.source_files) + list(ref))
+        for mode in ("static", "pread"):
+            mnt = self.mnt("ceiling")
+            os.makedirs(mnt, exist_ok=True)
+            proc = subprocess.Popen([Tools.fuse_ceiling, mnt, mode, *ref],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            try:
+                for _ in range(500):
+                    if is_mounted(mnt) or proc.poll() is not None:
+                        break
+                    time.sleep(0.01)
+                if not is_mounted(mnt):
+                    raise RuntimeError(f"fuse_ceiling did not mount: {proc.stderr.read()}")
+                files = [os.path.join(mnt, f"f{i}") for i in range(len(ref))]
+                readbench(files)
+                if mode == "pread":
+                    self.verify("(j) FUSE over the expected files", ds, files, 1, "range")
+                one = self.paired(f"(j) FUSE ceiling, {mode}, 1 reader",
+                                  self.mount_read(files, 1, "range", True), ref, runs)
+                split2 = "files" if len(files) >= 2 else "range"
+                two = self.paired(f"(j) FUSE ceiling, {mode}, 2 readers",
+                                  self.mount_read(files, 2, split2, True), ref, runs)
+                self.fig[f"ceil_{mode}"] = (one, two)
+            finally:
+                if is_mounted(mnt):
+                    subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
     def strided_reads(self, ds: Dataset, runs):
         """(d): every tensor split on its last dimension; its own hot reference."""
         ref = ds.expected_files()
@@ -774,6 +811,14 @@ def report(bench: Bench, datasets, args):
         s = f[key]
         row(f"ratio {key}", fmt_ratio(s), f">= {tgt}", verdict(s.median >= tgt))
     row("ratio (page-cache first read)/a", fmt_ratio(f["b_cache/a"]))
+    for mode, label in (("static", "transport alone (constant buffer)"),
+                        ("pread", "server over the expected files (pread)")):
+        one, two = f[f"ceil_{mode}"]
+        row(f"(j) FUSE {label}, 1 / 2 readers",
+            f"{one[0].median:,.0f} / {two[0].median:,.0f} MB/s, ratio {one[1].median:.3f} / "
+            f"{two[1].median:.3f}")
+        row(f"    b / it, c / it",
+            f"{f['b/a'].median / one[1].median:.2f} / {f['c/a'].median / two[1].median:.2f}")
     row("ratio merge/a (1 reader) / merge2/a (2 readers)",
         f"{f['merge/a'].median:.3f} / {f['merge2/a'].median:.3f}")
     for key, label in (("main", f"large ({main.bytes() / MIB:,.0f} MiB, "
@@ -919,8 +964,9 @@ def main(argv=None):
         args.huge_params = 0
     Tools.readbench = os.path.join(args.build_dir, "bench", "readbench")
     Tools.read_map_bench = os.path.join(args.build_dir, "bench", "read_map_bench")
+    Tools.fuse_ceiling = os.path.join(args.build_dir, "bench", "fuse_ceiling")
     Tools.ckptfs = os.path.join(args.build_dir, "ckptfs")
-    for tool in (Tools.readbench, Tools.ckptfs):
+    for tool in (Tools.readbench, Tools.ckptfs, Tools.fuse_ceiling):
         if not os.access(tool, os.X_OK):
             raise SystemExit(f"{tool} missing: run scripts/bench.sh (it builds)")
     if not os.access(Tools.read_map_bench, os.X_OK):
@@ -958,6 +1004,7 @@ def main(argv=None):
             ds.prepare(bench.log)
         bench.log(f"measuring: {args.runs} paired runs per figure")
         bench.main_reads(datasets["main"], args.runs)
+        bench.ceiling(datasets["main"], args.runs)
         bench.strided_reads(datasets["strided"], args.runs)
         bench.cache_reads(datasets["main"], args.runs)
         bench.merge_reads(datasets["merge"], args.runs)
