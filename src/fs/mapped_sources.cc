@@ -18,6 +18,11 @@ namespace {
 // fault-around window), never past the 2 MiB page table it falls in: touched ranges are kept
 // and dropped in whole tables.
 constexpr uint64_t kTable = 2 << 20;
+// Short runs (a strided layout: 1 KiB out of every 4 KiB) each start on a page the hardware
+// prefetcher has not seen, so every run would wait for memory; the copy loop asks for the run
+// kAhead places further on while copying this one (+3-4% on the last-dimension split).
+constexpr size_t kAhead = 4;
+constexpr uint64_t kPrefetchUpTo = 4096;
 
 // The page tables a source run lies in.
 MappedSources::Range tables_of(const plan::Run& run) {
@@ -72,6 +77,12 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
       if (runs[i].mem != nullptr) std::memcpy(dest[i], runs[i].mem, runs[i].length);
     for (size_t k = 0; k < order.size(); ++k) {
       const plan::Run& run = runs[order[k]];
+      if (k + kAhead < order.size()) {
+        const plan::Run& next = runs[order[k + kAhead]];
+        const char* at = maps_[next.source].data() + next.offset;
+        if (next.length <= kPrefetchUpTo)
+          for (uint64_t b = 0; b < next.length; b += 64) __builtin_prefetch(at + b);
+      }
       std::memcpy(dest[order[k]], maps_[run.source].data() + run.offset, run.length);
       if (!one_by_one) continue;
       const Range tables = tables_of(run);
