@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -92,8 +93,12 @@ void run_mount(const MountArgs& args) {
   std::error_code ec;
   if (!std::filesystem::is_directory(args.mountpoint, ec))
     fail("mountpoint {} is not a directory", args.mountpoint);
-  fs::Tree tree(build_plan(args));
-  const int rc = fs::mount(args.mountpoint, std::move(tree), mount_options(args));
+  auto tree = std::make_unique<fs::Tree>(build_plan(args));
+  const int rc = fs::mount(args.mountpoint, *tree, mount_options(args));
+  // Not freed: this process only exits now, and the detached daemon shares the tables with it
+  // copy-on-write, so freeing them would copy every page they sit on first (seconds and
+  // gigabytes at millions of source tensors).
+  static_cast<void>(tree.release());
   if (rc != 0) fail("mount at {} ended with status {}", args.mountpoint, rc);
 }
 

@@ -340,7 +340,7 @@ stdfs::path resolve_mountpoint(const stdfs::path& mountpoint) {
 
 }  // namespace
 
-int mount(const std::filesystem::path& mountpoint, Tree tree, const MountOptions& options) {
+int mount(const std::filesystem::path& mountpoint, const Tree& tree, const MountOptions& options) {
   const ParsedOptions parsed = parse_options(options);
   std::error_code ec;
   const stdfs::path where = stdfs::canonical(mountpoint, ec);

@@ -24,8 +24,9 @@ struct MountOptions {
 
 // Mounts and serves until unmounted. In the foreground it returns when unmounted. Otherwise the
 // parent returns 0 once the kernel mount exists and the child serves it, or throws Error (and
-// leaves no mount) if mounting failed.
-int mount(const std::filesystem::path& mountpoint, Tree tree, const MountOptions& options);
+// leaves no mount) if mounting failed. The server reads `tree` in place (the child's copy of
+// it after the fork), so it must outlive the call.
+int mount(const std::filesystem::path& mountpoint, const Tree& tree, const MountOptions& options);
 
 // Unmounts a ckptfs mount; throws Error naming the mountpoint.
 void unmount(const std::filesystem::path& mountpoint);
