@@ -50,7 +50,8 @@ class Prefetcher {
   // that waking them does not delay it.
   void start(Stream& stream);
 
-  // Reads served from a block read ahead, and blocks gathered ahead in all.
+  // Reads served from a block read ahead, and gathers ahead finished in all. A failed one
+  // counts too; the READ of its block then gathers for itself.
   uint64_t hits() const { return hits_; }
   uint64_t gathered_ahead() const { return gathered_ahead_; }
 
