@@ -1,10 +1,14 @@
 #include "ckptfs/fs/prefetcher.h"
 
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <utility>
 
 namespace ckptfs::fs {
@@ -57,7 +61,11 @@ Slot* holding(Prefetcher::Stream& s, uint64_t pos) {
 
 Prefetcher::Prefetcher(const Tree& tree, unsigned helpers) : tree_(tree) {
   helpers = std::max(helpers, 1u);
-  for (unsigned i = 0; i < helpers; ++i) helpers_.emplace_back([this] { helper_loop(); });
+  for (unsigned i = 0; i < helpers; ++i) {
+    helpers_.emplace_back([this] { helper_loop(); });
+    // Named so that top -H and perf tell them from the FUSE worker threads.
+    pthread_setname_np(helpers_.back().native_handle(), "ckptfs-ahead");
+  }
 }
 
 Prefetcher::~Prefetcher() {
@@ -239,11 +247,19 @@ void Prefetcher::fill(Stream& s, size_t index, uint64_t generation) {
     off = slot.off;
     want = slot.got;
   }
-  // Allocated (and first touched) here, by the filler, not on a reader's path.
-  if (slot.data.capacity() == 0) slot.data = make_reply_buffer();
-  if (slot.data.size() < want) slot.data.resize(want);
   size_t got = 0;
-  int err = tree_.read_into(s.ino, off, std::span<char>(slot.data.data(), want), got);
+  int err = 0;
+  // Nothing may escape a helper thread (it would end the daemon): a failure fails the block,
+  // and the READ of that block gathers for itself.
+  try {
+    // Allocated (and first touched) here, by the filler, not on a reader's path.
+    if (slot.data.capacity() == 0) slot.data = make_reply_buffer();
+    if (slot.data.size() < want) slot.data.resize(want);
+    err = tree_.read_into(s.ino, off, std::span<char>(slot.data.data(), want), got);
+  } catch (const std::exception& e) {
+    spdlog::error("read-ahead of inode {} at {}: {}", s.ino, off, e.what());
+    err = EIO;
+  }
   if (err == 0 && got != want) err = EIO;  // the size is fixed for the mount: cannot happen
   {
     std::lock_guard lock(s.mutex);
