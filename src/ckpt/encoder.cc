@@ -18,11 +18,11 @@ uint64_t length_delimited_size(uint64_t payload) { return 1 + varint_size(payloa
 
 std::string record_header(std::string_view tag, std::span<const int64_t> dims,
                           std::string_view tensor_type, uint64_t content_length) {
-  uint64_t tensor_size = length_delimited_size(tensor_type.size()) +
-                         length_delimited_size(content_length);
+  uint64_t tensor_size =
+      length_delimited_size(tensor_type.size()) + length_delimited_size(content_length);
   for (int64_t dim : dims) tensor_size += 1 + varint_size(static_cast<uint64_t>(dim));
-  const uint64_t value_size = length_delimited_size(tag.size()) +
-                              length_delimited_size(tensor_size);
+  const uint64_t value_size =
+      length_delimited_size(tag.size()) + length_delimited_size(tensor_size);
 
   std::string out;
   out.reserve(32 + tag.size() + tensor_type.size() + 11 * dims.size());

@@ -25,16 +25,16 @@ enum class EntryKind : uint8_t {
 // One parameter: consecutive records with the same tag, merged (spec §1.5).
 struct Param {
   std::string name;
-  std::string dtype;             // tensor_type of the last record ("" for map tensors)
-  std::vector<int64_t> shape;    // empty for scalars (dims absent, or [0] on a non-string)
-  bool dims_zero = false;        // the file wrote dims [0] (≤2.2 scalar, or a string)
+  std::string dtype;           // tensor_type of the last record ("" for map tensors)
+  std::vector<int64_t> shape;  // empty for scalars (dims absent, or [0] on a non-string)
+  bool dims_zero = false;      // the file wrote dims [0] (≤2.2 scalar, or a string)
   EntryKind kind = EntryKind::Tensor;
-  uint32_t element_size = 0;     // 0 unless kind == Tensor
-  std::vector<Extent> content;   // tensor_content of each record, in order
-  std::vector<Extent> records;   // each whole top-level record (0x0A, length, Value)
+  uint32_t element_size = 0;    // 0 unless kind == Tensor
+  std::vector<Extent> content;  // tensor_content of each record, in order
+  std::vector<Extent> records;  // each whole top-level record (0x0A, length, Value)
 
-  uint64_t nbytes() const;       // total content bytes
-  uint64_t elements() const;     // product of shape (1 for a scalar)
+  uint64_t nbytes() const;    // total content bytes
+  uint64_t elements() const;  // product of shape (1 for a scalar)
 };
 
 struct ScanOptions {
@@ -43,9 +43,9 @@ struct ScanOptions {
 
 struct FileScan {
   uint64_t file_size = 0;
-  uint64_t body_size = 0;         // bytes before the CRC trailer (== file_size without one)
+  uint64_t body_size = 0;  // bytes before the CRC trailer (== file_size without one)
   bool has_crc_trailer = false;
-  std::vector<Param> params;      // in file order, exactly as recorded
+  std::vector<Param> params;  // in file order, exactly as recorded
 };
 
 // Scans a checkpoint. Throws Error naming `path` and the byte offset for truncated or malformed

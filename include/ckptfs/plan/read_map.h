@@ -22,10 +22,10 @@ struct TensorContent {
   uint32_t element_size = 0;
   std::vector<int64_t> target_begin;  // target box, global coordinates (rank >= 1)
   std::vector<int64_t> target_shape;
-  std::vector<int64_t> block_shape;   // extent of every source block
-  std::vector<int64_t> first_block;   // block coordinates of the first intersecting block
-  std::vector<int64_t> grid;          // intersecting blocks along each dimension
-  std::vector<SourceBlock> blocks;    // product(grid) blocks, C order over the grid
+  std::vector<int64_t> block_shape;  // extent of every source block
+  std::vector<int64_t> first_block;  // block coordinates of the first intersecting block
+  std::vector<int64_t> grid;         // intersecting blocks along each dimension
+  std::vector<SourceBlock> blocks;   // product(grid) blocks, C order over the grid
 
   uint64_t nbytes() const;
   // Appends runs for content bytes [begin, end) (begin <= end <= nbytes()).
