@@ -43,7 +43,7 @@ workdir=$(cd "$workdir" && pwd)
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCKPTFS_BUILD_TESTS=OFF >/dev/null
 fi
-cmake --build "$build" -j2 --target ckptfs readbench read_map_bench >/dev/null
+cmake --build "$build" -j2 --target ckptfs readbench read_map_bench fuse_ceiling >/dev/null
 
 # bench.py unmounts whatever it mounted on any exit it can see; this catches the rest (a killed
 # interpreter): nothing under the workdir stays mounted.
