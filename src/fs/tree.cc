@@ -188,8 +188,10 @@ int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got
   thread_local std::vector<plan::Run> runs;
   runs.clear();
   const uint64_t covered = f->map(off, buf.size(), runs);
-  if (int err = check_sources(runs)) return err;
   if (int err = gather(runs, buf.data())) return err;
+  // After the copy, not before: a write to a source changes its mtime before its bytes, so a
+  // source found unchanged now was unchanged while it was copied.
+  if (int err = check_sources(runs)) return err;
   got = covered;
   return 0;
 }

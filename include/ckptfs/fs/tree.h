@@ -64,11 +64,12 @@ class Tree {
   // Copies the bytes of `runs` to `out` (which holds their total length) from the header
   // buffers and the source mappings. 0, or EIO (logged) if a run lies past its source's size at
   // mount or the file has shrunk under the mapping since. Does not check fingerprints; call
-  // check_sources first.
+  // check_sources after it, before the bytes are used.
   int gather(std::span<const plan::Run> runs, char* out) const;
-  // Serves a read of file `ino` into `buf`: maps [off, off + buf.size()), checks the sources
-  // and gathers. `got` is the byte count (short only at end of file). 0, or an errno:
-  // ENOENT/EISDIR for a bad inode, EIO for a changed source or a short pread.
+  // Serves a read of file `ino` into `buf`: maps [off, off + buf.size()), gathers, then checks
+  // the sources, so bytes copied while a source changed are never served. `got` is the byte
+  // count (short only at end of file). 0, or an errno: ENOENT/EISDIR for a bad inode, EIO for
+  // a changed or shrunk source.
   int read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got) const;
 
  private:
