@@ -189,8 +189,8 @@ int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got
   runs.clear();
   const uint64_t covered = f->map(off, buf.size(), runs);
   if (int err = gather(runs, buf.data())) return err;
-  // After the copy, not before: a write to a source changes its mtime before its bytes, so a
-  // source found unchanged now was unchanged while it was copied.
+  // After the copy, not before: write() updates a file's mtime before its bytes, so a source
+  // found unchanged now was not written while it was copied.
   if (int err = check_sources(runs)) return err;
   got = covered;
   return 0;
