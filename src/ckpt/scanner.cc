@@ -13,7 +13,9 @@
 #include <cstring>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -132,6 +134,17 @@ struct Record {
 
 // Protobuf wire reading with every length checked against the enclosing message. `scope`
 // names that message in errors ("file", "Checkpoint.Value", ...).
+// Text naming a field in an error message: a string, or a callable that formats it. The
+// callable runs only when an error is raised, so the path that succeeds formats nothing: a
+// scan reads millions of fields, and formatting each one's name cost 7% of a cold mount.
+template <class What>
+std::string describe(const What& what) {
+  if constexpr (std::is_invocable_v<const What&>)
+    return what();
+  else
+    return std::string(what);
+}
+
 class Parser {
  public:
   Parser(int fd, const std::string& name, uint64_t end, std::string_view top_scope)
@@ -143,7 +156,8 @@ class Parser {
     fail("{}: byte offset {}: {}", name_, offset, what);
   }
 
-  uint64_t varint(uint64_t limit, std::string_view what) {
+  template <class What>
+  uint64_t varint(uint64_t limit, const What& what) {
     const uint64_t start = pos_;
     const auto bytes = in_.peek(pos_, 10, limit);
     size_t used = 0;
@@ -153,8 +167,8 @@ class Parser {
                        std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b & 0x80; });
       if (cut)
         error_at(start, fmt::format("truncated varint ({}): the enclosing message ends at byte {}",
-                                    what, limit));
-      error_at(start, fmt::format("malformed varint ({}): more than 64 bits", what));
+                                    describe(what), limit));
+      error_at(start, fmt::format("malformed varint ({}): more than 64 bits", describe(what)));
     }
     pos_ += used;
     return *value;
@@ -162,19 +176,20 @@ class Parser {
 
   Key key(uint64_t limit, std::string_view scope) {
     const uint64_t start = pos_;
-    const uint64_t v = varint(limit, fmt::format("field key in {}", scope));
+    const uint64_t v = varint(limit, [&] { return fmt::format("field key in {}", scope); });
     if (v > 0xFFFFFFFFull || (v >> 3) == 0)
       error_at(start, fmt::format("invalid field key 0x{:x} in {}", v, scope));
     return Key{start, static_cast<uint32_t>(v >> 3), static_cast<uint32_t>(v & 7)};
   }
 
   // A length prefix, checked to leave the payload inside [pos, limit).
-  uint64_t length(uint64_t limit, std::string_view what, std::string_view scope) {
+  template <class What>
+  uint64_t length(uint64_t limit, const What& what, std::string_view scope) {
     const uint64_t start = pos_;
-    const uint64_t len = varint(limit, fmt::format("length of {}", what));
+    const uint64_t len = varint(limit, [&] { return fmt::format("length of {}", describe(what)); });
     if (len > limit - pos_)
       error_at(start, fmt::format("length {} of {} runs past byte {}, the end of the enclosing {}",
-                                  len, what, limit, scope));
+                                  len, describe(what), limit, scope));
     return len;
   }
 
@@ -189,7 +204,7 @@ class Parser {
   void skip_field(const Key& k, uint64_t limit, std::string_view scope) {
     switch (k.wire) {
       case kVarint:
-        varint(limit, fmt::format("unknown field {} in {}", k.field, scope));
+        varint(limit, [&] { return fmt::format("unknown field {} in {}", k.field, scope); });
         return;
       case kFixed64:
       case kFixed32: {
@@ -202,7 +217,8 @@ class Parser {
         return;
       }
       case kLen:
-        pos_ += length(limit, fmt::format("unknown field {}", k.field), scope);
+        pos_ += length(
+            limit, [&] { return fmt::format("unknown field {}", k.field); }, scope);
         return;
       case kStartGroup:
       case kEndGroup:
