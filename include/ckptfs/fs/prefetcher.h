@@ -43,8 +43,8 @@ class Prefetcher {
   // Serves [off, off + len) of the stream's file into `buf` (resized to len; `got` is short
   // only at end of file): from a block read ahead when one holds that range and the file's
   // sources are unchanged, else gathered now. Then, if this read continued the previous one,
-  // plans blocks so that the one holding the reader's position and the two after it are read ahead.
-  // 0, or an errno as Tree::read_into.
+  // plans blocks so that the one holding the reader's position and the two after it are read
+  // ahead. 0, or an errno as Tree::read_into.
   int read(Stream& stream, uint64_t off, size_t len, ReplyBuffer& buf, size_t& got);
   // Hands the blocks the last read planned to the helpers. Called once the reply is sent, so
   // that waking them does not delay it.
