@@ -37,15 +37,9 @@ void guarded(fuse_req_t req, const char* op, Body&& body) noexcept {
   fuse_reply_err(req, EIO);
 }
 
-// Read-ahead helpers: one fewer than the CPUs, so that a reader and the worker answering it
-// keep a CPU of their own (on 2 CPUs, one helper read contiguous data 8-13% faster than two,
-// and strided data as fast), and never more than kMaxHelpers: each one only runs while a reader
+// At most this many read-ahead helpers, however many CPUs: each one only runs while a reader
 // waits on a READ.
 constexpr unsigned kMaxHelpers = 4;
-unsigned helper_count() {
-  const unsigned cpus = std::max(std::thread::hardware_concurrency(), 1u);
-  return std::clamp(cpus - 1, 1u, kMaxHelpers);
-}
 
 // What an open file handle (fi->fh) points to in direct_io mode.
 struct StreamHandle {
@@ -81,7 +75,9 @@ void op_init(void* userdata, fuse_conn_info* conn) {
   // from memory, never spliced: a spliced 1 MiB reply needs 257 pipe pages, more than
   // pipe-max-size allows, and READs cut to fit cost a second round trip per MiB.
   conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_SPLICE_READ);
-  if (s.read_ahead) s.prefetcher = std::make_unique<Prefetcher>(*s.tree, helper_count());
+  if (s.read_ahead)
+    s.prefetcher = std::make_unique<Prefetcher>(
+        *s.tree, std::clamp(std::thread::hardware_concurrency(), 1u, kMaxHelpers));
   spdlog::info("fuse: protocol 7.{}, max_write {}, max_readahead {}, {} mode", conn->proto_minor,
                conn->max_write, conn->max_readahead, s.cache ? "page-cache" : "direct_io");
 }

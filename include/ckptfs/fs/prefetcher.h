@@ -80,6 +80,8 @@ class Prefetcher {
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> gathered_ahead_{0};
   static constexpr int64_t kBusyWindowUs = 2000;
+  // Reads a stream stays "lagging" after one of them had to wait for its block.
+  static constexpr unsigned kLagReads = 16;
   std::atomic<const Stream*> last_reader_{nullptr};
   std::atomic<int64_t> last_read_us_{0};
   std::atomic<int64_t> other_at_{INT64_MIN / 2};  // last read by a stream other than the latest
