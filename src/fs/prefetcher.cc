@@ -26,8 +26,6 @@ struct Slot {
   size_t got = 0;    // the block's length (clipped at end of file)
   ReplyBuffer data;  // at least `got` bytes once filled; the filler's while kRunning
   uint64_t end() const { return off + got; }
-  bool busy() const { return state == State::kQueued || state == State::kRunning; }
-  bool holds(uint64_t o, size_t n) const { return o >= off && o + n <= end(); }
 };
 
 }  // namespace
@@ -255,11 +253,13 @@ void Prefetcher::helper_loop() {
       ++job.stream->gathering;
     }
     fill(*job.stream, job.slot, job.generation);
+    bool queued = false;
     {
       std::lock_guard lock(mutex_);
       --job.stream->gathering;
+      queued = !jobs_.empty();
     }
-    wake_.notify_one();  // a job of this stream may have been waiting for this one
+    if (queued) wake_.notify_one();  // a job of this stream may have been waiting for this one
   }
 }
 
