@@ -132,8 +132,6 @@ struct Record {
   Extent record;
 };
 
-// Protobuf wire reading with every length checked against the enclosing message. `scope`
-// names that message in errors ("file", "Checkpoint.Value", ...).
 // Text naming a field in an error message: a string, or a callable that formats it. The
 // callable runs only when an error is raised, so the path that succeeds formats nothing: a
 // scan reads millions of fields, and formatting each one's name cost 7% of a cold mount.
@@ -145,6 +143,8 @@ std::string describe(const What& what) {
     return std::string(what);
 }
 
+// Protobuf wire reading with every length checked against the enclosing message. `scope`
+// names that message in errors ("file", "Checkpoint.Value", ...).
 class Parser {
  public:
   Parser(int fd, const std::string& name, uint64_t end, std::string_view top_scope)
