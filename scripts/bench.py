@@ -20,8 +20,9 @@ files (A B A B ...); the ratio is the median over the pairs. "First read" drops 
 file's page cache with posix_fadvise(DONTNEED) before each timed run, outside the timing; the
 source files stay hot. Each scenario starts with exactly its own source and reference files in
 the page cache, each read front to back after being dropped once, so both sides of a ratio are
-cached alike and other scenarios' data does not crowd the cache. Every mount scenario also gets one checksum pass with the same reader
-layout, compared with the expected files; any mismatch makes the run exit non-zero.
+cached alike and other scenarios' data does not crowd the cache. Every mount scenario also gets
+one checksum pass with the same reader layout, compared with the expected files; any mismatch
+makes the run exit non-zero.
 """
 
 import argparse
