@@ -171,7 +171,7 @@ TEST_F(TreeTest, ReadsMatchAtEveryOffsetOfSmallFiles) {
   }
 }
 
-TEST_F(TreeTest, StridedRunsOfOneSourceReadInBatches) {
+TEST_F(TreeTest, StridedRunsWithGapsAndJumpsMatch) {
   // Many short runs of one source separated by short gaps, a long gap and a backward jump,
   // then alternating sources.
   testing::TargetSpec strided{9, {}};
@@ -184,7 +184,7 @@ TEST_F(TreeTest, StridedRunsOfOneSourceReadInBatches) {
   expect_windows_match(tree, data_.concat(strided), 97, 9000, 11);
 }
 
-TEST_F(TreeTest, LargeGathersOverSeveralBatchesAndSources) {
+TEST_F(TreeTest, LargeGathersOverTwoSourcesAndHeaders) {
   // Hundreds of KiB of short runs from two sources, with header bytes in between.
   testing::TargetSpec big{11, {}};
   for (uint32_t k = 0; k < 700; ++k) {
