@@ -56,21 +56,27 @@ def check_concurrent_readers(args):
                        dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index")):
         files = sorted(fx.expected_files().items())
         errors = []
+        finished = []
 
         def reader(seed):
             rng = random.Random(seed)
-            for _ in range(30):
-                t, path = rng.choice(files)
-                want = itest.read_file(path)
-                with open(os.path.join(mnt, f"rank_{t}", os.path.basename(path)), "rb") as f:
-                    off = rng.randrange(len(want))
-                    size = rng.randrange(1, 300000)
-                    f.seek(off)
-                    if f.read(size) != want[off:off + size]:
-                        errors.append(f"reader {seed}: rank {t} window {off}+{size} differs")
-                    f.seek(0)
-                    if f.read() != want:
-                        errors.append(f"reader {seed}: rank {t} differs")
+            try:
+                for _ in range(30):
+                    t, path = rng.choice(files)
+                    want = itest.read_file(path)
+                    with open(os.path.join(mnt, f"rank_{t}", os.path.basename(path)), "rb") as f:
+                        off = rng.randrange(len(want))
+                        size = rng.randrange(1, 300000)
+                        f.seek(off)
+                        if f.read(size) != want[off:off + size]:
+                            errors.append(f"reader {seed}: rank {t} window {off}+{size} differs")
+                        f.seek(0)
+                        if f.read() != want:
+                            errors.append(f"reader {seed}: rank {t} differs")
+            except Exception as e:  # a failed open or read must fail the check, not end a thread
+                errors.append(f"reader {seed}: {e!r}")
+            else:
+                finished.append(seed)
 
         threads = [threading.Thread(target=reader, args=(s,)) for s in range(6)]
         for th in threads:
@@ -78,6 +84,7 @@ def check_concurrent_readers(args):
         for th in threads:
             th.join()
         assert not errors, errors
+        assert sorted(finished) == list(range(6)), f"readers finished: {finished}"
 
 
 def check_real_clients(args):
@@ -99,15 +106,21 @@ def check_real_clients(args):
     for attempt in range(2):
         with itest.mounted(args.ckptfs, fx.src_dir, mnt, **kwargs):
             rank0 = os.path.join(mnt, "rank_0", "checkpoint_0.ckpt")
-            with open(rank0, "rb") as f:
-                proc = subprocess.run(["protoc", "--decode_raw"], stdin=f, capture_output=True,
-                                      timeout=60)
-            assert proc.returncode == 0 and proc.stdout, proc.stderr
+            decoded = {}
+            for which, path in (("mounted", rank0), ("expected", fx.expected_files()[0])):
+                with open(path, "rb") as f:
+                    proc = subprocess.run(["protoc", "--decode_raw"], stdin=f,
+                                          capture_output=True, timeout=60)
+                assert proc.returncode == 0 and proc.stdout, proc.stderr
+                decoded[which] = proc.stdout
+            assert decoded["mounted"] == decoded["expected"], "protoc --decode_raw output differs"
             for t, path in fx.expected_files().items():
                 mounted_file = os.path.join(mnt, f"rank_{t}", os.path.basename(path))
-                msg = checkpoint_pb2.Checkpoint()
+                msg, want = checkpoint_pb2.Checkpoint(), checkpoint_pb2.Checkpoint()
                 msg.ParseFromString(itest.read_file(mounted_file))
-                assert len(msg.value) > 0
+                want.ParseFromString(itest.read_file(path))
+                assert len(msg.value) > 0 and msg == want, f"rank {t}: parsed records differ"
+                assert [v.tag for v in msg.value] == [v.tag for v in want.value]
             out = os.path.join(work, f"copy{attempt}")
             itest.run(["cp", "-r", mnt + "/.", out])
             for t, path in fx.expected_files().items():
