@@ -10,7 +10,8 @@ import ckpt_fixture
 from ckptfix import negative
 
 
-def expect_refusal(args, work, fx, must_name, src_strategy=None, dst_strategy=None):
+def expect_refusal(args, work, fx, must_name, src_strategy=None, dst_strategy=None,
+                   must_not_name=()):
     mnt = os.path.join(work, "mnt")
     os.makedirs(mnt, exist_ok=True)
     cmd = itest.mount_cmd(args.ckptfs, fx.src_dir, mnt,
@@ -28,10 +29,12 @@ def expect_refusal(args, work, fx, must_name, src_strategy=None, dst_strategy=No
     assert proc.returncode != 0, f"mount succeeded on bad input: {proc.stdout}"
     assert elapsed < 20, f"refusal took {elapsed:.1f}s"
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
-    assert lines, "no message on stderr"
-    message = lines[-1]
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}: {proc.stderr}"
+    message = lines[0]
     for word in must_name:
         assert word in message, f"message does not name {word!r}: {message}"
+    for word in must_not_name:
+        assert word not in message, f"message names {word!r}, which is not at fault: {message}"
     print(f"     -> {message}")
 
 
@@ -43,14 +46,14 @@ def fixture(args, name, builtin="8to4_dtypes"):
 def missing_rank(args):
     work, fx = fixture(args, "missing_rank")
     negative.remove_rank(fx.outdir, 3)
-    expect_refusal(args, work, fx, ["3"])
+    expect_refusal(args, work, fx, ["source rank 3", "rank_3/"])
 
 
 def indivisible(args):
     work = os.path.join(args.work, "indivisible")
     negative.indivisible(os.path.join(work, "fixture"))
     fx = ckpt_fixture.Fixture.load(os.path.join(work, "fixture"))
-    expect_refusal(args, work, fx, ["w", "divid"])
+    expect_refusal(args, work, fx, ["parameter w:", "divide"], must_not_name=["parameter ok"])
 
 
 def inconsistent(args):
@@ -63,7 +66,7 @@ def inconsistent(args):
 def truncated(args):
     work, fx = fixture(args, "truncated")
     negative.truncate_source(fx.outdir, 1)
-    expect_refusal(args, work, fx, ["rank_1"])
+    expect_refusal(args, work, fx, ["rank_1/", "byte offset"])
 
 
 def real_corrupt(args):
@@ -90,7 +93,9 @@ def map_length(args, delta):
     work = os.path.join(args.work, f"map_length{delta}")
     negative.tensor_map_length(os.path.join(work, "fixture"), delta)
     fx = ckpt_fixture.Fixture.load(os.path.join(work, "fixture"))
-    expect_refusal(args, work, fx, ["w"])
+    expect_refusal(args, work, fx,
+                   [os.path.basename(fx.src_strategy), "parameter w:", "tensor_map"],
+                   must_not_name=["parameter ok"])
 
 
 def no_strategy(args):
