@@ -6,7 +6,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,24 +33,13 @@ struct MountArgs {
   std::vector<std::string> options;
 };
 
-// Our own -o words are taken out; the rest goes to libfuse.
+// The -o words go to fs::mount as they are: it takes out its own (cache, noreadahead, ...) and
+// hands the rest to libfuse.
 fs::MountOptions mount_options(const MountArgs& args) {
   fs::MountOptions out;
   out.foreground = args.foreground;
   out.log_file = args.log_file;
-  for (const std::string& list : args.options) {
-    std::stringstream words(list);
-    std::string word;
-    while (std::getline(words, word, ',')) {
-      if (word.empty()) continue;
-      if (word == "cache")
-        out.cache = true;
-      else if (word == "direct")
-        out.cache = false;
-      else
-        out.fuse_options.push_back(word);
-    }
-  }
+  out.fuse_options = args.options;
   return out;
 }
 

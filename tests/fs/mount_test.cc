@@ -17,11 +17,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -106,6 +108,17 @@ std::string pread_full(int fd, uint64_t off, size_t len, int* err = nullptr) {
   if (err) *err = 0;
   buf.resize(done);
   return buf;
+}
+
+// Threads of this process named `name` (the foreground server runs in it).
+int threads_named(std::string_view name) {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::string comm;
+    std::getline(std::ifstream(task.path() / "comm"), comm);
+    if (comm == name) ++n;
+  }
+  return n;
 }
 
 class MountTest : public ::testing::Test {
@@ -352,11 +365,20 @@ TEST_F(MountTest, ChangedSourceGivesEio) {
   stop_foreground();
 }
 
+TEST_F(MountTest, ReadAheadHelpersLiveAsLongAsTheMount) {
+  start_foreground();
+  expect_contents_match();  // after a read the server has answered INIT and started helpers
+  EXPECT_GE(threads_named("ckptfs-ahead"), 1);
+  stop_foreground();
+  EXPECT_EQ(threads_named("ckptfs-ahead"), 0);
+}
+
 TEST_F(MountTest, ServesTheSameBytesWithoutReadAhead) {
   MountOptions options;
   options.fuse_options = {"noreadahead,max_threads=2"};
   start_foreground(options);
   expect_contents_match();
+  EXPECT_EQ(threads_named("ckptfs-ahead"), 0);
   stop_foreground();
 }
 
@@ -426,6 +448,18 @@ TEST_F(MountTest, MountErrorsLeaveNoMount) {
     } catch (const Error& e) {
       EXPECT_THAT(e.what(), HasSubstr("cannot mount at " + mnt_.string()));
       EXPECT_THAT(e.what(), HasSubstr("no_such_fuse_option"));
+    }
+    EXPECT_FALSE(mount_line(mnt_));
+  }
+
+  for (const char* count : {"max_threads=abc", "max_threads=0", "max_idle_threads=99999"}) {
+    MountOptions bad_count;
+    bad_count.fuse_options = {std::string("cache,") + count};
+    try {
+      mount(mnt_, Tree(data_->make_plan()), bad_count);
+      ADD_FAILURE() << "mount with " << count << " succeeded";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(count));
     }
     EXPECT_FALSE(mount_line(mnt_));
   }

@@ -73,8 +73,8 @@ def run(cmd, timeout=120, check=True):
 
 
 def mount_cmd(ckptfs, src, mnt, src_strategy=None, dst_strategy=None, index_dir=None,
-              log_file=None, options=None):
-    cmd = [ckptfs, "mount", src, mnt]
+              log_file=None, options=None, log_level=None):
+    cmd = [ckptfs] + (["--log-level", log_level] if log_level else []) + ["mount", src, mnt]
     if src_strategy:
         cmd += ["--src-strategy", src_strategy]
     if dst_strategy:

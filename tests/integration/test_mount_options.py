@@ -1,0 +1,155 @@
+"""The `ckptfs mount` options as a user types them: -o cache (shared mmap works), the default
+direct I/O mode (shared mmap refused), -o noreadahead and max_threads=N, a bad -o value, and
+-f, which serves until Ctrl-C and then unmounts."""
+
+import errno
+import mmap
+import os
+import re
+import signal
+import subprocess
+import time
+
+import itest
+import ckpt_fixture
+from ckptfix.builtins import case, lay, param, side
+
+
+def setup(args, name):
+    work = os.path.join(args.work, name)
+    fx = ckpt_fixture.make_builtin("8to4_dtypes", os.path.join(work, "fixture"))
+    kwargs = dict(src_strategy=fx.src_strategy, dst_strategy=fx.dst_strategy,
+                  index_dir=os.path.join(work, "index"), log_file=os.path.join(work, "log"))
+    return work, fx, os.path.join(work, "mnt"), kwargs
+
+
+def mounted_path(mnt, expected_path, rank):
+    return os.path.join(mnt, f"rank_{rank}", os.path.basename(expected_path))
+
+
+def map_shared(path):
+    """The whole file through a MAP_SHARED mapping, or the errno of the refusal."""
+    with open(path, "rb") as f:
+        try:
+            m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except OSError as e:
+            return e.errno
+        with m:
+            return bytes(m)
+
+
+def check_all_files(fx, mnt):
+    problems = ckpt_fixture.compare_tree(fx, mnt)
+    assert not problems, "\n".join(problems)
+
+
+def cache_mode(args):
+    work, fx, mnt, kwargs = setup(args, "cache")
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, options="cache", **kwargs):
+        check_all_files(fx, mnt)
+        for rank, path in fx.expected_files().items():
+            got = map_shared(mounted_path(mnt, path, rank))
+            assert got == itest.read_file(path), f"rank {rank}: shared mapping differs"
+        check_all_files(fx, mnt)  # re-read, now from the page cache
+
+
+def direct_mode_refuses_shared_mmap(args):
+    work, fx, mnt, kwargs = setup(args, "direct")
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, **kwargs):
+        rank, path = sorted(fx.expected_files().items())[0]
+        got = map_shared(mounted_path(mnt, path, rank))
+        assert got == errno.ENODEV, f"expected ENODEV for a shared mapping, got {got!r:.80}"
+        check_all_files(fx, mnt)
+
+
+# 8 MiB over two source ranks merged into one file: enough 1 MiB blocks to read ahead.
+STREAM_CASE = case(
+    "options_stream", "2 -> 1 rows, 8 MiB", side(2), None,
+    [param("w", "Float32", [2048, 1024], lay([2], [0, -1]), None)], [])
+
+
+def read_ahead_counts(args, name, options):
+    """Reads the merged file front to back in 1 MiB chunks; returns (reads served from blocks
+    read ahead, blocks read ahead) from the daemon's closing log line."""
+    work = os.path.join(args.work, name)
+    fx = ckpt_fixture.make(STREAM_CASE, os.path.join(work, "fixture"))
+    mnt, log = os.path.join(work, "mnt"), os.path.join(work, "log")
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                       index_dir=os.path.join(work, "index"), log_file=log, log_level="info",
+                       options=options):
+        rank, path = sorted(fx.expected_files().items())[0]
+        with open(mounted_path(mnt, path, rank), "rb", buffering=0) as f:
+            got = b"".join(iter(lambda: f.read(1 << 20), b""))
+        assert got == itest.read_file(path), "the merged file differs"
+    # The closing line is written as the daemon exits, just after the unmount.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with open(log) as f:
+            closing = [line for line in f if "fuse: served" in line]
+        if closing:
+            found = re.search(r"\((\d+) from (\d+) blocks read ahead\)", closing[-1])
+            assert found, closing[-1]
+            return int(found.group(1)), int(found.group(2))
+        time.sleep(0.05)
+    raise AssertionError(f"no closing line in {log}")
+
+
+def no_read_ahead(args):
+    hits, blocks = read_ahead_counts(args, "readahead", None)
+    assert hits > 0 and blocks > 0, f"default mount: {hits} reads from {blocks} blocks ahead"
+    hits, blocks = read_ahead_counts(args, "noreadahead", "noreadahead,max_threads=2")
+    assert (hits, blocks) == (0, 0), f"noreadahead: {hits} reads from {blocks} blocks ahead"
+
+
+def bad_option_value(args):
+    work, fx, mnt, kwargs = setup(args, "bad_value")
+    os.makedirs(mnt, exist_ok=True)
+    cmd = itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, options="max_threads=many", **kwargs)
+    proc = itest.run(cmd, timeout=60, check=False)
+    mounted = itest.is_mounted(mnt)
+    itest.unmount(args.ckptfs, mnt)
+    assert not mounted, "a mount was left behind"
+    assert proc.returncode != 0, "mount accepted max_threads=many"
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "max_threads=many" in lines[0], proc.stderr
+
+
+def foreground(args):
+    work, fx, mnt, kwargs = setup(args, "foreground")
+    os.makedirs(mnt, exist_ok=True)
+    kwargs.pop("log_file")  # in the foreground the log goes to stderr
+    cmd = itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, **kwargs) + ["-f"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not itest.is_mounted(mnt):
+            assert proc.poll() is None, f"mount -f exited {proc.returncode}: {proc.stderr.read()}"
+            assert time.monotonic() < deadline, "no mount after 60 s"
+            time.sleep(0.05)
+        check_all_files(fx, mnt)
+        assert proc.poll() is None, "mount -f returned while mounted"
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, f"mount -f exited {proc.returncode} on Ctrl-C: {err}"
+        assert not itest.is_mounted(mnt), "Ctrl-C left the mount behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        itest.unmount(args.ckptfs, mnt)
+
+
+def main():
+    args = itest.parse_args()
+    checks = itest.Checks(args.only)
+    checks.run("-o cache: shared mmap and re-reads", cache_mode, args)
+    checks.run("default direct I/O refuses shared mmap", direct_mode_refuses_shared_mmap, args)
+    checks.run("read-ahead by default, none with -o noreadahead,max_threads=2", no_read_ahead,
+               args)
+    checks.run("bad -o value", bad_option_value, args)
+    checks.run("-f serves until Ctrl-C", foreground, args)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
