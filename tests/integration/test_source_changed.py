@@ -71,6 +71,31 @@ def check(args, how):
     assert victim in text, f"log does not name {victim}:\n{text}"
 
 
+def check_renamed_over(args):
+    """A new file renamed over a source: the mount holds the old file open and keeps serving
+    it, so every target still reads the bytes of the mount time and nothing fails."""
+    work = os.path.join(args.work, "renamed")
+    fx = ckpt_fixture.make(SPLIT_CASE, os.path.join(work, "fixture"))
+    mnt = os.path.join(work, "mnt")
+    victim = os.path.realpath(fx.source_files[3])
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                       dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index")):
+        files = {t["rank"]: (os.path.join(mnt, t["file"].replace("expected/", "")),
+                             os.path.join(fx.outdir, t["file"])) for t in fx.targets}
+        replacement = victim + ".new"
+        with open(victim, "rb") as f:
+            data = bytearray(f.read())
+        for i in range(len(data) // 2, len(data)):  # same size, its second half different
+            data[i] ^= 0xFF
+        with open(replacement, "wb") as f:
+            f.write(data)
+        os.rename(replacement, victim)
+        for t, (m, want) in files.items():
+            got = read_or_errno(m)
+            what = f"errno {got}" if isinstance(got, int) else "bytes differ"
+            assert got == itest.read_file(want), f"rank {t}: {what}"
+
+
 # 8 MiB of Float32 rows over two source ranks, served whole to one target: MiBs to stream.
 STREAM_CASE = case(
     "changed_mid_stream", "2 -> 1 rows, 8 MiB", side(2), None,
@@ -117,6 +142,7 @@ def main():
     checks = itest.Checks(args.only)
     checks.run("source modified after mount", check, args, "modified")
     checks.run("source truncated after mount", check, args, "truncated")
+    checks.run("source replaced by rename after mount", check_renamed_over, args)
     checks.run("source truncated while a reader streams", check_mid_stream, args, "truncated")
     checks.run("source modified while a reader streams", check_mid_stream, args, "modified")
     checks.finish()
