@@ -43,11 +43,15 @@ class TreeTest : public ::testing::Test {
   TreeTest() : data_(dir_.path()), tree_(data_.make_plan()) {}
 
   // Reads [off, off + len) through read_into, as a string of what it returned.
+  // Without `err`, the read must succeed.
   std::string read(uint64_t ino, uint64_t off, size_t len, int* err = nullptr) {
     std::string buf(len, '\xEE');
     size_t got = 0;
     const int e = tree_.read_into(ino, off, std::span<char>(buf.data(), buf.size()), got);
-    if (err) *err = e;
+    if (err)
+      *err = e;
+    else
+      EXPECT_EQ(e, 0) << "read of inode " << ino << " at " << off;
     EXPECT_LE(got, len);
     buf.resize(e == 0 ? got : 0);
     return buf;
@@ -111,7 +115,7 @@ TEST_F(TreeTest, StatGivesModesSizesAndOwner) {
     EXPECT_EQ(st.st_mtim.tv_sec, mtime.tv_sec);
     EXPECT_EQ(st.st_mtim.tv_nsec, mtime.tv_nsec);
   }
-  EXPECT_EQ(data_.expected(3).size(), 0u);
+  ASSERT_EQ(data_.expected(3).size(), 0u) << "the test data should hold one empty file";
   EXPECT_FALSE(tree_.stat(0, st));
   EXPECT_FALSE(tree_.stat(2 + 2 * data_.targets(), st));
   EXPECT_FALSE(tree_.stat(3 + 2 * data_.targets(), st));
