@@ -22,8 +22,8 @@ namespace {
 Server& server(fuse_req_t req) { return *static_cast<Server*>(fuse_req_userdata(req)); }
 
 // No exception may unwind into libfuse's C frames: every callback runs its body through this,
-// and a throw becomes EIO plus a log line. Bodies reply as their last step, so a throw always
-// happens before any reply was sent.
+// and a throw becomes EIO plus a log line. Bodies reply as their last step, or call only
+// noexcept functions after it, so a throw always happens before any reply was sent.
 template <typename Body>
 void guarded(fuse_req_t req, const char* op, Body&& body) noexcept {
   try {
@@ -75,9 +75,15 @@ void op_init(void* userdata, fuse_conn_info* conn) {
   // from memory, never spliced: a spliced 1 MiB reply needs 257 pipe pages, more than
   // pipe-max-size allows, and READs cut to fit cost a second round trip per MiB.
   conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_SPLICE_READ);
-  if (s.read_ahead)
-    s.prefetcher = std::make_unique<Prefetcher>(
-        *s.tree, std::clamp(std::thread::hardware_concurrency(), 1u, kMaxHelpers));
+  if (s.read_ahead) {
+    try {
+      s.prefetcher = std::make_unique<Prefetcher>(
+          *s.tree, std::clamp(std::thread::hardware_concurrency(), 1u, kMaxHelpers));
+    } catch (const std::exception& e) {
+      // Read-ahead only speeds sequential readers up; the mount serves the same bytes without.
+      spdlog::warn("read-ahead off: {}", e.what());
+    }
+  }
   spdlog::info("fuse: protocol 7.{}, max_write {}, max_readahead {}, {} mode", conn->proto_minor,
                conn->max_write, conn->max_readahead, s.cache ? "page-cache" : "direct_io");
 }
@@ -310,7 +316,7 @@ ReplyBuffer BufferPool::take() {
   return buffer;
 }
 
-void BufferPool::give(ReplyBuffer buffer) {
+void BufferPool::give(ReplyBuffer buffer) noexcept {
   std::lock_guard lock(mutex_);
   if (spare_.size() < kSpare) spare_.push_back(std::move(buffer));
 }

@@ -27,10 +27,11 @@ constexpr double kTimeout = 24 * 3600.0;
 // copy (perf-limits.md), and one per thread would hold memory for every idle worker.
 class BufferPool {
  public:
+  BufferPool() { spare_.reserve(kSpare); }
   // A spare buffer, or a new one with room for a 1 MiB READ.
   ReplyBuffer take();
-  // Keeps up to kSpare buffers; the rest are freed.
-  void give(ReplyBuffer buffer);
+  // Keeps up to kSpare buffers; the rest are freed. Never throws (it runs after a reply).
+  void give(ReplyBuffer buffer) noexcept;
 
  private:
   static constexpr size_t kSpare = 4;

@@ -67,14 +67,22 @@ Slot* holding(Prefetcher::Stream& s, uint64_t pos) {
 
 Prefetcher::Prefetcher(const Tree& tree, unsigned helpers) : tree_(tree) {
   helpers = std::max(helpers, 1u);
-  for (unsigned i = 0; i < helpers; ++i) {
-    helpers_.emplace_back([this] { helper_loop(); });
-    // Named so that top -H and perf tell them from the FUSE worker threads.
-    pthread_setname_np(helpers_.back().native_handle(), "ckptfs-ahead");
+  helpers_.reserve(helpers);
+  try {
+    for (unsigned i = 0; i < helpers; ++i) {
+      helpers_.emplace_back([this] { helper_loop(); });
+      // Named so that top -H and perf tell them from the FUSE worker threads.
+      pthread_setname_np(helpers_.back().native_handle(), "ckptfs-ahead");
+    }
+  } catch (...) {
+    stop();  // the helpers already running use this object: join them before it unwinds
+    throw;
   }
 }
 
-Prefetcher::~Prefetcher() {
+Prefetcher::~Prefetcher() { stop(); }
+
+void Prefetcher::stop() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -82,6 +90,7 @@ Prefetcher::~Prefetcher() {
   }
   wake_.notify_all();
   for (std::thread& t : helpers_) t.join();
+  helpers_.clear();
 }
 
 std::shared_ptr<Prefetcher::Stream> Prefetcher::open(uint64_t ino) const {
@@ -163,7 +172,7 @@ int Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf, size
   return 0;
 }
 
-void Prefetcher::start(Stream& s) {
+void Prefetcher::start(Stream& s) noexcept {
   thread_local std::vector<std::pair<size_t, uint64_t>> planned;
   {
     std::lock_guard lock(s.mutex);
@@ -171,10 +180,14 @@ void Prefetcher::start(Stream& s) {
     planned.swap(s.planned);
   }
   const std::shared_ptr<Stream> self = s.shared_from_this();
-  {
+  try {
     std::lock_guard lock(mutex_);
     if (!stopping_)
       for (const auto& [slot, generation] : planned) jobs_.push_back({self, slot, generation});
+  } catch (const std::exception& e) {
+    // Out of memory: the blocks without a job stay queued, and their READs gather for
+    // themselves.
+    spdlog::warn("read-ahead of inode {}: {}", s.ino, e.what());
   }
   if (planned.size() == 1)
     wake_.notify_one();

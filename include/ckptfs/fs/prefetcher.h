@@ -30,7 +30,8 @@ class Prefetcher {
   // Size of a block read ahead: the largest READ the kernel sends.
   static constexpr size_t kBlockBytes = 1 << 20;
 
-  // Starts `helpers` (at least 1) threads. `tree` must outlive the prefetcher.
+  // Starts `helpers` (at least 1) threads; throws std::system_error (with none left running) if
+  // one cannot start. `tree` must outlive the prefetcher.
   Prefetcher(const Tree& tree, unsigned helpers);
   // Lets the gathers under way finish and drops the queued ones.
   ~Prefetcher();
@@ -47,8 +48,8 @@ class Prefetcher {
   // ahead. 0, or an errno as Tree::read_into.
   int read(Stream& stream, uint64_t off, size_t len, ReplyBuffer& buf, size_t& got);
   // Hands the blocks the last read planned to the helpers. Called once the reply is sent, so
-  // that waking them does not delay it.
-  void start(Stream& stream);
+  // that waking them does not delay it; never throws, as the request is answered by then.
+  void start(Stream& stream) noexcept;
 
   // Reads served from a block read ahead, and gathers ahead finished in all. A failed one
   // counts too; the READ of its block then gathers for itself.
@@ -62,6 +63,8 @@ class Prefetcher {
   // Under the stream's lock: takes back the slots the reader has left behind and queues free
   // ones for the blocks from `at` on, appending (slot, generation) to `queued`.
   void plan_ahead(Stream& stream, uint64_t at, std::vector<std::pair<size_t, uint64_t>>& queued);
+  // Drops the queued jobs, lets the running gathers finish and joins the helpers.
+  void stop();
   void helper_loop();
   // Gathers the block of slot `index` if it is still queued with `generation`.
   void fill(Stream& stream, size_t index, uint64_t generation);
