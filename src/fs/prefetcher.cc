@@ -232,6 +232,10 @@ void Prefetcher::plan_ahead(Stream& s, uint64_t at,
     queued.emplace_back(static_cast<size_t>(free - s.slots.begin()), ++free->generation);
     pos = free->end();
   }
+  // A slot left free now has no block before the end of the file: its buffer goes, so a file
+  // read to its end and kept open holds no memory.
+  for (Slot& slot : s.slots)
+    if (slot.state == State::kFree) ReplyBuffer().swap(slot.data);
 }
 
 bool Prefetcher::others_reading(const Stream& s) {

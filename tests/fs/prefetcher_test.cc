@@ -173,6 +173,29 @@ TEST_F(PrefetcherTest, StopsWithBlocksQueuedAndStreamsStillOpen) {
   EXPECT_EQ(stream.use_count(), 1);  // no job outlived the prefetcher
 }
 
+TEST_F(PrefetcherTest, FilesReadToTheEndAndKeptOpenHoldNoBlocks) {
+  // Each stream reading ahead holds up to three 1 MiB blocks, halves of huge pages; a loader
+  // that keeps its files open after reading them must not keep those.
+  Prefetcher prefetcher(tree_, 2);
+  const size_t before = detail::huge_pages_mapped();
+  std::vector<std::shared_ptr<Prefetcher::Stream>> open;
+  for (int i = 0; i < 4; ++i) {
+    open.push_back(prefetcher.open(ino_of(2)));  // ~3 MiB: three blocks read ahead
+    ReplyBuffer buf;
+    size_t got = 0;
+    for (uint64_t off = 0; off < data_.expected(2).size(); off += got) {
+      settle(prefetcher);
+      ASSERT_EQ(prefetcher.read(*open.back(), off, 300000, buf, got), 0);
+      prefetcher.start(*open.back());
+      ASSERT_GT(got, 0u);
+    }
+  }
+  settle(prefetcher);
+  EXPECT_GT(prefetcher.hits(), 0u);
+  // One empty page stays mapped for the next buffer.
+  EXPECT_LE(detail::huge_pages_mapped(), before + 1);
+}
+
 TEST_F(PrefetcherTest, OpenRefusesNonFiles) {
   Prefetcher prefetcher(tree_, 1);
   EXPECT_EQ(prefetcher.open(Tree::kRootIno), nullptr);
