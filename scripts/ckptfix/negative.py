@@ -37,11 +37,22 @@ def truncate_source(outdir: str, rank: int, keep: Optional[int] = None) -> str:
     return f"truncated {path} to {keep} bytes"
 
 
+def _rewrite(fx: Fixture, path: str, records) -> None:
+    rewritten = [SourceRecord(r.tag, r.tensor_type, r.dims, len(r.content),
+                              lambda c=r.content: iter([c]), "raw") for r in records]
+    os.remove(path)
+    write_checkpoint(path, rewritten, crc=fx.case.options.crc)
+
+
+def _records(path: str):
+    return ckptio.join_chunks(ckptio.read_records(path))
+
+
 def inconsistent_slice(outdir: str, rank: int, name: Optional[str] = None) -> str:
     """Rewrites one sliced parameter of the rank with one row less than its peers hold."""
     fx = _fixture(outdir)
     path = os.path.realpath(fx.source_files[rank])
-    records = ckptio.join_chunks(ckptio.read_records(path))
+    records = _records(path)
     sliced = {p.name for p in fx.case.params if p.src is not None or fx.case.src is None}
     victim = next(r for r in records
                   if (name is None and r.tag in sliced and r.dims and r.dims[0] > 1)
@@ -49,12 +60,33 @@ def inconsistent_slice(outdir: str, rank: int, name: Optional[str] = None) -> st
     row_bytes = len(victim.content) // victim.dims[0]
     victim.content = victim.content[:-row_bytes]
     victim.dims = [victim.dims[0] - 1] + victim.dims[1:]
-
-    rewritten = [SourceRecord(r.tag, r.tensor_type, r.dims, len(r.content),
-                              lambda c=r.content: iter([c]), "raw") for r in records]
-    os.remove(path)
-    write_checkpoint(path, rewritten, crc=fx.case.options.crc)
+    _rewrite(fx, path, records)
     return f"{path}: {victim.tag} now has dims {victim.dims}"
+
+
+def retype(outdir: str, ranks, name: str, tensor_type: str) -> str:
+    """Relabels parameter `name` in the given ranks' checkpoints as `tensor_type`, bytes and
+    dims unchanged (Float32 as Int32: a dtype that disagrees with the other ranks; any type as
+    "str": an entry with no element grid to cut)."""
+    fx = _fixture(outdir)
+    paths = []
+    for rank in ranks:
+        path = os.path.realpath(fx.source_files[rank])
+        records = _records(path)
+        victim = next(r for r in records if r.tag == name)
+        victim.tensor_type = tensor_type
+        _rewrite(fx, path, records)
+        paths.append(path)
+    return f"{name} relabelled {tensor_type} in {', '.join(paths)}"
+
+
+def drop_record(outdir: str, rank: int, name: str) -> str:
+    """Removes parameter `name` from the rank's checkpoint."""
+    fx = _fixture(outdir)
+    path = os.path.realpath(fx.source_files[rank])
+    records = [r for r in _records(path) if r.tag != name]
+    _rewrite(fx, path, records)
+    return f"{path}: {name} removed"
 
 
 def garbage_strategy(outdir: str, which: str = "src") -> str:

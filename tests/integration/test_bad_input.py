@@ -63,6 +63,38 @@ def inconsistent(args):
     expect_refusal(args, work, fx, [victim, "rank_2"])
 
 
+def dtype_disagrees(args):
+    work, fx = fixture(args, "dtype_disagrees")
+    negative.retype(fx.outdir, [2], "f32.w", "Int32")
+    expect_refusal(args, work, fx, ["parameter f32.w:", "rank_2/", "Int32", "Float32"])
+
+
+def string_split(args):
+    work, fx = fixture(args, "string_split")
+    negative.retype(fx.outdir, range(len(fx.source_files)), "f32.w", "str")
+    expect_refusal(args, work, fx, ["parameter f32.w:", "str", "cannot be resharded"])
+
+
+def rank_lacks_parameter(args):
+    """bf16.w's map uses every device axis: each block has one holder, and rank 2's is gone."""
+    work, fx = fixture(args, "rank_lacks_parameter")
+    negative.drop_record(fx.outdir, 2, "bf16.w")
+    expect_refusal(args, work, fx, ["parameter bf16.w", "source rank 2", "rank_2/"],
+                   must_not_name=["f32.w"])
+
+
+def replica_stands_in(args):
+    """f32.w's map leaves one device axis out: every block has two holders, so a rank without
+    it is not needed, and the mount serves the expected bytes from the other holder."""
+    work, fx = fixture(args, "replica_stands_in")
+    negative.drop_record(fx.outdir, 2, "f32.w")
+    mnt = os.path.join(work, "mnt")
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                       dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index")):
+        problems = ckpt_fixture.compare_tree(fx, mnt)
+        assert not problems, "\n".join(problems)
+
+
 def truncated(args):
     work, fx = fixture(args, "truncated")
     negative.truncate_source(fx.outdir, 1)
@@ -121,6 +153,10 @@ def main():
     checks.run("missing rank", missing_rank, args)
     checks.run("dimension not divisible", indivisible, args)
     checks.run("slice shapes inconsistent across ranks", inconsistent, args)
+    checks.run("dtype differs across ranks", dtype_disagrees, args)
+    checks.run("string entry split by a strategy", string_split, args)
+    checks.run("a rank lacks a parameter only it holds", rank_lacks_parameter, args)
+    checks.run("a rank lacks a parameter another rank also holds", replica_stands_in, args)
     checks.run("truncated source", truncated, args)
     checks.run("real corrupt source", real_corrupt, args)
     checks.run("garbage strategy", garbage_strategy, args)
