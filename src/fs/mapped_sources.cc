@@ -94,7 +94,7 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
       if (k + 1 == order.size() || runs[order[k + 1]].source != run.source) let_go(done);
     }
   });
-  done.clear();
+  let_go(done);  // empty unless a fault cut the copy short: then drop what it had mapped
   if (copied && !one_by_one) note(runs, order);
   return copied;
 }
