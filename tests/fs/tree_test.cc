@@ -223,6 +223,63 @@ TEST_F(TreeTest, RowsInterleavingThreeSourcesAreCopiedSourceBySource) {
   expect_windows_match(tree, data_.concat(merged), 1111, 40000, 3);
 }
 
+// A merge of column blocks where each source gives the next rows of its slice: per request,
+// each source's runs are one stretch of its file. Stretches up to 256 KiB are read with
+// preadv (into a buffer for short runs, into place for long ones), longer ones copied from
+// the mapping.
+testing::TargetSpec column_merge(uint32_t rows, uint64_t width0, uint64_t width1, uint64_t width2) {
+  testing::TargetSpec merged{13, {testing::Bytes{"cols:"}}};
+  for (uint32_t row = 0; row < rows; ++row) {
+    merged.pieces.push_back(testing::Range{0, row * width0, width0});
+    merged.pieces.push_back(testing::Range{1, 1000 + row * width1, width1});
+    merged.pieces.push_back(testing::Range{2, 4096 + row * width2, width2});
+  }
+  return merged;
+}
+
+void expect_whole_file_matches(const Tree& tree, const std::string& want) {
+  std::string buf(want.size(), '\0');
+  size_t got = 0;
+  ASSERT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), 0);
+  EXPECT_EQ(got, want.size());
+  EXPECT_TRUE(buf == want);
+}
+
+TEST_F(TreeTest, ColumnBlocksOfShortRunsMatch) {
+  // 2-, 5- and 300-byte runs: whole, source 2's stretch (1.2 MB) is copied from the mapping.
+  const testing::TargetSpec merged = column_merge(4000, 2, 5, 300);
+  const Tree tree(data_.make_plan_from({merged}));
+  const std::string want = data_.concat(merged);
+  expect_windows_match(tree, want, 7919, 200000, 5);
+  expect_whole_file_matches(tree, want);
+}
+
+TEST_F(TreeTest, ColumnBlocksOfLongRunsMatch) {
+  // 400-, 3000- and 8192-byte runs: source 2's are read straight into place.
+  const testing::TargetSpec merged = column_merge(20, 400, 3000, 8192);
+  const Tree tree(data_.make_plan_from({merged}));
+  const std::string want = data_.concat(merged);
+  expect_windows_match(tree, want, 3331, 100000, 6);
+  expect_whole_file_matches(tree, want);
+}
+
+TEST_F(TreeTest, StretchPastAShrunkSourceEndGivesEio) {
+  const testing::TargetSpec merged = column_merge(4000, 2, 5, 300);
+  const Tree tree(data_.make_plan_from({merged}));
+  ASSERT_EQ(::truncate(data_.source_path(2).c_str(), 8192), 0);
+  std::string buf(data_.concat(merged).size(), '\0');
+  size_t got = 0;
+  EXPECT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
+  // The gather alone, before any fingerprint check, fails too: each source's runs are one
+  // stretch, and source 2's runs on past its new end, so its preadv comes up short.
+  std::vector<plan::Run> runs;
+  for (uint32_t row = 0; row < 100; ++row)
+    for (uint32_t s = 0; s < 3; ++s)
+      runs.push_back(plan::Run{nullptr, s, (s == 2 ? 8000 : 0) + row * 4ull, 4});
+  std::vector<char> out(runs.size() * 4);
+  EXPECT_EQ(tree.gather(runs, out.data()), EIO);
+}
+
 TEST_F(TreeTest, ReadsWholeFilesAndLargeWindows) {
   std::mt19937 rng(7);
   for (size_t t = 0; t < data_.targets(); ++t) {

@@ -29,7 +29,8 @@ class MappedSources {
   uint64_t mapped_size(uint32_t index) const { return maps_[index].size(); }
 
   // Copies the bytes of `runs` to `out` (header runs from memory). Every source run must lie
-  // within its mapping. False if the copy faulted: a file shrank since it was mapped.
+  // within its mapping. False if a file shrank since it was mapped (the copy faulted or a read
+  // came up short).
   bool copy(std::span<const plan::Run> runs, char* out);
 
   struct Range {
@@ -40,10 +41,15 @@ class MappedSources {
   // Adds the page tables of `source_runs` (indexes into `runs`) to the touched set, and lets
   // the whole set go once it spans kBudget.
   void note(std::span<const plan::Run> runs, std::span<const uint32_t> source_runs);
+  // For a request over many sources, `order` grouped by source: reads each source whose runs
+  // are one stretch of its file with preadv into `dest`, and leaves the others in `order`.
+  bool read_stretches(std::span<const plan::Run> runs, std::span<char* const> dest,
+                      std::vector<uint32_t>& order) const;
   // MADV_DONTNEED on each (source, tables) range; empties `ranges`.
   void let_go(std::vector<std::pair<uint32_t, Range>>& ranges) const;
 
   std::vector<MappedFile> maps_;
+  std::vector<int> fds_;        // the sources' descriptors (owned by the plan)
   std::mutex mutex_;            // guards touched_ and spanned_
   std::vector<Range> touched_;  // per source: the span touched since the last let-go
   uint64_t spanned_ = 0;
