@@ -237,7 +237,12 @@ testing::TargetSpec column_merge(uint32_t rows, uint64_t width0, uint64_t width1
   return merged;
 }
 
-void expect_whole_file_matches(const Tree& tree, const std::string& want) {
+// Windows of up to `max_len` bytes every `step` bytes, then the whole file in one read.
+void expect_merge_matches(const TestData& data, const testing::TargetSpec& merged, size_t step,
+                          size_t max_len) {
+  const Tree tree(data.make_plan_from({merged}));
+  const std::string want = data.concat(merged);
+  expect_windows_match(tree, want, step, max_len, 5);
   std::string buf(want.size(), '\0');
   size_t got = 0;
   ASSERT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), 0);
@@ -247,20 +252,12 @@ void expect_whole_file_matches(const Tree& tree, const std::string& want) {
 
 TEST_F(TreeTest, ColumnBlocksOfShortRunsMatch) {
   // 2-, 5- and 300-byte runs: whole, source 2's stretch (1.2 MB) is copied from the mapping.
-  const testing::TargetSpec merged = column_merge(4000, 2, 5, 300);
-  const Tree tree(data_.make_plan_from({merged}));
-  const std::string want = data_.concat(merged);
-  expect_windows_match(tree, want, 7919, 200000, 5);
-  expect_whole_file_matches(tree, want);
+  expect_merge_matches(data_, column_merge(4000, 2, 5, 300), 7919, 200000);
 }
 
 TEST_F(TreeTest, ColumnBlocksOfLongRunsMatch) {
   // 400-, 3000- and 8192-byte runs: source 2's are read straight into place.
-  const testing::TargetSpec merged = column_merge(20, 400, 3000, 8192);
-  const Tree tree(data_.make_plan_from({merged}));
-  const std::string want = data_.concat(merged);
-  expect_windows_match(tree, want, 3331, 100000, 6);
-  expect_whole_file_matches(tree, want);
+  expect_merge_matches(data_, column_merge(20, 400, 3000, 8192), 3331, 100000);
 }
 
 TEST_F(TreeTest, StretchPastAShrunkSourceEndGivesEio) {
