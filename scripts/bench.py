@@ -14,6 +14,8 @@ Figures (MB/s = 10^6 bytes/s; "ratio" = median over paired runs of scenario / ho
   (g) daemon peak RSS (VmHWM) after the reads, at two data sizes; per-tensor cost
   (h) time to first byte of rank 0 right after `ckptfs mount` returns
   (i) time and peak RSS of scripts/naive_convert.py (the MindSpore way) vs reading (b)
+Also: the 8 -> 1 merge of the main data, and a 64 -> 1 merge (64-way tensor parallel, a
+quarter of the main size) whose row-parallel weights take a short piece of every source.
 
 Method (shared/perf-limits.md): every scenario run is followed by a hot read of its reference
 files (A B A B ...); the ratio is the median over the pairs. "First read" drops the FUSE
@@ -124,6 +126,38 @@ def transformer_case(size_gib: float, dst: str) -> dict:
                 f"{'1 merged' if dst == 'merge' else '4 (' + dst + ')'}",
                 side(8), None if dst == "merge" else side(4), params, TRAINING_EXTRAS, seed=11,
                 materialize_limit=1 << 20)
+
+
+def wide_merge_case(size_gib: float, devices: int = 64) -> dict:
+    """A dense transformer of about `size_gib` GiB saved with `devices`-way tensor parallelism
+    and merged into one file (train on 64, infer on 1). Column-parallel weights become row
+    ranges of one source each; the row-parallel ones (wo, w2) become rows that take a short
+    piece (128-256 B at hidden 4096) of every source, so each 1 MiB request reads all of them."""
+    total = int(size_gib * (1 << 30))
+    h = 4096 if total >= (512 << 20) else 1024
+    ffn = 2 * h
+    layer = (4 * h * h + 3 * ffn * h) * 2
+    vocab = max(devices, int(0.1 * total / (h * 4)) // devices * devices)
+    layers = max(1, (total - 2 * vocab * h * 4) // layer)
+    S = [devices]
+    params = [param("model.tok_embeddings.embedding_weight", "Float32", [vocab, h], lay(S, [0, -1]))]
+    for i in range(layers):
+        pre = f"model.layers.{i}."
+        params += [param(pre + f"attention.{w}.weight", "BFloat16", [h, h], lay(S, [0, -1]))
+                   for w in ("wq", "wk", "wv")]
+        params += [
+            param(pre + "attention.wo.weight", "BFloat16", [h, h], lay(S, [-1, 0])),
+            param(pre + "attention_norm.weight", "Float32", [h], lay(S, [-1])),
+            param(pre + "ffn_norm.weight", "Float32", [h], lay(S, [-1])),
+            param(pre + "feed_forward.w1.weight", "BFloat16", [ffn, h], lay(S, [0, -1])),
+            param(pre + "feed_forward.w2.weight", "BFloat16", [h, ffn], lay(S, [-1, 0])),
+            param(pre + "feed_forward.w3.weight", "BFloat16", [ffn, h], lay(S, [0, -1])),
+        ]
+    params += [param("model.norm_out.weight", "Float32", [h], lay(S, [-1])),
+               param("lm_head.weight", "Float32", [vocab, h], lay(S, [0, -1]))]
+    return case("bench_wide_merge", f"~{size_gib:g} GiB dense transformer, {layers} layers, "
+                f"hidden {h}, {devices}-way tensor parallel -> 1 merged",
+                side(devices), None, params, TRAINING_EXTRAS, seed=13, materialize_limit=1 << 20)
 
 
 def many_tensor_case(nparams: int) -> dict:
@@ -661,23 +695,24 @@ class Bench:
         self.mounts.umount(mnt)
         self.fig["reads_e"] = served_reads(log_file), None
 
-    def merge_reads(self, ds: Dataset, runs):
-        """The 8 -> 1 merge: one large file, 1 and 2 readers (stripes of the one file)."""
+    def merge_reads(self, ds: Dataset, runs, key="merge"):
+        """A merge into one large file (8 -> 1, or the 64 -> 1 wide merge): 1 and 2 readers
+        (stripes of the one file)."""
         ref = ds.expected_files()
         warm(list(ds.source_files) + list(ref))
-        mnt = self.mnt("merge")
+        mnt = self.mnt(key)
         _, pid, _ = self.mounts.mount(ds, mnt, self.index_dir)
         files = ds.mount_files(mnt)
         readbench(files)
-        self.verify("merge, 1 reader", ds, files, 1, "range")
-        self.verify("merge, 2 readers", ds, files, 2, "range")
-        m, mr, _ = self.paired("merge first read, 1 reader",
+        self.verify(f"{key}, 1 reader", ds, files, 1, "range")
+        self.verify(f"{key}, 2 readers", ds, files, 2, "range")
+        m, mr, _ = self.paired(f"{key} first read, 1 reader",
                                self.mount_read(files, 1, "range", True), ref, runs, pid)
-        m2, m2r, _ = self.paired("merge first read, 2 readers",
+        m2, m2r, _ = self.paired(f"{key} first read, 2 readers",
                                  self.mount_read(files, 2, "range", True), ref, runs, pid)
-        self.fig.update({"merge": m, "merge/a": mr, "merge2": m2, "merge2/a": m2r})
-        self.fig["merge_time"] = ds.bytes() / (m.median * 1e6)
-        self.fig["g_merge"] = proc_status(pid, "VmHWM")
+        self.fig.update({key: m, f"{key}/a": mr, f"{key}2": m2, f"{key}2/a": m2r})
+        self.fig[f"{key}_time"] = ds.bytes() / (m.median * 1e6)
+        self.fig[f"g_{key}"] = proc_status(pid, "VmHWM")
         self.mounts.umount(mnt)
 
     def rss_at(self, ds: Dataset, key):
@@ -812,6 +847,9 @@ def report(bench: Bench, datasets, args):
     row("    first read, page-cache mode, 1 reader", fmt_mbps(f["b_cache"]))
     row("    8->1 merge, first read, 1 / 2 readers",
         f"{f['merge'].median:,.0f} / {f['merge2'].median:,.0f} MB/s")
+    wide = datasets["wide"]
+    row(f"    64->1 merge ({wide.bytes() / MIB:,.0f} MiB, 64-way tensor parallel), 1 / 2 readers",
+        f"{f['wide'].median:,.0f} / {f['wide2'].median:,.0f} MB/s")
     for key, tgt in (("b/a", 0.36), ("c/a", 0.63), ("d/a", 0.25), ("e/a", 0.5)):
         s = f[key]
         row(f"ratio {key}", fmt_ratio(s), f">= {tgt}", verdict(s.median >= tgt))
@@ -826,6 +864,8 @@ def report(bench: Bench, datasets, args):
             f"{f['b/a'].median / one[1].median:.2f} / {f['c/a'].median / two[1].median:.2f}")
     row("ratio merge/a (1 reader) / merge2/a (2 readers)",
         f"{f['merge/a'].median:.3f} / {f['merge2/a'].median:.3f}")
+    row("ratio 64->1 merge/a (1 reader) / (2 readers)",
+        f"{f['wide/a'].median:.3f} / {f['wide2/a'].median:.3f}")
     for key, label in (("main", f"large ({main.bytes() / MIB:,.0f} MiB, "
                                 f"{main.source_tensors():,} source tensors)"),
                        ("many", f"many-tensor ({many.source_tensors():,} source tensors, "
@@ -995,6 +1035,7 @@ def main(argv=None):
         "merge": Dataset(data_root, f"merge-{tag}", transformer_case(size, "merge"),
                          shared_src=main_ds),
         "rss": Dataset(data_root, f"tp4-{small_size:g}g", transformer_case(small_size, "tp4")),
+        "wide": Dataset(data_root, f"wide-merge-{small_size:g}g", wide_merge_case(small_size)),
         "many": Dataset(data_root, f"many-{args.many_params}",
                         many_tensor_case(args.many_params), expected=args.many_params <= 4096),
         "base": Dataset(data_root, "baseline-demo", baseline_case()),
@@ -1013,6 +1054,7 @@ def main(argv=None):
         bench.strided_reads(datasets["strided"], args.runs)
         bench.cache_reads(datasets["main"], args.runs)
         bench.merge_reads(datasets["merge"], args.runs)
+        bench.merge_reads(datasets["wide"], args.runs, "wide")
         bench.rss_at(datasets["rss"], "g_small")
         bench.per_tensor(datasets["many"], datasets["base"])
         bench.mount_times(datasets["main"], "main", args.runs)
