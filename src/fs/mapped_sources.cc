@@ -25,11 +25,10 @@ constexpr uint64_t kTable = 2 << 20;
 // kAhead places further on while copying this one (+3-4% on the last-dimension split).
 constexpr size_t kAhead = 4;
 constexpr uint64_t kPrefetchUpTo = 4096;
-// A source's stretch of a request is read (not copied from its mapping) up to this length:
-// beyond it, the page tables it maps and drops are worth their cost.
-constexpr uint64_t kReadUpTo = 256 << 10;
 // Runs at least this long (on average) are read straight into their places by one preadv.
 constexpr uint64_t kScatterFrom = 4096;
+// Shorter ones are read through a per-thread buffer of this size.
+constexpr uint64_t kBuffered = 256 << 10;
 
 // Reads [offset, offset + total length of `iov`) of `fd` into `iov`; false on an error or at
 // the end of the file (it shrank). Consumes `iov`.
@@ -101,10 +100,10 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
     std::stable_sort(order.begin(), order.end(),
                      [&](uint32_t a, uint32_t b) { return runs[a].source < runs[b].source; });
   // Mapping them costs more than it saves: every source's tables are faulted in and dropped
-  // again (a TLB shootdown each) for each request, though the next request reads on in the
-  // same tables. A source whose runs here are one stretch of its file (a column block gives
-  // the next rows of its slice) is read with one preadv into the runs' places instead; the
-  // rest are copied from the mappings.
+  // again (a TLB shootdown each) for each request, though the next request often reads on in
+  // the same tables. A source whose runs here are one stretch of its file (a column block
+  // gives the next rows of its slice) is read with preadv instead; the rest are copied from
+  // the mappings.
   if (one_by_one && !read_stretches(runs, dest, order)) return false;
 
   thread_local std::vector<std::pair<uint32_t, Range>> done;
@@ -141,32 +140,42 @@ bool MappedSources::read_stretches(std::span<const plan::Run> runs, std::span<ch
   thread_local std::vector<char> bytes;
   size_t kept = 0;
   for (size_t k = 0, end = 0; k < order.size(); k = end) {
-    const plan::Run& first = runs[order[k]];
+    const int fd = fds_[runs[order[k]].source];
     bool stretch = true;
-    for (end = k + 1; end < order.size() && runs[order[end]].source == first.source; ++end) {
+    for (end = k + 1; end < order.size() && runs[order[end]].source == runs[order[k]].source;
+         ++end) {
       const plan::Run& prev = runs[order[end - 1]];
       stretch = stretch && runs[order[end]].offset == prev.offset + prev.length;
     }
-    const plan::Run& last = runs[order[end - 1]];
-    const uint64_t length = last.offset + last.length - first.offset;
-    if (!stretch || length > kReadUpTo) {
+    if (!stretch) {
       for (size_t i = k; i < end; ++i) order[kept++] = order[i];
       continue;
     }
+    const plan::Run& first = runs[order[k]];
+    const plan::Run& last = runs[order[end - 1]];
     iov.clear();
-    if (length / (end - k) >= kScatterFrom) {
+    if ((last.offset + last.length - first.offset) / (end - k) >= kScatterFrom) {
       for (size_t i = k; i < end; ++i) iov.push_back({dest[order[i]], runs[order[i]].length});
-      if (!preadv_all(fds_[first.source], iov, first.offset)) return false;
+      if (!preadv_all(fd, iov, first.offset)) return false;
       continue;
     }
-    // Short runs: the kernel pays per segment, so read the stretch whole and place the runs
-    // from there, out of the cache.
-    bytes.resize(length);
-    iov.push_back({bytes.data(), length});
-    if (!preadv_all(fds_[first.source], iov, first.offset)) return false;
-    for (size_t i = k; i < end; ++i) {
-      const plan::Run& run = runs[order[i]];
-      std::memcpy(dest[order[i]], bytes.data() + (run.offset - first.offset), run.length);
+    // Short runs: the kernel pays per segment, so read the stretch a buffer at a time and
+    // place the runs from there, out of the cache. A run longer than the buffer is read alone,
+    // straight into place.
+    auto end_of = [&](size_t j) { return runs[order[j]].offset + runs[order[j]].length; };
+    for (size_t i = k, next = k; i < end; i = next) {
+      const uint64_t from = runs[order[i]].offset;
+      next = i + 1;
+      while (next < end && end_of(next) - from <= kBuffered) ++next;
+      const uint64_t length = end_of(next - 1) - from;
+      const bool alone = length > kBuffered;
+      if (!alone && bytes.size() < length) bytes.resize(kBuffered);
+      iov.assign(1, {alone ? dest[order[i]] : bytes.data(), length});
+      if (!preadv_all(fd, iov, from)) return false;
+      if (alone) continue;
+      for (size_t j = i; j < next; ++j)
+        std::memcpy(dest[order[j]], bytes.data() + (runs[order[j]].offset - from),
+                    runs[order[j]].length);
     }
   }
   order.resize(kept);

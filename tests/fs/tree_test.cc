@@ -224,9 +224,8 @@ TEST_F(TreeTest, RowsInterleavingThreeSourcesAreCopiedSourceBySource) {
 }
 
 // A merge of column blocks where each source gives the next rows of its slice: per request,
-// each source's runs are one stretch of its file. Stretches up to 256 KiB are read with
-// preadv (into a buffer for short runs, into place for long ones), longer ones copied from
-// the mapping.
+// each source's runs are one stretch of its file, read with preadv (into place for runs of
+// 4 KiB or more on average, else through a 256 KiB buffer).
 testing::TargetSpec column_merge(uint32_t rows, uint64_t width0, uint64_t width1, uint64_t width2) {
   testing::TargetSpec merged{13, {testing::Bytes{"cols:"}}};
   for (uint32_t row = 0; row < rows; ++row) {
@@ -251,8 +250,23 @@ void expect_merge_matches(const TestData& data, const testing::TargetSpec& merge
 }
 
 TEST_F(TreeTest, ColumnBlocksOfShortRunsMatch) {
-  // 2-, 5- and 300-byte runs: whole, source 2's stretch (1.2 MB) is copied from the mapping.
+  // 2-, 5- and 300-byte runs: whole, source 2's stretch (1.2 MB) takes several buffers.
   expect_merge_matches(data_, column_merge(4000, 2, 5, 300), 7919, 200000);
+}
+
+TEST_F(TreeTest, ShortRunsAroundOneLongerThanTheBufferMatch) {
+  // Source 2 gives 3-byte runs around one of 300 KiB: short on average, so buffered, and the
+  // long one read alone.
+  testing::TargetSpec merged{13, {testing::Bytes{"mixed:"}}};
+  uint64_t at = 100;
+  for (uint32_t row = 0; row < 2000; ++row) {
+    merged.pieces.push_back(testing::Range{0, row * 2ull, 2});
+    merged.pieces.push_back(testing::Range{1, row * 3ull, 3});
+    const uint64_t width = row == 700 ? 300 << 10 : 3;
+    merged.pieces.push_back(testing::Range{2, at, width});
+    at += width;
+  }
+  expect_merge_matches(data_, merged, 5003, 400000);
 }
 
 TEST_F(TreeTest, ColumnBlocksOfLongRunsMatch) {
