@@ -3,9 +3,10 @@
 Run by ctest as
     /usr/bin/python3 test_inspect.py --ckptfs BIN --shared SHARED_DIR --work WORK_DIR
 
-For every real checkpoint fixture, proto/checkpoint.proto is compiled with protoc and the file is
-parsed with Google's runtime; `ckptfs inspect --json` must list the same parameters, and the file
-bytes at each reported offset must be exactly the parsed tensor_content. Damaged, encrypted and
+For every real checkpoint fixture and the sources of two generator cases, proto/checkpoint.proto
+is compiled with protoc and the file is parsed with Google's runtime; `ckptfs inspect --json`
+must list the same parameters, kinds and records, and the file bytes at each reported offset
+must be exactly the parsed tensor_content. Damaged, encrypted and
 CRC-trailed files are checked for the error contract (exit code, one stderr line naming the file
 and the byte offset).
 """
@@ -56,20 +57,58 @@ def inspect_json(binary, path, *flags):
     return json.loads(result.stdout)
 
 
+# Element types with a grid (spec §1.3); anything else is copied as an opaque entry.
+DENSE_TYPES = {"Float16", "Float32", "Float64", "BFloat16", "Int8", "Int16", "Int32", "Int64",
+               "UInt8", "UInt16", "UInt32", "UInt64", "Bool"}
+
+
+def top_level_records(data):
+    """[offset, length] of every top-level field 1 record (0x0A, varint length, Value), by a
+    walk of the wire format written here, independent of the scanner."""
+    def varint(pos):
+        value, shift = 0, 0
+        while True:
+            byte = data[pos]
+            value |= (byte & 0x7F) << shift
+            pos += 1
+            if byte < 0x80:
+                return value, pos
+            shift += 7
+
+    records, pos = [], 0
+    while pos < len(data):
+        start = pos
+        key, pos = varint(pos)
+        length, pos = varint(pos)
+        if key != 0x0A:  # a CRC trailer or another field: not a record
+            break
+        records.append([start, pos - start + length])
+        pos += length
+    return records
+
+
 def expected_params(pb2, data):
     """Google's parse, grouped as spec §1.5 says: consecutive equal tags form one parameter."""
+    records = top_level_records(data)
     checkpoint = pb2.Checkpoint()
-    checkpoint.ParseFromString(data)
+    # Up to the last record: a CRC trailer (spec §1.7) is not protobuf.
+    checkpoint.ParseFromString(data[:sum(records[-1]) if records else 0])
+    assert len(checkpoint.value) == len(records), (len(checkpoint.value), len(records))
     params = []
-    for value in checkpoint.value:
+    for value, record in zip(checkpoint.value, records):
         tensor = value.tensor
         dims = list(tensor.dims)
         shape = [] if dims == [0] and tensor.tensor_type != "str" else dims
         if params and params[-1]["name"] == value.tag:
             params[-1]["contents"].append(tensor.tensor_content)
+            params[-1]["records"].append(record)
             continue
+        kind = ("maptensor" if value.HasField("maptensor") else "string"
+                if tensor.tensor_type == "str" else "tensor"
+                if tensor.tensor_type in DENSE_TYPES else "opaque")
         params.append({"name": value.tag, "dtype": tensor.tensor_type, "shape": shape,
-                       "contents": [tensor.tensor_content]})
+                       "contents": [tensor.tensor_content], "records": [record], "kind": kind,
+                       "dims_zero": dims == [0]})
     return params
 
 
@@ -87,6 +126,10 @@ def check_fixture(binary, pb2, path):
         for (offset, length), content in zip(g["offsets"], e["contents"]):
             assert length == len(content), (g["name"], length, len(content))
             assert data[offset:offset + length] == content, (g["name"], offset)
+        assert g["records"] == e["records"], (g["name"], g["records"], e["records"])
+        assert g["kind"] == e["kind"], (g["name"], g["kind"], e["kind"])
+        if e["kind"] != "string":
+            assert g["dims_zero"] == e["dims_zero"], (g["name"], g["dims_zero"])
 
 
 def check_one_error_line(result, path, *words):
@@ -164,6 +207,16 @@ def check_table(binary, shared):
     assert lines[-1].startswith("4 parameters"), lines[-1]
 
 
+def check_generated(binary, pb2, work, name):
+    """A generator fixture's sources: strings, ≤2.2 dims-[0] scalars and CRC trailers
+    (crc_oldscalars), or large parameters split over several records (src_chunks)."""
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import ckpt_fixture
+    fx = ckpt_fixture.make_builtin(name, os.path.join(work, name))
+    for path in sorted(fx.source_files.values()):
+        check_fixture(binary, pb2, os.path.realpath(path))
+
+
 def check_empty(binary, work):
     path = os.path.join(work, "empty.ckpt")
     open(path, "wb").close()
@@ -185,6 +238,10 @@ def main():
         ("truncated", check_truncated, binary, args.shared, args.work),
         ("table output", check_table, binary, args.shared),
         ("empty file", check_empty, binary, args.work),
+        ("generated: strings, old scalars, CRC", check_generated, binary, pb2, args.work,
+         "crc_oldscalars"),
+        ("generated: parameters over several records", check_generated, binary, pb2, args.work,
+         "src_chunks"),
     ]
     passed, failed = 0, 0
     for name, fn, *fn_args in checks:
