@@ -93,17 +93,16 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
     order.push_back(static_cast<uint32_t>(i));
   }
   // A request that interleaves many sources (a merge of column blocks) would map a page
-  // table of every one at once, and a fault maps up to 2 MiB: then copy one source at a time
-  // and drop its tables before the next.
+  // table of every one at once, and a fault maps up to 2 MiB: then take one source at a time.
   const bool one_by_one = sources > kFewSources;
   if (one_by_one && !grouped)
     std::stable_sort(order.begin(), order.end(),
                      [&](uint32_t a, uint32_t b) { return runs[a].source < runs[b].source; });
-  // Mapping them costs more than it saves: every source's tables are faulted in and dropped
-  // again (a TLB shootdown each) for each request, though the next request often reads on in
-  // the same tables. A source whose runs here are one stretch of its file (a column block
-  // gives the next rows of its slice) is read with preadv instead; the rest are copied from
-  // the mappings.
+  // Mapping such sources costs more than it saves: each one's tables are faulted in and dropped
+  // again (a TLB shootdown each) for every request, though the next request often reads on in
+  // the same tables. So a source whose runs here are one stretch of its file (a column block
+  // gives the next rows of its slice) is read with preadv; the others are copied from their
+  // mappings, and their tables dropped before the next source.
   if (one_by_one && !read_stretches(runs, dest, order)) return false;
 
   thread_local std::vector<std::pair<uint32_t, Range>> done;
