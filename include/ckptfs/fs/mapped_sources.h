@@ -2,6 +2,8 @@
 // daemon's resident set although they belong to the page cache, so once kBudget bytes of source
 // have been touched (by all threads together) their page-table entries are dropped again: the
 // resident set stays flat however much is read, and the next touch maps the cached page again.
+// A request over more than kFewSources sources reads each source's stretch with preadv instead,
+// where its runs form one.
 #pragma once
 
 #include <cstdint>
