@@ -23,8 +23,9 @@ struct Slot {
   // old one finds it is no longer wanted.
   uint64_t generation = 0;
   uint64_t off = 0;
-  size_t got = 0;    // the block's length (clipped at end of file)
-  ReplyBuffer data;  // at least `got` bytes once filled; the filler's while kRunning
+  size_t got = 0;                 // the block's length (clipped at end of file)
+  ReplyBuffer data;               // at least `got` bytes once filled; the filler's while kRunning
+  std::vector<uint32_t> sources;  // the sources `data` was read from, once filled
   uint64_t end() const { return off + got; }
 };
 
@@ -103,6 +104,8 @@ int Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf, size
   using State = Slot::State;
   bool hit = false;
   bool sequential = false;
+  thread_local std::vector<uint32_t> served_from;  // sources of the blocks a hit is served from
+  served_from.clear();
   for (;;) {
     std::unique_lock lock(s.mutex);
     sequential = off == s.next;
@@ -135,6 +138,8 @@ int Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf, size
       s.done.wait(lock);
       continue;  // look again: the slots may have changed meanwhile
     }
+    for (size_t i = 0; i < n; ++i)
+      served_from.insert(served_from.end(), parts[i]->sources.begin(), parts[i]->sources.end());
     if (n == 1 && parts[0]->off == off && parts[0]->got == want) {
       buf.swap(parts[0]->data);  // the whole block: hand it over instead of copying
       parts[0]->state = State::kFree;
@@ -156,9 +161,9 @@ int Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf, size
   }
   int err = 0;
   if (hit) {
-    // The block was gathered a moment ago: the file's sources must still be what was
-    // mounted, or it may hold a mix of old and new bytes.
-    err = tree_.check_file(s.ino);
+    // The blocks were gathered a moment ago: the sources they were read from must still be
+    // what was mounted, or they may hold a mix of old and new bytes.
+    err = tree_.check_sources(std::span<const uint32_t>(served_from));
     if (err == 0) hits_.fetch_add(1, std::memory_order_relaxed);
   } else {
     buf.resize(len);
@@ -300,7 +305,7 @@ void Prefetcher::fill(Stream& s, size_t index, uint64_t generation) {
     // Allocated (and first touched) here, by the filler, not on a reader's path.
     if (slot.data.capacity() == 0) slot.data = make_reply_buffer();
     if (slot.data.size() < want) slot.data.resize(want);
-    err = tree_.read_into(s.ino, off, std::span<char>(slot.data.data(), want), got);
+    err = tree_.read_into(s.ino, off, std::span<char>(slot.data.data(), want), got, &slot.sources);
   } catch (const std::exception& e) {
     spdlog::error("read-ahead of inode {} at {}: {}", s.ino, off, e.what());
     err = EIO;

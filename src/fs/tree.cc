@@ -180,7 +180,16 @@ int Tree::gather(std::span<const plan::Run> runs, char* out) const {
   return EIO;
 }
 
-int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got) const {
+int Tree::check_sources(std::span<const uint32_t> sources) const {
+  for (uint32_t source : sources) {
+    if (source >= plan_.sources.size()) return EIO;
+    if (int err = check_source(source)) return err;
+  }
+  return 0;
+}
+
+int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got,
+                    std::vector<uint32_t>* sources) const {
   got = 0;
   const plan::VirtualFile* f = file(ino);
   if (f == nullptr) return lookup(ino, kDot) != 0 ? EISDIR : ENOENT;
@@ -193,6 +202,13 @@ int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got
   // found unchanged now was not written while it was copied.
   if (int err = check_sources(runs)) return err;
   got = covered;
+  if (sources != nullptr) {
+    sources->clear();
+    for (const plan::Run& run : runs)
+      if (run.mem == nullptr) sources->push_back(run.source);
+    std::sort(sources->begin(), sources->end());
+    sources->erase(std::unique(sources->begin(), sources->end()), sources->end());
+  }
   return 0;
 }
 

@@ -132,6 +132,29 @@ TEST_F(PrefetcherTest, SourceChangedAfterReadAheadFailsTheRead) {
   EXPECT_EQ(prefetcher.hits(), 0u);
 }
 
+TEST_F(PrefetcherTest, BlocksAreCheckedAgainstTheSourcesTheyWereReadFrom) {
+  Prefetcher prefetcher(tree_, 1);
+  // Rank 5: 3 MiB of source 2 (less 100 bytes) after a header, then 10,000 bytes of source 0.
+  const std::string& want = data_.expected(2);
+  const uint64_t block = Prefetcher::kBlockBytes;
+  ASSERT_GT(want.size(), 3 * block);
+  const auto stream = prefetcher.open(ino_of(2));
+  ReplyBuffer buf;
+  size_t got = 0;
+  ASSERT_EQ(prefetcher.read(*stream, 0, block, buf, got), 0);
+  prefetcher.start(*stream);
+  ASSERT_TRUE(wait_gathered(prefetcher, 3));  // the blocks at 1, 2 and 3 MiB, from the old bytes
+  data_.change_source(0);
+  // The block at 1 MiB holds bytes of source 2 alone: still what was mounted.
+  ASSERT_EQ(prefetcher.read(*stream, block, block, buf, got), 0);
+  prefetcher.start(*stream);
+  EXPECT_TRUE(std::string(buf.data(), got) == want.substr(block, block));
+  EXPECT_EQ(prefetcher.hits(), 1u);
+  // The block at 2 MiB ends with source 0's first 100 bytes, gathered before it changed.
+  EXPECT_EQ(prefetcher.read(*stream, 2 * block, block, buf, got), EIO);
+  EXPECT_EQ(prefetcher.hits(), 1u);
+}
+
 TEST_F(PrefetcherTest, ConcurrentStreamsAllMatch) {
   Prefetcher prefetcher(tree_, 2);
   std::vector<std::thread> readers;

@@ -307,6 +307,23 @@ TEST_F(TreeTest, ReadsWholeFilesAndLargeWindows) {
   }
 }
 
+TEST_F(TreeTest, ReadIntoListsTheSourcesItRead) {
+  // Rank 5 (inode 7): a header, ~3 MiB of source 2, then 10,000 bytes of source 0.
+  const std::string& want = data_.expected(2);
+  std::string buf(want.size(), '\0');
+  size_t got = 0;
+  std::vector<uint32_t> sources{9, 9};
+  ASSERT_EQ(tree_.read_into(7, 0, std::span<char>(buf.data(), 4096), got, &sources), 0);
+  EXPECT_EQ(sources, std::vector<uint32_t>{2});
+  ASSERT_EQ(tree_.read_into(7, 0, std::span<char>(buf.data(), buf.size()), got, &sources), 0);
+  EXPECT_EQ(sources, (std::vector<uint32_t>{0, 2}));
+  EXPECT_EQ(tree_.check_sources(std::span<const uint32_t>(sources)), 0);
+  data_.change_source(0);
+  EXPECT_EQ(tree_.check_sources(std::span<const uint32_t>(sources)), EIO);
+  const std::vector<uint32_t> only_two{2};
+  EXPECT_EQ(tree_.check_sources(std::span<const uint32_t>(only_two)), 0);
+}
+
 TEST_F(TreeTest, ReadIntoRejectsNonFiles) {
   int err = 0;
   read(Tree::kRootIno, 0, 10, &err);

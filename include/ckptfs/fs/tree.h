@@ -69,8 +69,11 @@ class Tree {
   // Serves a read of file `ino` into `buf`: maps [off, off + buf.size()), gathers, then checks
   // the sources, so bytes copied while a source changed are never served. `got` is the byte
   // count (short only at end of file). 0, or an errno: ENOENT/EISDIR for a bad inode, EIO for
-  // a changed or shrunk source.
-  int read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got) const;
+  // a changed or shrunk source. With `sources`, sets it to the sources read, each once.
+  int read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got,
+                std::vector<uint32_t>* sources = nullptr) const;
+  // 0, or EIO (logged) if one of `sources` (as read_into lists them) changed since the mount.
+  int check_sources(std::span<const uint32_t> sources) const;
 
  private:
   // Logs one error line for a source the first time it fails, debug lines after that: a
