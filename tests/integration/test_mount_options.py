@@ -1,6 +1,6 @@
 """The `ckptfs mount` options as a user types them: -o cache (shared mmap works), the default
-direct I/O mode (shared mmap refused), -o noreadahead and max_threads=N, a bad -o value, and
--f, which serves until Ctrl-C and then unmounts."""
+direct I/O mode (shared mmap refused), -o noreadahead and max_threads=N, a libfuse option, a
+bad -o value, and -f, which serves until Ctrl-C and then unmounts."""
 
 import errno
 import mmap
@@ -101,6 +101,17 @@ def no_read_ahead(args):
     assert (hits, blocks) == (0, 0), f"noreadahead: {hits} reads from {blocks} blocks ahead"
 
 
+def libfuse_option(args):
+    """A word ckptfs does not know goes to libfuse: allow_other shows in the mount's options."""
+    work, fx, mnt, kwargs = setup(args, "allow_other")
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, options="allow_other", **kwargs):
+        with open("/proc/self/mounts") as mounts:
+            line = next(l for l in mounts if l.split()[1] == os.path.realpath(mnt))
+        options = line.split()[3].split(",")
+        assert "allow_other" in options and "ro" in options, line
+        check_all_files(fx, mnt)
+
+
 def bad_option_value(args):
     work, fx, mnt, kwargs = setup(args, "bad_value")
     os.makedirs(mnt, exist_ok=True)
@@ -146,6 +157,7 @@ def main():
     checks.run("default direct I/O refuses shared mmap", direct_mode_refuses_shared_mmap, args)
     checks.run("read-ahead by default, none with -o noreadahead,max_threads=2", no_read_ahead,
                args)
+    checks.run("-o allow_other goes to libfuse", libfuse_option, args)
     checks.run("bad -o value", bad_option_value, args)
     checks.run("-f serves until Ctrl-C", foreground, args)
     checks.finish()
