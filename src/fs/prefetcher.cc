@@ -267,9 +267,11 @@ void Prefetcher::helper_loop() {
     Job job;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || runnable() != jobs_.end(); });
+      // The job is picked once, by the wait itself: asking again could find none, as a
+      // stream's `lagging` counts down under the stream's lock, not this one.
+      std::deque<Job>::iterator it;
+      wake_.wait(lock, [&] { return stopping_ || (it = runnable()) != jobs_.end(); });
       if (stopping_) return;
-      const auto it = runnable();
       job = std::move(*it);
       jobs_.erase(it);
       ++job.stream->gathering;
