@@ -203,11 +203,13 @@ int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got
   if (int err = check_sources(runs)) return err;
   got = covered;
   if (sources != nullptr) {
+    // In O(runs): a strided request has thousands of runs over a few sources.
+    thread_local detail::SourceMarks marks;
+    marks.begin(plan_.sources.size());
     sources->clear();
     for (const plan::Run& run : runs)
-      if (run.mem == nullptr) sources->push_back(run.source);
+      if (run.mem == nullptr && marks.first(run.source)) sources->push_back(run.source);
     std::sort(sources->begin(), sources->end());
-    sources->erase(std::unique(sources->begin(), sources->end()), sources->end());
   }
   return 0;
 }
