@@ -121,20 +121,26 @@ void Tree::report(uint32_t source, std::string_view what) const {
     spdlog::debug("source {}: {}", path, what);
 }
 
-int Tree::check_sources(std::span<const plan::Run> runs) const {
+int Tree::distinct_sources(std::span<const plan::Run> runs, std::vector<uint32_t>& out) const {
   thread_local detail::SourceMarks marks;
   const size_t n = plan_.sources.size();
   marks.begin(n);
+  out.clear();
   for (const plan::Run& run : runs) {
     if (run.mem != nullptr) continue;
     if (run.source >= n) {
       spdlog::error("read mapped to source #{}, but the plan has {} sources", run.source, n);
       return EIO;
     }
-    if (!marks.first(run.source)) continue;
-    if (int err = check_source(run.source)) return err;
+    if (marks.first(run.source)) out.push_back(run.source);
   }
   return 0;
+}
+
+int Tree::check_sources(std::span<const plan::Run> runs) const {
+  thread_local std::vector<uint32_t> sources;
+  if (int err = distinct_sources(runs, sources)) return err;
+  return check_sources(std::span<const uint32_t>(sources));
 }
 
 int Tree::check_source(uint32_t source) const {
@@ -200,17 +206,12 @@ int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got
   if (int err = gather(runs, buf.data())) return err;
   // After the copy, not before: write() updates a file's mtime before its bytes, so a source
   // found unchanged now was not written while it was copied.
-  if (int err = check_sources(runs)) return err;
+  thread_local std::vector<uint32_t> read_from;
+  std::vector<uint32_t>& list = sources != nullptr ? *sources : read_from;
+  if (int err = distinct_sources(runs, list)) return err;
+  if (int err = check_sources(std::span<const uint32_t>(list))) return err;
   got = covered;
-  if (sources != nullptr) {
-    // In O(runs): a strided request has thousands of runs over a few sources.
-    thread_local detail::SourceMarks marks;
-    marks.begin(plan_.sources.size());
-    sources->clear();
-    for (const plan::Run& run : runs)
-      if (run.mem == nullptr && marks.first(run.source)) sources->push_back(run.source);
-    std::sort(sources->begin(), sources->end());
-  }
+  if (sources != nullptr) std::sort(sources->begin(), sources->end());
   return 0;
 }
 

@@ -81,6 +81,9 @@ class Tree {
   void report(uint32_t source, std::string_view what) const;
   // 0, or EIO (reported) if source `source` (in range) no longer has its mount fingerprint.
   int check_source(uint32_t source) const;
+  // Sets `out` to each source `runs` read from, once, in the order first read. 0, or EIO
+  // (logged) if a run names a source the plan does not have.
+  int distinct_sources(std::span<const plan::Run> runs, std::vector<uint32_t>& out) const;
 
   plan::Plan plan_;
   // inode layout: 1 = root, 2 + 2i = rank dir of target i, 3 + 2i = its file
