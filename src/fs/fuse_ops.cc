@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <exception>
 #include <fstream>
 #include <memory>
@@ -40,6 +41,58 @@ void guarded(fuse_req_t req, const char* op, Body&& body) noexcept {
 // At most this many read-ahead helpers, however many CPUs: each one only runs while a reader
 // waits on a READ.
 constexpr unsigned kMaxHelpers = 4;
+// The largest READ when replies may be spliced.
+constexpr unsigned kSpliceReadBytes = 512 << 10;
+
+// Whether a READ from another reader (file handle, or inode without one) arrived within the
+// last kBusyWindowUs: then the CPUs are busy with other readers. Records this READ's arrival.
+constexpr int64_t kBusyWindowUs = 2000;
+bool others_reading(Server& s, uint64_t reader) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  const uint64_t last = s.last_reader.exchange(reader, std::memory_order_relaxed);
+  const int64_t last_at = s.last_read_us.exchange(now, std::memory_order_relaxed);
+  if (last != reader) s.other_read_us.store(last_at, std::memory_order_relaxed);
+  return now - s.other_read_us.load(std::memory_order_relaxed) < kBusyWindowUs;
+}
+
+// Stages a READ in this worker thread's pipe and replies from it. False if it was declined
+// (nothing replied: gather it instead). `got` is set for a sent reply; a failed source is
+// answered with EIO.
+bool reply_spliced(fuse_req_t req, Server& s, fuse_ino_t ino, uint64_t off, size_t size,
+                   size_t& got) {
+  thread_local std::unique_ptr<StagePipe> pipe;
+  thread_local bool no_pipe = false;
+  if (no_pipe) return false;
+  if (!pipe) {
+    try {
+      pipe = std::make_unique<StagePipe>(s.stage->slots());
+    } catch (const std::exception& e) {
+      spdlog::warn("splice off for this thread: {}", e.what());
+      no_pipe = true;
+      return false;
+    }
+  }
+  int err = 0;
+  const SpliceStage::Outcome outcome = s.stage->stage(ino, off, size, *pipe, got, err);
+  if (outcome == SpliceStage::Outcome::kStaged) {
+    fuse_bufvec data = FUSE_BUFVEC_INIT(got);
+    data.buf[0].flags = FUSE_BUF_IS_FD;
+    data.buf[0].fd = pipe->read_end();
+    fuse_reply_data(req, &data, static_cast<fuse_buf_copy_flags>(0));
+  } else if (outcome == SpliceStage::Outcome::kFailed) {
+    s.reads_failed.fetch_add(1, std::memory_order_relaxed);
+    fuse_reply_err(req, err);
+  }
+  // A reply that failed, or staging cut short, can leave bytes behind; the next READ must
+  // start on an empty pipe.
+  if (pipe->pending() != 0) pipe.reset();
+  if (outcome != SpliceStage::Outcome::kStaged) return outcome == SpliceStage::Outcome::kFailed;
+  s.reads_served.fetch_add(1, std::memory_order_relaxed);
+  s.reads_spliced.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
 
 // What an open file handle (fi->fh) points to in direct_io mode.
 struct StreamHandle {
@@ -71,21 +124,46 @@ void raise_readahead(const Server& s) {
 
 void op_init(void* userdata, fuse_conn_info* conn) {
   Server& s = *static_cast<Server*>(userdata);
-  // libfuse's max_write (1 MiB, its buffer size) also sets the largest READ. Replies are written
-  // from memory, never spliced: a spliced 1 MiB reply needs 257 pipe pages, more than
-  // pipe-max-size allows, and READs cut to fit cost a second round trip per MiB.
   conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_SPLICE_READ);
+  using Splice = Server::Splice;
+  if (s.splice != Splice::kOff && (conn->capable & FUSE_CAP_SPLICE_WRITE) != 0) {
+    // A spliced reply must fit one pipe, header included, and a pipe holds at most
+    // fs.pipe-max-size (1 MiB by default) without CAP_SYS_RESOURCE: the 257+ pages of a 1 MiB
+    // READ need 2 MiB pipes. With 1 MiB ones READs are cut to 512 KiB, which leaves room for
+    // the misaligned ends of their runs, but costs a lone reader 10-20% (docs/PERFORMANCE.md):
+    // only -o splice does that.
+    const size_t slots = StagePipe::max_slots();
+    if (slots >= 512 || (slots != 0 && s.splice == Splice::kAlways)) {
+      conn->want |= FUSE_CAP_SPLICE_WRITE;
+      if (slots < 512) conn->max_write = std::min<unsigned>(conn->max_write, kSpliceReadBytes);
+      s.stage = std::make_unique<SpliceStage>(*s.tree, slots);
+    } else if (s.splice == Splice::kAlways) {
+      spdlog::warn("splice off: cannot size a pipe to 1 MiB");
+    }
+  }
+  // Otherwise libfuse's max_write (1 MiB, its buffer size) sets the largest READ, and every
+  // reply is written from memory.
+  if (s.max_read != 0) conn->max_read = s.max_read;
+  const size_t block = std::min<size_t>(conn->max_write, s.max_read != 0 ? s.max_read : ~0u);
   if (s.read_ahead) {
     try {
       s.prefetcher = std::make_unique<Prefetcher>(
-          *s.tree, std::clamp(std::thread::hardware_concurrency(), 1u, kMaxHelpers));
+          *s.tree, std::clamp(std::thread::hardware_concurrency(), 1u, kMaxHelpers),
+          // Only when every READ it takes is spliced: in auto mode a lone reader's READs are
+          // gathered, ahead.
+          block, s.splice == Splice::kAlways ? s.stage.get() : nullptr);
     } catch (const std::exception& e) {
       // Read-ahead only speeds sequential readers up; the mount serves the same bytes without.
       spdlog::warn("read-ahead off: {}", e.what());
     }
   }
-  spdlog::info("fuse: protocol 7.{}, max_write {}, max_readahead {}, {} mode", conn->proto_minor,
-               conn->max_write, conn->max_readahead, s.cache ? "page-cache" : "direct_io");
+  spdlog::info("fuse: protocol 7.{}, max_write {}, max_read {}, max_readahead {}, {} mode{}",
+               conn->proto_minor, conn->max_write, conn->max_read, conn->max_readahead,
+               s.cache ? "page-cache" : "direct_io",
+               !s.stage ? ""
+               : s.splice == Splice::kAlways
+                   ? fmt::format(", splice ({} KiB pipes)", s.stage->slots() * 4)
+                   : fmt::format(", splice when busy ({} KiB pipes)", s.stage->slots() * 4));
 }
 
 void op_destroy(void* userdata) {
@@ -96,8 +174,8 @@ void op_destroy(void* userdata) {
     hits = s.prefetcher->hits();
     s.prefetcher.reset();
   }
-  spdlog::info("fuse: served {} reads ({} from {} blocks read ahead), {} failed",
-               s.reads_served.load(), hits, ahead, s.reads_failed.load());
+  spdlog::info("fuse: served {} reads ({} from {} blocks read ahead), {} spliced, {} failed",
+               s.reads_served.load(), hits, ahead, s.reads_spliced.load(), s.reads_failed.load());
 }
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -228,13 +306,29 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
       fuse_reply_buf(req, nullptr, 0);
       return;
     }
-    ReplyBuffer buf = s.buffers.take();
     size_t got = 0;
     int err = 0;
     // Our own reference: once the reply is out, the reader may close the file and its
     // RELEASE may free the handle on another thread before start() below runs.
     std::shared_ptr<Prefetcher::Stream> stream;
     if (const StreamHandle* h = stream_of(fi); h != nullptr && s.prefetcher) stream = h->stream;
+    // In auto mode a READ is spliced while other readers read too: then the CPUs are busy, and
+    // one copy per byte (splice) beats two (gather, then reply) although the kernel's copy out
+    // of the page cache is slower. A lone reader is served faster by gathering ahead while its
+    // previous reply is copied.
+    if (s.stage &&
+        (s.splice == Server::Splice::kAlways ||
+         others_reading(s, fi != nullptr && fi->fh != 0 ? fi->fh : ino)) &&
+        reply_spliced(req, s, ino, static_cast<uint64_t>(off), size, got)) {
+      if (stream && got > 0) {
+        // In auto mode the CPUs are busy now: no read-ahead.
+        s.prefetcher->passed(*stream, static_cast<uint64_t>(off), got,
+                             s.splice == Server::Splice::kAlways);
+        s.prefetcher->start(*stream);
+      }
+      return;
+    }
+    ReplyBuffer buf = s.buffers.take();
     if (stream) {
       // May swap `buf` with a block it read ahead.
       err = s.prefetcher->read(*stream, static_cast<uint64_t>(off), size, buf, got);

@@ -16,6 +16,7 @@
 
 #include "ckptfs/fs/prefetcher.h"
 #include "ckptfs/fs/reply_buffer.h"
+#include "ckptfs/fs/splice_stage.h"
 #include "ckptfs/fs/tree.h"
 
 namespace ckptfs::fs::detail {
@@ -45,6 +46,13 @@ struct Server {
   const Tree* tree = nullptr;
   bool cache = false;       // keep_cache instead of direct_io
   bool read_ahead = false;  // start a Prefetcher (direct_io mode)
+  unsigned max_read = 0;    // -o max_read: the largest READ (0: max_write decides)
+  // When READs of few long runs are staged in a pipe (see SpliceStage): never; while another
+  // READ is being served, if pipes hold a 1 MiB READ (kAuto); always, in 512 KiB READs if
+  // they do not.
+  enum class Splice { kOff, kAuto, kAlways } splice = Splice::kOff;
+  // Made by init when READs may be spliced.
+  std::unique_ptr<SpliceStage> stage;
   // Started by init, in the server process (threads do not survive the fork), and stopped by
   // destroy. In page-cache mode the kernel reads ahead itself.
   std::unique_ptr<Prefetcher> prefetcher;
@@ -56,6 +64,11 @@ struct Server {
   // What the read path did, logged at unmount.
   std::atomic<uint64_t> reads_served{0};
   std::atomic<uint64_t> reads_failed{0};
+  std::atomic<uint64_t> reads_spliced{0};
+  // The last READ's reader and arrival, and the last arrival from a reader before it (µs).
+  std::atomic<uint64_t> last_reader{0};
+  std::atomic<int64_t> last_read_us{0};
+  std::atomic<int64_t> other_read_us{INT64_MIN / 2};
 };
 
 const fuse_lowlevel_ops& lowlevel_ops();

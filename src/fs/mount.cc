@@ -124,7 +124,9 @@ std::string escape_option(std::string_view value) {
 struct ParsedOptions {
   std::vector<std::string> fuse;  // for libfuse, one option each
   bool cache = false;
-  bool read_ahead = true;         // direct_io mode only
+  bool read_ahead = true;  // direct_io mode only
+  detail::Server::Splice splice = detail::Server::Splice::kAuto;
+  unsigned max_read = 0;          // largest READ; 0: max_write decides
   unsigned max_threads = 0;       // 0: libfuse's default
   unsigned max_idle_threads = 8;  // keeps a pool warm for parallel readers
 };
@@ -134,6 +136,14 @@ unsigned parse_count(std::string_view option, std::string_view value) {
   auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
   if (ec != std::errc() || end != value.data() + value.size() || n == 0 || n > 1024)
     fail("bad mount option \"{}\": expected a count from 1 to 1024", option);
+  return n;
+}
+
+unsigned parse_bytes(std::string_view option, std::string_view value) {
+  unsigned n = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc() || end != value.data() + value.size() || n < 4096 || n > (1u << 20))
+    fail("bad mount option \"{}\": expected a byte count from 4096 to 1048576", option);
   return n;
 }
 
@@ -147,6 +157,14 @@ ParsedOptions parse_options(const MountOptions& options) {
         out.cache = true;
       } else if (o == "noreadahead") {
         out.read_ahead = false;
+      } else if (o == "splice") {
+        out.splice = detail::Server::Splice::kAlways;
+      } else if (o == "nosplice") {
+        out.splice = detail::Server::Splice::kOff;
+      } else if (o.starts_with("max_read=")) {
+        // libfuse takes it too, and refuses to start unless init asks for the same size.
+        out.max_read = parse_bytes(o, o.substr(9));
+        out.fuse.push_back(std::move(option));
       } else if (o.starts_with("max_threads=")) {
         out.max_threads = parse_count(o, o.substr(12));
       } else if (o.starts_with("max_idle_threads=")) {
@@ -369,6 +387,8 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   server.tree = &tree;
   server.cache = parsed.cache;
   server.read_ahead = parsed.read_ahead && !parsed.cache;
+  server.splice = parsed.splice;
+  server.max_read = parsed.max_read;
 
   begin_setup();
   FuseArgs args(argv);

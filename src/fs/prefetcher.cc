@@ -66,7 +66,9 @@ Slot* holding(Prefetcher::Stream& s, uint64_t pos) {
 
 }  // namespace
 
-Prefetcher::Prefetcher(const Tree& tree, unsigned helpers) : tree_(tree) {
+Prefetcher::Prefetcher(const Tree& tree, unsigned helpers, size_t block_bytes,
+                       const SpliceStage* splice)
+    : tree_(tree), block_bytes_(std::max<size_t>(block_bytes, 4096)), splice_(splice) {
   helpers = std::max(helpers, 1u);
   helpers_.reserve(helpers);
   try {
@@ -201,6 +203,20 @@ void Prefetcher::start(Stream& s) noexcept {
   planned.clear();
 }
 
+void Prefetcher::passed(Stream& s, uint64_t off, size_t got, bool plan) noexcept {
+  std::lock_guard lock(s.mutex);
+  const bool sequential = off == s.next;
+  s.next = off + got;
+  try {
+    // Called whether or not it plans: a READ spliced for another reader must still count as
+    // that reader's, or a gathered READ of this one would think it reads alone.
+    const bool alone = !others_reading(s);
+    if (plan && sequential && alone) plan_ahead(s, off + got, s.planned);
+  } catch (const std::exception& e) {
+    spdlog::warn("read-ahead of inode {}: {}", s.ino, e.what());
+  }
+}
+
 void Prefetcher::plan_ahead(Stream& s, uint64_t at,
                             std::vector<std::pair<size_t, uint64_t>>& queued) {
   using State = Slot::State;
@@ -231,9 +247,11 @@ void Prefetcher::plan_ahead(Stream& s, uint64_t at,
     auto free = std::find_if(s.slots.begin(), s.slots.end(),
                              [](const Slot& slot) { return slot.state == State::kFree; });
     if (free == s.slots.end()) break;
+    const size_t length = static_cast<size_t>(std::min<uint64_t>(block_bytes_, s.size - pos));
+    if (splice_ != nullptr && splice_->would_stage(s.ino, pos, length)) break;
     free->state = State::kQueued;
     free->off = pos;
-    free->got = static_cast<size_t>(std::min<uint64_t>(kBlockBytes, s.size - pos));
+    free->got = length;
     queued.emplace_back(static_cast<size_t>(free - s.slots.begin()), ++free->generation);
     pos = free->end();
   }

@@ -382,6 +382,38 @@ TEST_F(MountTest, ServesTheSameBytesWithoutReadAhead) {
   stop_foreground();
 }
 
+TEST_F(MountTest, ServesTheSameBytesSplicingEveryLongRead) {
+  MountOptions options;
+  options.fuse_options = {"splice"};
+  start_foreground(options);
+  expect_contents_match();
+  stop_foreground();
+}
+
+TEST_F(MountTest, ServesTheSameBytesWithoutSplice) {
+  MountOptions options;
+  options.fuse_options = {"nosplice"};
+  start_foreground(options);
+  expect_contents_match();
+  stop_foreground();
+}
+
+TEST_F(MountTest, MaxReadSetsTheLargestRead) {
+  // libfuse takes max_read too, and stops the session at INIT unless init asks for the same.
+  MountOptions options;
+  options.fuse_options = {"max_read=131072"};
+  start_foreground(options);
+  expect_contents_match();
+  stop_foreground();
+}
+
+TEST_F(MountTest, MaxReadOutOfRangeIsRefused) {
+  MountOptions options;
+  options.fuse_options = {"max_read=100"};
+  EXPECT_THROW(mount(mnt_, Tree(data_->make_plan()), options), Error);
+  EXPECT_FALSE(mount_line(mnt_));
+}
+
 TEST_F(MountTest, CacheModeAllowsSharedMmap) {
   MountOptions options;
   options.fuse_options = {"cache"};  // the -o spelling of options.cache

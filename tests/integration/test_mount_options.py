@@ -1,7 +1,9 @@
 """The `ckptfs mount` options as a user types them: -o cache (shared mmap works), the default
-direct I/O mode (shared mmap refused), -o noreadahead and max_threads=N, a libfuse option, a
-bad -o value, and -f, which serves until Ctrl-C and then unmounts."""
+direct I/O mode (shared mmap refused), -o noreadahead and max_threads=N, -o splice and the
+default splice for concurrent readers, a libfuse option, a bad -o value, and -f, which serves
+until Ctrl-C and then unmounts."""
 
+import concurrent.futures
 import errno
 import mmap
 import os
@@ -68,9 +70,25 @@ STREAM_CASE = case(
     [param("w", "Float32", [2048, 1024], lay([2], [0, -1]), None)], [])
 
 
+def closing_counts(log):
+    """(reads served from blocks read ahead, blocks read ahead, reads spliced) from the daemon's
+    closing log line, written as it exits just after the unmount."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with open(log) as f:
+            closing = [line for line in f if "fuse: served" in line]
+        if closing:
+            found = re.search(r"\((\d+) from (\d+) blocks read ahead\), (\d+) spliced",
+                              closing[-1])
+            assert found, closing[-1]
+            return tuple(int(g) for g in found.groups())
+        time.sleep(0.05)
+    raise AssertionError(f"no closing line in {log}")
+
+
 def read_ahead_counts(args, name, options):
     """Reads the merged file front to back in 1 MiB chunks; returns (reads served from blocks
-    read ahead, blocks read ahead) from the daemon's closing log line."""
+    read ahead, blocks read ahead, reads spliced) from the daemon's closing log line."""
     work = os.path.join(args.work, name)
     fx = ckpt_fixture.make(STREAM_CASE, os.path.join(work, "fixture"))
     mnt, log = os.path.join(work, "mnt"), os.path.join(work, "log")
@@ -81,24 +99,67 @@ def read_ahead_counts(args, name, options):
         with open(mounted_path(mnt, path, rank), "rb", buffering=0) as f:
             got = b"".join(iter(lambda: f.read(1 << 20), b""))
         assert got == itest.read_file(path), "the merged file differs"
-    # The closing line is written as the daemon exits, just after the unmount.
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        with open(log) as f:
-            closing = [line for line in f if "fuse: served" in line]
-        if closing:
-            found = re.search(r"\((\d+) from (\d+) blocks read ahead\)", closing[-1])
-            assert found, closing[-1]
-            return int(found.group(1)), int(found.group(2))
-        time.sleep(0.05)
-    raise AssertionError(f"no closing line in {log}")
+    return closing_counts(log)
 
 
 def no_read_ahead(args):
-    hits, blocks = read_ahead_counts(args, "readahead", None)
+    hits, blocks, spliced = read_ahead_counts(args, "readahead", None)
     assert hits > 0 and blocks > 0, f"default mount: {hits} reads from {blocks} blocks ahead"
-    hits, blocks = read_ahead_counts(args, "noreadahead", "noreadahead,max_threads=2")
+    assert spliced == 0, f"default mount: {spliced} reads spliced"
+    hits, blocks, _ = read_ahead_counts(args, "noreadahead", "noreadahead,max_threads=2")
     assert (hits, blocks) == (0, 0), f"noreadahead: {hits} reads from {blocks} blocks ahead"
+
+
+def splice(args):
+    """-o splice: the same bytes (compared in read_ahead_counts), the long row runs spliced, and
+    read-ahead left with the file's short tail only: it skips blocks that will be spliced."""
+    hits, blocks, spliced = read_ahead_counts(args, "splice", "splice")
+    # 8 MiB in 512 KiB READs; the first holds the record header and may be gathered.
+    assert spliced >= 15, f"-o splice: only {spliced} reads spliced"
+    assert blocks <= 1, f"-o splice: {blocks} blocks read ahead"
+
+
+# 2 -> 2 with the same row split: each target file is one source's rows, 32 MiB.
+PAIR_CASE = case(
+    "options_pair", "2 -> 2 rows, 2 x 32 MiB", side(2), side(2),
+    [param("w", "Float32", [16384, 1024], lay([2], [0, -1]), lay([2], [0, -1]))], [])
+
+
+def read_whole(path):
+    with open(path, "rb", buffering=0) as f:
+        return b"".join(iter(lambda: f.read(1 << 20), b""))
+
+
+def auto_splice(args):
+    """Where pipes may hold 2 MiB (fs.pipe-max-size raised; root may), the default mount splices
+    READs while two readers read at once, and gathers those of a lone reader."""
+    knob = "/proc/sys/fs/pipe-max-size"
+    with open(knob) as f:
+        old = f.read().strip()
+    work = os.path.join(args.work, "auto_splice")
+    fx = ckpt_fixture.make(PAIR_CASE, os.path.join(work, "fixture"))
+    files = sorted(fx.expected_files().items())
+    counts = []
+    try:
+        with open(knob, "w") as f:
+            f.write(str(4 << 20))
+        for readers in (1, 2):
+            mnt, log = os.path.join(work, f"mnt{readers}"), os.path.join(work, f"log{readers}")
+            with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                               dst_strategy=fx.dst_strategy,
+                               index_dir=os.path.join(work, "index"), log_file=log,
+                               log_level="info"):
+                paths = [mounted_path(mnt, path, rank) for rank, path in files[:readers]]
+                with concurrent.futures.ThreadPoolExecutor(readers) as pool:
+                    got = list(pool.map(read_whole, paths))
+                for (rank, path), data in zip(files, got):
+                    assert data == itest.read_file(path), f"rank {rank} differs ({readers} readers)"
+            counts.append(closing_counts(log)[2])
+    finally:
+        with open(knob, "w") as f:
+            f.write(old)
+    assert counts[0] == 0, f"a lone reader had {counts[0]} reads spliced"
+    assert counts[1] > 0, "two readers at once had no read spliced"
 
 
 def libfuse_option(args):
@@ -157,6 +218,8 @@ def main():
     checks.run("default direct I/O refuses shared mmap", direct_mode_refuses_shared_mmap, args)
     checks.run("read-ahead by default, none with -o noreadahead,max_threads=2", no_read_ahead,
                args)
+    checks.run("-o splice serves long runs by splice", splice, args)
+    checks.run("2 MiB pipes: splice for concurrent readers only", auto_splice, args)
     checks.run("-o allow_other goes to libfuse", libfuse_option, args)
     checks.run("bad -o value", bad_option_value, args)
     checks.run("-f serves until Ctrl-C", foreground, args)

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ckptfs/fs/reply_buffer.h"
+#include "ckptfs/fs/splice_stage.h"
 #include "ckptfs/fs/tree.h"
 
 namespace ckptfs::fs {
@@ -27,12 +28,15 @@ class Prefetcher {
  public:
   // State of one open file: where its last read ended and the blocks read ahead.
   class Stream;
-  // Size of a block read ahead: the largest READ the kernel sends.
+  // Default size of a block read ahead: the largest READ the kernel sends.
   static constexpr size_t kBlockBytes = 1 << 20;
 
   // Starts `helpers` (at least 1) threads; throws std::system_error (with none left running) if
-  // one cannot start. `tree` must outlive the prefetcher.
-  Prefetcher(const Tree& tree, unsigned helpers);
+  // one cannot start. Blocks are `block_bytes` long (the mount's largest READ). With `splice`,
+  // blocks it would stage are not read ahead: their READs are spliced, and read-ahead stops
+  // at the first such block. `tree` and `splice` must outlive the prefetcher.
+  Prefetcher(const Tree& tree, unsigned helpers, size_t block_bytes = kBlockBytes,
+             const SpliceStage* splice = nullptr);
   // Lets the gathers under way finish and drops the queued ones.
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
@@ -50,6 +54,10 @@ class Prefetcher {
   // Hands the blocks the last read planned to the helpers. Called once the reply is sent, so
   // that waking them does not delay it; never throws, as the request is answered by then.
   void start(Stream& stream) noexcept;
+  // Notes a READ of [off, off + got) served without the prefetcher (spliced), and if `plan`,
+  // plans ahead from its end as read() does. Never throws (it runs after the reply): a failure
+  // only means no read-ahead.
+  void passed(Stream& stream, uint64_t off, size_t got, bool plan) noexcept;
 
   // Reads served from a block read ahead, and gathers ahead finished in all. A failed one
   // counts too; the READ of its block then gathers for itself.
@@ -76,6 +84,8 @@ class Prefetcher {
   };
 
   const Tree& tree_;
+  const size_t block_bytes_;
+  const SpliceStage* splice_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Job> jobs_;

@@ -1,0 +1,156 @@
+// SpliceStage over a hand-built tree: which READs it takes, that the bytes it puts in the pipe
+// are the target's bytes (read back from the pipe and compared with the plain concatenation),
+// and that a source changed or cut short fails the READ instead of staging it.
+#include "ckptfs/fs/splice_stage.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+#include <vector>
+
+#include "test_data.h"
+
+namespace ckptfs::fs {
+namespace {
+
+using testing::TempDir;
+using testing::TestData;
+using Outcome = SpliceStage::Outcome;
+
+// File inode of target i in TestData (ranks 0, 1, 5, 7).
+uint64_t ino_of(size_t target) { return 3 + 2 * target; }
+
+// Everything in the pipe (staging never puts more than a READ in it).
+std::string drain(const StagePipe& pipe) {
+  std::string out;
+  char chunk[65536];
+  for (;;) {
+    const ssize_t n = ::read(pipe.read_end(), chunk, sizeof chunk);
+    if (n <= 0) break;
+    out.append(chunk, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+plan::Run source_run(uint64_t offset, uint64_t length) { return {nullptr, 0, offset, length}; }
+
+TEST(SpliceStageRules, FewLongRunsAreStaged) {
+  EXPECT_TRUE(SpliceStage::worth_it(std::vector{source_run(0, 512 << 10)}, 512 << 10, 256));
+  const std::vector<plan::Run> two = {plan::Run{"hdr", 0, 0, 3}, source_run(4093, 100000)};
+  EXPECT_TRUE(SpliceStage::worth_it(two, 100003, 256));
+}
+
+TEST(SpliceStageRules, A1MiBReadNeeds2MiBPipes) {
+  const std::vector<plan::Run> one = {source_run(0, 1 << 20)};
+  EXPECT_FALSE(SpliceStage::worth_it(one, 1 << 20, 256));  // 256 pages + the header
+  EXPECT_TRUE(SpliceStage::worth_it(one, 1 << 20, 512));
+}
+
+TEST(SpliceStageRules, ManyOrShortRunsAreGathered) {
+  std::vector<plan::Run> many;
+  for (uint64_t i = 0; i <= SpliceStage::kMaxRuns; ++i) many.push_back(source_run(i << 20, 16384));
+  EXPECT_FALSE(SpliceStage::worth_it(many, many.size() * 16384, 512));
+  // Three runs averaging under kMinRunBytes.
+  const std::vector<plan::Run> shortish = {source_run(0, 20000), source_run(1 << 20, 4000),
+                                           source_run(2 << 20, 4000)};
+  EXPECT_FALSE(SpliceStage::worth_it(shortish, 28000, 256));
+  EXPECT_FALSE(SpliceStage::worth_it(std::vector{source_run(0, 8192)}, 8192, 256));
+  EXPECT_FALSE(SpliceStage::worth_it(std::span<const plan::Run>{}, 0, 256));
+}
+
+TEST(SpliceStageRules, RunsThatWouldOverflowTheReplyPipeAreGathered) {
+  // 480 KiB: libfuse sizes its pipe to 124 pages, rounded to 128 slots. Eight 60 KiB runs that
+  // each start one byte before a page boundary touch 16 pages each: 128 + the header > 128.
+  std::vector<plan::Run> ragged;
+  for (uint64_t i = 0; i < 8; ++i) ragged.push_back(source_run((i << 20) + 4095, 60 << 10));
+  EXPECT_FALSE(SpliceStage::worth_it(ragged, 480 << 10, 256));
+  // The same runs page-aligned touch 15 pages each: 121 slots fit.
+  std::vector<plan::Run> aligned;
+  for (uint64_t i = 0; i < 8; ++i) aligned.push_back(source_run(i << 20, 60 << 10));
+  EXPECT_TRUE(SpliceStage::worth_it(aligned, 480 << 10, 256));
+}
+
+class SpliceStageTest : public ::testing::Test {
+ protected:
+  SpliceStageTest()
+      : data_(dir_.path()), tree_(data_.make_plan()), stage_(tree_, 256), pipe_(256) {}
+
+  // Stages [off, off + len) of target t; the staged bytes, or "" if not staged.
+  Outcome stage(size_t t, uint64_t off, size_t len, std::string& bytes, int& err) {
+    size_t got = 0;
+    const Outcome outcome = stage_.stage(ino_of(t), off, len, pipe_, got, err);
+    bytes = drain(pipe_);
+    if (outcome == Outcome::kStaged) {
+      EXPECT_EQ(bytes.size(), got);
+    }
+    return outcome;
+  }
+
+  TempDir dir_;
+  TestData data_;
+  Tree tree_;
+  SpliceStage stage_;
+  StagePipe pipe_;
+};
+
+TEST_F(SpliceStageTest, StagedBytesAreTheTargetBytes) {
+  const std::string& want = data_.expected(2);  // rank 5: a header, then MiBs of source 2
+  size_t staged = 0;
+  // READ-sized windows at page offsets and at odd ones, across the record seams.
+  for (uint64_t off : {0ull, 4096ull, 512ull << 10, 1000003ull, (2ull << 20) - 100,
+                       (2ull << 20) + 20, (3ull << 20) - 7}) {
+    std::string bytes;
+    int err = -1;
+    const Outcome outcome = stage(2, off, 512 << 10, bytes, err);
+    ASSERT_NE(outcome, Outcome::kFailed) << off;
+    EXPECT_EQ(err, 0);
+    if (outcome != Outcome::kStaged) continue;
+    ++staged;
+    EXPECT_TRUE(bytes == want.substr(off, 512 << 10)) << "at " << off;
+  }
+  EXPECT_GE(staged, 5u);
+}
+
+TEST_F(SpliceStageTest, TheEndOfAFileStagesShort) {
+  const std::string& want = data_.expected(2);
+  std::string bytes;
+  int err = 0;
+  const uint64_t off = want.size() - 100000;
+  ASSERT_EQ(stage(2, off, 512 << 10, bytes, err), Outcome::kStaged);
+  EXPECT_TRUE(bytes == want.substr(off));
+}
+
+TEST_F(SpliceStageTest, ManyTinyRunsAreDeclinedAndLeaveThePipeEmpty) {
+  std::string bytes;
+  int err = 0;
+  EXPECT_EQ(stage(1, 0, 512 << 10, bytes, err), Outcome::kDeclined);  // rank 1: 13-byte runs
+  EXPECT_TRUE(bytes.empty());
+  EXPECT_FALSE(stage_.would_stage(ino_of(1), 0, 512 << 10));
+  EXPECT_TRUE(stage_.would_stage(ino_of(2), 0, 512 << 10));
+  EXPECT_FALSE(stage_.would_stage(1, 0, 512 << 10));  // the root is not a file
+}
+
+TEST_F(SpliceStageTest, ChangedSourceFails) {
+  data_.change_source(2);
+  std::string bytes;
+  int err = 0;
+  EXPECT_EQ(stage(2, 4096, 512 << 10, bytes, err), Outcome::kFailed);
+  EXPECT_EQ(err, EIO);
+}
+
+TEST_F(SpliceStageTest, SourceCutShortFails) {
+  ASSERT_EQ(::truncate(data_.source_path(2).c_str(), 1 << 20), 0);
+  std::string bytes;
+  int err = 0;
+  // Past the new end: the splice finds nothing to read.
+  EXPECT_EQ(stage(2, (2ull << 20) - 100, 512 << 10, bytes, err), Outcome::kFailed);
+  EXPECT_EQ(err, EIO);
+  // Before it: the bytes are there, but the fingerprint no longer matches.
+  EXPECT_EQ(stage(2, 0, 512 << 10, bytes, err), Outcome::kFailed);
+  EXPECT_EQ(err, EIO);
+}
+
+}  // namespace
+}  // namespace ckptfs::fs
