@@ -28,6 +28,7 @@ makes the run exit non-zero.
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -351,6 +352,29 @@ def warm(files):
     readbench(files)
 
 
+@contextlib.contextmanager
+def pipe_max_size(value):
+    """Sets fs.pipe-max-size to `value` (None: leaves it) and restores it; yields whether the
+    value is in force."""
+    knob = "/proc/sys/fs/pipe-max-size"
+    if value is None:
+        yield True
+        return
+    try:
+        with open(knob) as f:
+            old = f.read().strip()
+        with open(knob, "w") as f:
+            f.write(str(value))
+    except OSError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        with open(knob, "w") as f:
+            f.write(old)
+
+
 def proc_status(pid, key):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -640,38 +664,57 @@ class Bench:
         ref = ds.expected_files()
         warm(list(ds.source_files) + list(ref))
         variants = [
-            # label, mount options, readers, split, block, read_ahead_kb, compare with
-            ("direct_io, 1 reader, 128 KiB preads", [], 1, "range", "128K", None, "b/a"),
+            # label, mount options, readers, split, block, read_ahead_kb, compare with,
+            # fs.pipe-max-size for the mount (None: as it is)
+            ("direct_io, 1 reader, 128 KiB preads", [], 1, "range", "128K", None, "b/a", None),
             ("direct_io, 1 reader, -o noreadahead", ["noreadahead"], 1, "range", None, None,
-             "b/a"),
+             "b/a", None),
             ("direct_io, 2 readers, -o noreadahead", ["noreadahead"], 2, "files", None, None,
-             "c/a"),
+             "c/a", None),
+            ("direct_io, 1 reader, -o max_read=524288", ["max_read=524288"], 1, "range", None,
+             None, "b/a", None),
+            ("direct_io, 1 reader, -o splice (512 KiB READs)", ["splice"], 1, "range", None,
+             None, "b/a", None),
+            ("direct_io, 2 readers, -o splice (512 KiB READs)", ["splice"], 2, "files", None,
+             None, "c/a", None),
+            ("direct_io, 1 reader, pipe-max-size 4 MiB (default: splice when busy)", [], 1,
+             "range", None, None, "b/a", 4 << 20),
+            ("direct_io, 2 readers, pipe-max-size 4 MiB (default: splice when busy)", [], 2,
+             "files", None, None, "c/a", 4 << 20),
+            ("direct_io, 2 readers, pipe-max-size 4 MiB, -o splice", ["splice"], 2, "files",
+             None, None, "c/a", 4 << 20),
             ("direct_io, 2 readers on the same file (stripes)", [], 2, "range", None, None,
-             "c/a"),
+             "c/a", None),
             ("direct_io, 2 readers, -o max_threads=1", ["max_threads=1"], 2, "files", None,
-             None, "c/a"),
+             None, "c/a", None),
             ("page-cache mode first read, read_ahead_kb=1024", ["cache"], 1, "range", None,
-             1024, "b_cache/a"),
+             1024, "b_cache/a", None),
             ("page-cache mode first read, 2 readers", ["cache"], 2, "files", None, None,
-             "b_cache/a"),
+             "b_cache/a", None),
         ]
         out = []
-        for label, opts, threads, split, block, ra_kb, base in variants:
-            mnt = self.mnt("knob")
-            _, pid, _ = self.mounts.mount(ds, mnt, self.index_dir, options=opts)
-            if ra_kb:
-                st = os.stat(mnt)
-                bdi = f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb"
-                with open(bdi, "w") as f:
-                    f.write(str(ra_kb))
-            files = ds.mount_files(mnt)
-            readbench(files)
-            self.verify(f"knob: {label}", ds, files, threads, split)
-            v, r, _ = self.paired("knob: " + label,
-                                  self.mount_read(files, threads, split, True, block), ref, runs,
-                                  pid)
-            out.append((label, v, r, base))
-            self.mounts.umount(mnt)
+        for label, opts, threads, split, block, ra_kb, base, pipe_max in variants:
+            # Pipes are sized when a daemon thread first splices: the limit holds throughout.
+            with pipe_max_size(pipe_max) as ok:
+                if not ok:
+                    self.log(f"knob: {label}: skipped, cannot set fs.pipe-max-size")
+                    continue
+                mnt = self.mnt("knob")
+                _, pid, _ = self.mounts.mount(ds, mnt, self.index_dir, options=opts)
+                if ra_kb:
+                    st = os.stat(mnt)
+                    bdi = (f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+                           "/read_ahead_kb")
+                    with open(bdi, "w") as f:
+                        f.write(str(ra_kb))
+                files = ds.mount_files(mnt)
+                readbench(files)
+                self.verify(f"knob: {label}", ds, files, threads, split)
+                v, r, _ = self.paired("knob: " + label,
+                                      self.mount_read(files, threads, split, True, block), ref,
+                                      runs, pid)
+                out.append((label, v, r, base))
+                self.mounts.umount(mnt)
         self.fig["knobs"] = out
 
     def cache_reads(self, ds: Dataset, runs):
