@@ -112,8 +112,9 @@ void add_mount_commands(CLI::App& app) {
       ->add_option("-o", args->options,
                    "Mount options, comma-separated: cache (page-cache mode for mmap users; "
                    "default is direct I/O), noreadahead (no read-ahead thread for sequential "
-                   "readers), splice (splice long runs from the sources in 512 KiB READs; "
-                   "measured slower), max_threads=N, or any libfuse option such as allow_other")
+                   "readers), splice (splice long runs while several files are read; needs "
+                   "fs.pipe-max-size >= 2 MiB), splice=always, max_read=N, max_threads=N, or any "
+                   "libfuse option such as allow_other")
       ->allow_extra_args(false);
   mount->add_option("--index-dir", args->index_dir,
                     "Where the LMDB index lives (default $XDG_CACHE_HOME/ckptfs/index or "

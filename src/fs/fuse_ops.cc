@@ -130,15 +130,16 @@ void op_init(void* userdata, fuse_conn_info* conn) {
     // A spliced reply must fit one pipe, header included, and a pipe holds at most
     // fs.pipe-max-size (1 MiB by default) without CAP_SYS_RESOURCE: the 257+ pages of a 1 MiB
     // READ need 2 MiB pipes. With 1 MiB ones READs are cut to 512 KiB, which leaves room for
-    // the misaligned ends of their runs, but costs a lone reader 10-20% (docs/PERFORMANCE.md):
-    // only -o splice does that.
+    // the misaligned ends of their runs, but costs a lone reader 10-25% (docs/PERFORMANCE.md):
+    // only -o splice=always does that.
     const size_t slots = StagePipe::max_slots();
     if (slots >= 512 || (slots != 0 && s.splice == Splice::kAlways)) {
       conn->want |= FUSE_CAP_SPLICE_WRITE;
       if (slots < 512) conn->max_write = std::min<unsigned>(conn->max_write, kSpliceReadBytes);
       s.stage = std::make_unique<SpliceStage>(*s.tree, slots);
-    } else if (s.splice == Splice::kAlways) {
-      spdlog::warn("splice off: cannot size a pipe to 1 MiB");
+    } else {
+      spdlog::warn("splice off: pipes of {} are needed, fs.pipe-max-size allows {} KiB",
+                   s.splice == Splice::kAlways ? "1 MiB" : "2 MiB", slots * 4);
     }
   }
   // Otherwise libfuse's max_write (1 MiB, its buffer size) sets the largest READ, and every
@@ -149,7 +150,7 @@ void op_init(void* userdata, fuse_conn_info* conn) {
     try {
       s.prefetcher = std::make_unique<Prefetcher>(
           *s.tree, std::clamp(std::thread::hardware_concurrency(), 1u, kMaxHelpers),
-          // Only when every READ it takes is spliced: in auto mode a lone reader's READs are
+          // Only when every READ it takes is spliced: with -o splice a lone reader's READs are
           // gathered, ahead.
           block, s.splice == Splice::kAlways ? s.stage.get() : nullptr);
     } catch (const std::exception& e) {
@@ -312,7 +313,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     // RELEASE may free the handle on another thread before start() below runs.
     std::shared_ptr<Prefetcher::Stream> stream;
     if (const StreamHandle* h = stream_of(fi); h != nullptr && s.prefetcher) stream = h->stream;
-    // In auto mode a READ is spliced while other readers read too: then the CPUs are busy, and
+    // With -o splice a READ is spliced while other readers read too: then the CPUs are busy, and
     // one copy per byte (splice) beats two (gather, then reply) although the kernel's copy out
     // of the page cache is slower. A lone reader is served faster by gathering ahead while its
     // previous reply is copied.
@@ -321,7 +322,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
          others_reading(s, fi != nullptr && fi->fh != 0 ? fi->fh : ino)) &&
         reply_spliced(req, s, ino, static_cast<uint64_t>(off), size, got)) {
       if (stream && got > 0) {
-        // In auto mode the CPUs are busy now: no read-ahead.
+        // Spliced because the CPUs are busy: no read-ahead.
         s.prefetcher->passed(*stream, static_cast<uint64_t>(off), got,
                              s.splice == Server::Splice::kAlways);
         s.prefetcher->start(*stream);

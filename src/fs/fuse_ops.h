@@ -47,9 +47,9 @@ struct Server {
   bool cache = false;       // keep_cache instead of direct_io
   bool read_ahead = false;  // start a Prefetcher (direct_io mode)
   unsigned max_read = 0;    // -o max_read: the largest READ (0: max_write decides)
-  // When READs of few long runs are staged in a pipe (see SpliceStage): never; while another
-  // READ is being served, if pipes hold a 1 MiB READ (kAuto); always, in 512 KiB READs if
-  // they do not.
+  // When READs of few long runs are staged in a pipe (see SpliceStage): never (the default);
+  // while other files are being read too, if pipes may hold a 1 MiB READ (-o splice); always,
+  // in 512 KiB READs if they may not (-o splice=always).
   enum class Splice { kOff, kAuto, kAlways } splice = Splice::kOff;
   // Made by init when READs may be spliced.
   std::unique_ptr<SpliceStage> stage;

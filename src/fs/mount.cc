@@ -125,7 +125,7 @@ struct ParsedOptions {
   std::vector<std::string> fuse;  // for libfuse, one option each
   bool cache = false;
   bool read_ahead = true;  // direct_io mode only
-  detail::Server::Splice splice = detail::Server::Splice::kAuto;
+  detail::Server::Splice splice = detail::Server::Splice::kOff;
   unsigned max_read = 0;          // largest READ; 0: max_write decides
   unsigned max_threads = 0;       // 0: libfuse's default
   unsigned max_idle_threads = 8;  // keeps a pool warm for parallel readers
@@ -158,9 +158,9 @@ ParsedOptions parse_options(const MountOptions& options) {
       } else if (o == "noreadahead") {
         out.read_ahead = false;
       } else if (o == "splice") {
+        out.splice = detail::Server::Splice::kAuto;
+      } else if (o == "splice=always") {
         out.splice = detail::Server::Splice::kAlways;
-      } else if (o == "nosplice") {
-        out.splice = detail::Server::Splice::kOff;
       } else if (o.starts_with("max_read=")) {
         // libfuse takes it too, and refuses to start unless init asks for the same size.
         out.max_read = parse_bytes(o, o.substr(9));

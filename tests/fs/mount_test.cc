@@ -384,15 +384,15 @@ TEST_F(MountTest, ServesTheSameBytesWithoutReadAhead) {
 
 TEST_F(MountTest, ServesTheSameBytesSplicingEveryLongRead) {
   MountOptions options;
-  options.fuse_options = {"splice"};
+  options.fuse_options = {"splice=always"};
   start_foreground(options);
   expect_contents_match();
   stop_foreground();
 }
 
-TEST_F(MountTest, ServesTheSameBytesWithoutSplice) {
+TEST_F(MountTest, ServesTheSameBytesSplicingWhileSeveralRead) {
   MountOptions options;
-  options.fuse_options = {"nosplice"};
+  options.fuse_options = {"splice"};
   start_foreground(options);
   expect_contents_match();
   stop_foreground();

@@ -1,7 +1,7 @@
 """The `ckptfs mount` options as a user types them: -o cache (shared mmap works), the default
-direct I/O mode (shared mmap refused), -o noreadahead and max_threads=N, -o splice and the
-default splice for concurrent readers, a libfuse option, a bad -o value, and -f, which serves
-until Ctrl-C and then unmounts."""
+direct I/O mode (shared mmap refused), -o noreadahead and max_threads=N, -o splice=always and
+-o splice (for concurrent readers), a libfuse option, a bad -o value, and -f, which serves until
+Ctrl-C and then unmounts."""
 
 import concurrent.futures
 import errno
@@ -110,13 +110,14 @@ def no_read_ahead(args):
     assert (hits, blocks) == (0, 0), f"noreadahead: {hits} reads from {blocks} blocks ahead"
 
 
-def splice(args):
-    """-o splice: the same bytes (compared in read_ahead_counts), the long row runs spliced, and
-    read-ahead left with the file's short tail only: it skips blocks that will be spliced."""
-    hits, blocks, spliced = read_ahead_counts(args, "splice", "splice")
-    # 8 MiB in 512 KiB READs; the first holds the record header and may be gathered.
-    assert spliced >= 15, f"-o splice: only {spliced} reads spliced"
-    assert blocks <= 1, f"-o splice: {blocks} blocks read ahead"
+def splice_always(args):
+    """-o splice=always: the same bytes (compared in read_ahead_counts), the long row runs
+    spliced, and read-ahead left with the file's short tail only: it skips blocks that will be
+    spliced."""
+    hits, blocks, spliced = read_ahead_counts(args, "splice", "splice=always")
+    # 8 MiB in 512 KiB READs (1 MiB ones where pipes may hold 2 MiB).
+    assert spliced >= 8, f"-o splice=always: only {spliced} reads spliced"
+    assert blocks <= 1, f"-o splice=always: {blocks} blocks read ahead"
 
 
 # 2 -> 2 with the same row split: each target file is one source's rows, 32 MiB.
@@ -130,9 +131,10 @@ def read_whole(path):
         return b"".join(iter(lambda: f.read(1 << 20), b""))
 
 
-def auto_splice(args):
-    """Where pipes may hold 2 MiB (fs.pipe-max-size raised; root may), the default mount splices
-    READs while two readers read at once, and gathers those of a lone reader."""
+def splice_when_busy(args):
+    """Where pipes may hold 2 MiB (fs.pipe-max-size raised; root may), -o splice splices READs
+    while two readers read at once and gathers those of a lone reader; without it nothing is
+    spliced."""
     knob = "/proc/sys/fs/pipe-max-size"
     with open(knob) as f:
         old = f.read().strip()
@@ -143,12 +145,12 @@ def auto_splice(args):
     try:
         with open(knob, "w") as f:
             f.write(str(4 << 20))
-        for readers in (1, 2):
-            mnt, log = os.path.join(work, f"mnt{readers}"), os.path.join(work, f"log{readers}")
+        for n, (options, readers) in enumerate([("splice", 1), ("splice", 2), (None, 2)]):
+            mnt, log = os.path.join(work, f"mnt{n}"), os.path.join(work, f"log{n}")
             with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
                                dst_strategy=fx.dst_strategy,
                                index_dir=os.path.join(work, "index"), log_file=log,
-                               log_level="info"):
+                               log_level="info", options=options):
                 paths = [mounted_path(mnt, path, rank) for rank, path in files[:readers]]
                 with concurrent.futures.ThreadPoolExecutor(readers) as pool:
                     got = list(pool.map(read_whole, paths))
@@ -158,8 +160,9 @@ def auto_splice(args):
     finally:
         with open(knob, "w") as f:
             f.write(old)
-    assert counts[0] == 0, f"a lone reader had {counts[0]} reads spliced"
-    assert counts[1] > 0, "two readers at once had no read spliced"
+    assert counts[0] == 0, f"-o splice: a lone reader had {counts[0]} reads spliced"
+    assert counts[1] > 0, "-o splice: two readers at once had no read spliced"
+    assert counts[2] == 0, f"default mount: two readers had {counts[2]} reads spliced"
 
 
 def libfuse_option(args):
@@ -218,8 +221,8 @@ def main():
     checks.run("default direct I/O refuses shared mmap", direct_mode_refuses_shared_mmap, args)
     checks.run("read-ahead by default, none with -o noreadahead,max_threads=2", no_read_ahead,
                args)
-    checks.run("-o splice serves long runs by splice", splice, args)
-    checks.run("2 MiB pipes: splice for concurrent readers only", auto_splice, args)
+    checks.run("-o splice=always serves long runs by splice", splice_always, args)
+    checks.run("2 MiB pipes: -o splice for concurrent readers only", splice_when_busy, args)
     checks.run("-o allow_other goes to libfuse", libfuse_option, args)
     checks.run("bad -o value", bad_option_value, args)
     checks.run("-f serves until Ctrl-C", foreground, args)

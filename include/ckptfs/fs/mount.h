@@ -14,10 +14,10 @@ struct MountOptions {
   bool cache = false;  // page-cache mode with keep_cache (mmap users)
   // The -o list, passed on to libfuse (each entry may hold a comma-separated list). Handled
   // here instead: "cache" (same as cache = true), "noreadahead" (no read-ahead thread in
-  // direct_io mode), "splice" (splice every READ of few long runs, in 512 KiB READs unless
-  // pipes may hold 2 MiB), "nosplice" (never; by default READs are spliced only while several
-  // readers read and pipes may hold 2 MiB), "max_read=N" (also passed on), "max_threads=N",
-  // "max_idle_threads=N". "ro" is always forced.
+  // direct_io mode), "splice" (READs of few long runs are spliced while several files are read,
+  // if pipes may hold 2 MiB), "splice=always" (every such READ, in 512 KiB READs unless pipes
+  // may hold 2 MiB), "max_read=N" (also passed on), "max_threads=N", "max_idle_threads=N".
+  // "ro" is always forced.
   std::vector<std::string> fuse_options;
   std::string log_file;  // where the daemon logs once detached
   // Shown as "ckptfs:<fsname>" in /proc/mounts; empty: the directory the sources share.

@@ -9,8 +9,10 @@
 // (split where source and target offsets are not page-aligned alike) costs about three times
 // its copy out of the daemon's freshly written buffer, and a spliced READ cannot be prepared
 // while the previous reply is copied. So a lone reader is served faster by gathering ahead, and
-// splicing pays only while other readers keep the CPUs busy: that is when the mount uses it,
-// if pipes may hold a 1 MiB READ (fs.pipe-max-size >= 2 MiB). -o splice uses it always.
+// splicing pays only while other readers keep the CPUs busy: that is when -o splice uses it,
+// if pipes may hold a 1 MiB READ (fs.pipe-max-size >= 2 MiB). -o splice=always uses it always.
+// It is opt-in because its check is weaker than a gather's: the pipe holds the cached pages,
+// not a copy, so an in-place write between the check and the kernel's copy would show.
 #pragma once
 
 #include <cstddef>
