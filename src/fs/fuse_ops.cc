@@ -43,6 +43,8 @@ void guarded(fuse_req_t req, const char* op, Body&& body) noexcept {
 constexpr unsigned kMaxHelpers = 4;
 // The largest READ when replies may be spliced.
 constexpr unsigned kSpliceReadBytes = 512 << 10;
+// A pipe slot holds a page.
+const size_t kPageKiB = static_cast<size_t>(::sysconf(_SC_PAGESIZE)) / 1024;
 
 // Whether a READ from another reader (file handle, or inode without one) arrived within the
 // last kBusyWindowUs: then the CPUs are busy with other readers. Records this READ's arrival.
@@ -75,7 +77,13 @@ bool reply_spliced(fuse_req_t req, Server& s, fuse_ino_t ino, uint64_t off, size
     }
   }
   int err = 0;
-  const SpliceStage::Outcome outcome = s.stage->stage(ino, off, size, *pipe, got, err);
+  SpliceStage::Outcome outcome;
+  try {
+    outcome = s.stage->stage(ino, off, size, *pipe, got, err);
+  } catch (...) {
+    pipe.reset();  // it may hold bytes the next READ would send first
+    throw;
+  }
   if (outcome == SpliceStage::Outcome::kStaged) {
     fuse_bufvec data = FUSE_BUFVEC_INIT(got);
     data.buf[0].flags = FUSE_BUF_IS_FD;
@@ -139,7 +147,7 @@ void op_init(void* userdata, fuse_conn_info* conn) {
       s.stage = std::make_unique<SpliceStage>(*s.tree, slots);
     } else {
       spdlog::warn("splice off: pipes of {} are needed, fs.pipe-max-size allows {} KiB",
-                   s.splice == Splice::kAlways ? "1 MiB" : "2 MiB", slots * 4);
+                   s.splice == Splice::kAlways ? "1 MiB" : "2 MiB", slots * kPageKiB);
     }
   }
   // Otherwise libfuse's max_write (1 MiB, its buffer size) sets the largest READ, and every
@@ -163,8 +171,8 @@ void op_init(void* userdata, fuse_conn_info* conn) {
                s.cache ? "page-cache" : "direct_io",
                !s.stage ? ""
                : s.splice == Splice::kAlways
-                   ? fmt::format(", splice ({} KiB pipes)", s.stage->slots() * 4)
-                   : fmt::format(", splice when busy ({} KiB pipes)", s.stage->slots() * 4));
+                   ? fmt::format(", splice ({} KiB pipes)", s.stage->slots() * kPageKiB)
+                   : fmt::format(", splice when busy ({} KiB pipes)", s.stage->slots() * kPageKiB));
 }
 
 void op_destroy(void* userdata) {

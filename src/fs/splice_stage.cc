@@ -110,7 +110,9 @@ SpliceStage::Outcome SpliceStage::stage(uint64_t ino, uint64_t off, size_t len,
                      run.length - done, SPLICE_F_NONBLOCK);
       }
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == EAGAIN) return Outcome::kDeclined;
+      // A full pipe, or a source file system that cannot splice: gather instead.
+      if (n < 0 && (errno == EAGAIN || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP))
+        return Outcome::kDeclined;
       if (n <= 0) {
         // The file ends before the run does (it shrank), or cannot be read: its fingerprint
         // check names it.

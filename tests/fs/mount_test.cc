@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -13,6 +15,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -21,6 +24,7 @@
 #include <fstream>
 #include <optional>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "ckptfs/error.h"
+#include "ckptfs/fs/splice_stage.h"
 #include "ckptfs/util/fd.h"
 #include "test_data.h"
 
@@ -382,20 +387,60 @@ TEST_F(MountTest, ServesTheSameBytesWithoutReadAhead) {
   stop_foreground();
 }
 
+// What a foreground server (a thread of this process) logs while it lives.
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() {
+    spdlog::default_logger()->flush();
+    return out_.str();
+  }
+  // READs spliced, from the server's closing line; -1 if there is none.
+  int64_t spliced() {
+    const std::string all = text();
+    std::smatch m;
+    if (!std::regex_search(all, m, std::regex(R"((\d+) spliced, \d+ failed)"))) return -1;
+    return std::stoll(m[1]);
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
 TEST_F(MountTest, ServesTheSameBytesSplicingEveryLongRead) {
+  LogCapture log;
   MountOptions options;
   options.fuse_options = {"splice=always"};
   start_foreground(options);
   expect_contents_match();
   stop_foreground();
+  EXPECT_GT(log.spliced(), 0) << log.text();
 }
 
-TEST_F(MountTest, ServesTheSameBytesSplicingWhileSeveralRead) {
+TEST_F(MountTest, SpliceWhileSeveralReadNeedsRoomyPipes) {
+  LogCapture log;
   MountOptions options;
   options.fuse_options = {"splice"};
   start_foreground(options);
   expect_contents_match();
   stop_foreground();
+  if (StagePipe::max_slots() < 512) {
+    // 1 MiB pipes: a warning, and every READ gathered.
+    EXPECT_THAT(log.text(), HasSubstr("splice off: pipes of 2 MiB are needed"));
+    EXPECT_EQ(log.spliced(), 0) << log.text();
+  } else {
+    // One reader at a time here: the READs that may be spliced are the first of a file, just
+    // after the last of the one before (tests/integration has the two-reader case).
+    EXPECT_THAT(log.text(), HasSubstr("splice when busy"));
+    EXPECT_GE(log.spliced(), 0) << log.text();
+  }
 }
 
 TEST_F(MountTest, MaxReadSetsTheLargestRead) {

@@ -132,6 +132,19 @@ TEST_F(SpliceStageTest, ManyTinyRunsAreDeclinedAndLeaveThePipeEmpty) {
   EXPECT_FALSE(stage_.would_stage(1, 0, 512 << 10));  // the root is not a file
 }
 
+TEST_F(SpliceStageTest, AFullPipeIsDeclinedNotWaitedOn) {
+  // Leave room for less than a READ: staging must give up (the caller then replaces the pipe
+  // and gathers), not block.
+  const std::string junk(240 * 4096, 'j');
+  ASSERT_EQ(::write(pipe_.write_end(), junk.data(), junk.size()),
+            static_cast<ssize_t>(junk.size()));
+  size_t got = 0;
+  int err = 0;
+  EXPECT_EQ(stage_.stage(ino_of(2), 4096, 512 << 10, pipe_, got, err), Outcome::kDeclined);
+  EXPECT_EQ(got, 0u);
+  EXPECT_GE(pipe_.pending(), junk.size());
+}
+
 TEST_F(SpliceStageTest, ChangedSourceFails) {
   data_.change_source(2);
   std::string bytes;

@@ -12,7 +12,10 @@
 // splicing pays only while other readers keep the CPUs busy: that is when -o splice uses it,
 // if pipes may hold a 1 MiB READ (fs.pipe-max-size >= 2 MiB). -o splice=always uses it always.
 // It is opt-in because its check is weaker than a gather's: the pipe holds the cached pages,
-// not a copy, so an in-place write between the check and the kernel's copy would show.
+// not a copy, so an in-place write between the check and the kernel's copy would show. And
+// where libfuse cannot grow its own reply pipe (a user over pipe-user-pages-soft), it copies
+// ours with read(), which stops short at a page truncated away meanwhile: a short reply, not
+// EIO.
 #pragma once
 
 #include <cstddef>
