@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <exception>
 #include <fstream>
 #include <memory>
@@ -45,19 +44,6 @@ constexpr unsigned kMaxHelpers = 4;
 constexpr unsigned kSpliceReadBytes = 512 << 10;
 // A pipe slot holds a page.
 const size_t kPageKiB = static_cast<size_t>(::sysconf(_SC_PAGESIZE)) / 1024;
-
-// Whether a READ from another reader (file handle, or inode without one) arrived within the
-// last kBusyWindowUs: then the CPUs are busy with other readers. Records this READ's arrival.
-constexpr int64_t kBusyWindowUs = 2000;
-bool others_reading(Server& s, uint64_t reader) {
-  const int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
-  const uint64_t last = s.last_reader.exchange(reader, std::memory_order_relaxed);
-  const int64_t last_at = s.last_read_us.exchange(now, std::memory_order_relaxed);
-  if (last != reader) s.other_read_us.store(last_at, std::memory_order_relaxed);
-  return now - s.other_read_us.load(std::memory_order_relaxed) < kBusyWindowUs;
-}
 
 // Stages a READ in this worker thread's pipe and replies from it. False if it was declined
 // (nothing replied: gather it instead). `got` is set for a sent reply; a failed source is
@@ -327,7 +313,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     // previous reply is copied.
     if (s.stage &&
         (s.splice == Server::Splice::kAlways ||
-         others_reading(s, fi != nullptr && fi->fh != 0 ? fi->fh : ino)) &&
+         s.readers.note(fi != nullptr && fi->fh != 0 ? fi->fh : ino)) &&
         reply_spliced(req, s, ino, static_cast<uint64_t>(off), size, got)) {
       if (stream && got > 0) {
         // Spliced because the CPUs are busy: no read-ahead.

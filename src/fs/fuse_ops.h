@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "ckptfs/fs/other_readers.h"
 #include "ckptfs/fs/prefetcher.h"
 #include "ckptfs/fs/reply_buffer.h"
 #include "ckptfs/fs/splice_stage.h"
@@ -65,10 +66,8 @@ struct Server {
   std::atomic<uint64_t> reads_served{0};
   std::atomic<uint64_t> reads_failed{0};
   std::atomic<uint64_t> reads_spliced{0};
-  // The last READ's reader and arrival, and the last arrival from a reader before it (µs).
-  std::atomic<uint64_t> last_reader{0};
-  std::atomic<int64_t> last_read_us{0};
-  std::atomic<int64_t> other_read_us{INT64_MIN / 2};
+  // Who read last (file handle, or inode without one), for -o splice.
+  OtherReaders readers;
 };
 
 const fuse_lowlevel_ops& lowlevel_ops();

@@ -131,19 +131,14 @@ struct ParsedOptions {
   unsigned max_idle_threads = 8;  // keeps a pool warm for parallel readers
 };
 
-unsigned parse_count(std::string_view option, std::string_view value) {
+// The number after "name=" in `option`, from `lo` to `hi`; `what` names it in the error.
+unsigned parse_number(std::string_view option, size_t name_length, unsigned lo, unsigned hi,
+                      std::string_view what) {
+  const std::string_view value = option.substr(name_length);
   unsigned n = 0;
   auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-  if (ec != std::errc() || end != value.data() + value.size() || n == 0 || n > 1024)
-    fail("bad mount option \"{}\": expected a count from 1 to 1024", option);
-  return n;
-}
-
-unsigned parse_bytes(std::string_view option, std::string_view value) {
-  unsigned n = 0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-  if (ec != std::errc() || end != value.data() + value.size() || n < 4096 || n > (1u << 20))
-    fail("bad mount option \"{}\": expected a byte count from 4096 to 1048576", option);
+  if (ec != std::errc() || end != value.data() + value.size() || n < lo || n > hi)
+    fail("bad mount option \"{}\": expected a {} from {} to {}", option, what, lo, hi);
   return n;
 }
 
@@ -163,12 +158,12 @@ ParsedOptions parse_options(const MountOptions& options) {
         out.splice = detail::Server::Splice::kAlways;
       } else if (o.starts_with("max_read=")) {
         // libfuse takes it too, and refuses to start unless init asks for the same size.
-        out.max_read = parse_bytes(o, o.substr(9));
+        out.max_read = parse_number(o, 9, 4096, 1 << 20, "byte count");
         out.fuse.push_back(std::move(option));
       } else if (o.starts_with("max_threads=")) {
-        out.max_threads = parse_count(o, o.substr(12));
+        out.max_threads = parse_number(o, 12, 1, 1024, "count");
       } else if (o.starts_with("max_idle_threads=")) {
-        out.max_idle_threads = parse_count(o, o.substr(17));
+        out.max_idle_threads = parse_number(o, 17, 1, 1024, "count");
       } else if (o == "rw") {
         fail("bad mount option \"rw\": ckptfs mounts are read-only");
       } else {

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <exception>
 #include <utility>
@@ -259,16 +258,6 @@ void Prefetcher::plan_ahead(Stream& s, uint64_t at,
   // read to its end and kept open holds no memory.
   for (Slot& slot : s.slots)
     if (slot.state == State::kFree) ReplyBuffer().swap(slot.data);
-}
-
-bool Prefetcher::others_reading(const Stream& s) {
-  const int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
-  const Stream* last = last_reader_.exchange(&s, std::memory_order_relaxed);
-  const int64_t last_at = last_read_us_.exchange(now, std::memory_order_relaxed);
-  if (last != &s) other_at_ = last_at;
-  return now - other_at_.load(std::memory_order_relaxed) < kBusyWindowUs;
 }
 
 void Prefetcher::helper_loop() {

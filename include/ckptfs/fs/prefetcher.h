@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckptfs/fs/other_readers.h"
 #include "ckptfs/fs/reply_buffer.h"
 #include "ckptfs/fs/splice_stage.h"
 #include "ckptfs/fs/tree.h"
@@ -65,9 +66,12 @@ class Prefetcher {
   uint64_t gathered_ahead() const { return gathered_ahead_; }
 
  private:
-  // Whether another stream read in the last kBusyWindowUs. Then the CPUs are busy serving
-  // readers, and gathering ahead would only move work between them, at the cost of a handoff.
-  bool others_reading(const Stream& stream);
+  // Whether another stream read in the last 2 ms (OtherReaders). Then the CPUs are busy
+  // serving readers, and gathering ahead would only move work between them, at the cost of a
+  // handoff.
+  bool others_reading(const Stream& stream) {
+    return readers_.note(reinterpret_cast<uintptr_t>(&stream));
+  }
   // Under the stream's lock: takes back the slots the reader has left behind and queues free
   // ones for the blocks from `at` on, appending (slot, generation) to `queued`.
   void plan_ahead(Stream& stream, uint64_t at, std::vector<std::pair<size_t, uint64_t>>& queued);
@@ -92,12 +96,9 @@ class Prefetcher {
   bool stopping_ = false;
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> gathered_ahead_{0};
-  static constexpr int64_t kBusyWindowUs = 2000;
   // Reads a stream stays "lagging" after one of them had to wait for its block.
   static constexpr unsigned kLagReads = 16;
-  std::atomic<const Stream*> last_reader_{nullptr};
-  std::atomic<int64_t> last_read_us_{0};
-  std::atomic<int64_t> other_at_{INT64_MIN / 2};  // last read by a stream other than the latest
+  OtherReaders readers_;
   std::vector<std::thread> helpers_;
 };
 
