@@ -18,11 +18,9 @@
 namespace ckptfs::fs {
 namespace {
 
+using testing::ino_of;
 using testing::TempDir;
 using testing::TestData;
-
-// File inode of target i in TestData (ranks 0, 1, 5, 7).
-uint64_t ino_of(size_t target) { return 3 + 2 * target; }
 
 // Waits until the prefetcher has gathered `n` blocks ahead (helpers run on their own time).
 bool wait_gathered(const Prefetcher& p, uint64_t n) {

@@ -15,12 +15,10 @@
 namespace ckptfs::fs {
 namespace {
 
+using testing::ino_of;
 using testing::TempDir;
 using testing::TestData;
 using Outcome = SpliceStage::Outcome;
-
-// File inode of target i in TestData (ranks 0, 1, 5, 7).
-uint64_t ino_of(size_t target) { return 3 + 2 * target; }
 
 // Everything in the pipe (staging never puts more than a READ in it).
 std::string drain(const StagePipe& pipe) {

@@ -45,6 +45,9 @@ inline std::string random_bytes(size_t n, uint64_t seed) {
   return out;
 }
 
+// File inode of target i of a TestData tree (ranks 0, 1, 5, 7).
+inline uint64_t ino_of(size_t target) { return 3 + 2 * target; }
+
 // Sources and targets written to `dir`, with the bytes every target must read as.
 class TestData {
  public:
