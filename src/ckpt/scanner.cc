@@ -25,6 +25,7 @@
 #include "ckptfs/ckpt/varint.h"
 #include "ckptfs/error.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/pread.h"
 
 namespace ckptfs::ckpt {
 
@@ -53,22 +54,6 @@ enum WireType : uint32_t {
 };
 
 std::string errno_text(int err) { return std::strerror(err); }
-
-// Reads exactly out.size() bytes at `offset`; a short file is an error, not a partial result.
-void pread_exact(int fd, const std::string& name, uint64_t offset, std::span<uint8_t> out) {
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n =
-        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("{}: byte offset {}: read failed: {}", name, offset + done, errno_text(errno));
-    }
-    if (n == 0)
-      fail("{}: byte offset {}: file ended early (was it truncated?)", name, offset + done);
-    done += static_cast<size_t>(n);
-  }
-}
 
 // A fixed window over [0, end) of the file.
 class Window {

@@ -1,18 +1,26 @@
 // `ckptfs inspect FILE [--json] [--verify-crc]`: the parameters of one .ckpt file as the scanner
-// sees them, with the file offsets of their content. Nothing but headers is read (unless the
-// CRC is verified), so it answers at once even for very large files.
+// sees them, or the tensors and metadata of a .safetensors file, with the file offsets of their
+// content. Nothing but headers is read (unless the CRC is verified), so it answers at once even
+// for very large files.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/error.h"
+#include "ckptfs/safetensors/scanner.h"
+#include "ckptfs/util/fd.h"
 #include "commands.h"
 
 namespace ckptfs::cli {
@@ -104,23 +112,76 @@ void print_table(const ckpt::FileScan& scan, const InspectOptions& options) {
              scan.params.size(), records, content_bytes, scan.file_size, crc);
 }
 
+// Tensors in data-offset order (the file's own), with the dtype code as written.
+void inspect_safetensors(const InspectOptions& options) {
+  const UniqueFd fd(::open(options.file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) fail("{}: cannot open: {}", options.file, std::strerror(errno));
+  const safetensors::Header h = safetensors::read_header(fd.get(), options.file);
+  if (options.json) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const safetensors::Tensor& t : h.tensors)
+      tensors.push_back({{"name", t.name},
+                         {"dtype", t.code},
+                         {"int4", t.int4},
+                         {"shape", t.shape},
+                         {"nbytes", t.end - t.begin},
+                         {"offset", h.data_start() + t.begin},
+                         {"data_offsets", {t.begin, t.end}}});
+    nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : h.metadata) metadata[k] = v;
+    nlohmann::ordered_json out = {{"format", "safetensors"},
+                                  {"file_size", h.file_size},
+                                  {"header_bytes", h.header_bytes},
+                                  {"metadata", metadata},
+                                  {"tensors", tensors}};
+    fmt::print("{}\n", out.dump(2));
+    return;
+  }
+  std::vector<std::array<std::string, 5>> rows{{"NAME", "DTYPE", "SHAPE", "BYTES", "OFFSET"}};
+  uint64_t content = 0;
+  for (const safetensors::Tensor& t : h.tensors) {
+    content += t.end - t.begin;
+    rows.push_back({t.name, t.int4 ? t.code + " (Int4)" : t.code,
+                    fmt::format("[{}]", fmt::join(t.shape, ",")), std::to_string(t.end - t.begin),
+                    std::to_string(h.data_start() + t.begin)});
+  }
+  std::array<size_t, 4> w{};
+  for (const auto& r : rows)
+    for (size_t i = 0; i < w.size(); ++i) w[i] = std::max(w[i], r[i].size());
+  for (const auto& r : rows)
+    fmt::print("{:<{}}  {:<{}}  {:<{}}  {:>{}}  {}\n", r[0], w[0], r[1], w[1], r[2], w[2], r[3],
+               w[3], r[4]);
+  std::vector<std::string> meta;
+  for (const auto& [k, v] : h.metadata) meta.push_back(fmt::format("{}={}", k, v));
+  fmt::print("{} tensors, {} data bytes; header {} bytes; file {} bytes; metadata: {}\n",
+             h.tensors.size(), content, h.header_bytes, h.file_size,
+             meta.empty() ? "none" : fmt::format("{}", fmt::join(meta, ", ")));
+}
+
 }  // namespace
 
 void add_inspect_command(CLI::App& app) {
   auto options = std::make_shared<InspectOptions>();
   CLI::App* command = app.add_subcommand(
       "inspect",
-      "List the parameters of a MindSpore .ckpt file: name, dtype, shape, content bytes and the "
-      "file offset+length of each content chunk. Fails on a malformed, truncated or encrypted "
-      "file with the byte offset of the problem");
+      "List the parameters of a MindSpore .ckpt file (name, dtype, shape, content bytes and the "
+      "file offset+length of each content chunk) or the tensors and metadata of a .safetensors "
+      "file. Fails on a malformed, truncated or encrypted file with the byte offset of the "
+      "problem");
   command->add_option("FILE", options->file, "The checkpoint file")->required();
   command->add_flag("--json", options->json,
                     "Print a JSON array of {name, dtype, shape, nbytes, offsets: [[offset, "
-                    "length], ...], kind, dims_zero, records} instead of a table");
+                    "length], ...], kind, dims_zero, records} instead of a table (for "
+                    ".safetensors: {format, file_size, header_bytes, metadata, tensors: [{name, "
+                    "dtype, int4, shape, nbytes, offset, data_offsets}]})");
   command->add_flag("--verify-crc", options->verify_crc,
                     "If the file ends with a CRC trailer, check it against the CRC-32 of the body "
                     "(reads the whole file)");
   command->callback([options] {
+    if (safetensors::is_safetensors_name(options->file)) {
+      inspect_safetensors(*options);
+      return;
+    }
     const ckpt::FileScan scan =
         ckpt::scan_checkpoint(options->file, ckpt::ScanOptions{.verify_crc = options->verify_crc});
     if (options->json)

@@ -9,6 +9,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/index/store.h"
+#include "ckptfs/safetensors/scanner.h"
 
 namespace ckptfs::index {
 
@@ -62,7 +63,9 @@ size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>
   return parallel_in_order(misses.size(), error, [&](size_t k) {
     IndexedSource& source = sources[misses[k]];
     const std::string name = source.file.path.string();
-    source.scan = ckpt::scan_checkpoint_fd(source.file.fd.get(), name);
+    source.scan = safetensors::is_safetensors_name(name)
+                      ? safetensors::scan_safetensors_fd(source.file.fd.get(), name)
+                      : ckpt::scan_checkpoint_fd(source.file.fd.get(), name);
     // A file still being written would leave a scan of a prefix in the index for good.
     if (source::fingerprint_of(source.file.fd.get(), name) != source.file.fingerprint) {
       fail("{}: changed while being indexed; index it again once it is complete", name);

@@ -79,6 +79,7 @@ std::string encode(const std::string& path, const ckpt::FileScan& scan) {
   file.set_file_size(scan.file_size);
   file.set_body_size(scan.body_size);
   file.set_has_crc_trailer(scan.has_crc_trailer);
+  file.set_source_format(static_cast<uint32_t>(scan.format));
   file.mutable_params()->Reserve(static_cast<int>(scan.params.size()));
   for (const ckpt::Param& param : scan.params) {
     indexpb::ScannedParam* p = file.add_params();
@@ -101,7 +102,10 @@ std::optional<ckpt::FileScan> decode(std::string_view bytes, uint64_t file_size)
   auto& file = *google::protobuf::Arena::CreateMessage<indexpb::ScannedFile>(&arena);
   if (!file.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return std::nullopt;
   if (file.format_version() != kFormatVersion || file.file_size() != file_size) return std::nullopt;
+  if (file.source_format() > static_cast<uint32_t>(ckpt::SourceFormat::Safetensors))
+    return std::nullopt;
   ckpt::FileScan scan;
+  scan.format = static_cast<ckpt::SourceFormat>(file.source_format());
   scan.file_size = file.file_size();
   scan.body_size = file.body_size();
   scan.has_crc_trailer = file.has_crc_trailer();

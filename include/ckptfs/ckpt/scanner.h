@@ -41,7 +41,12 @@ struct ScanOptions {
   bool verify_crc = false;  // compare the CRC trailer (if any) with a CRC-32 of the body
 };
 
+// Whose loader's rules the parameters follow: the order MindSpore sees them in and what its
+// transform does with them differ between the two (mindspore-safetensors.md §2.2).
+enum class SourceFormat : uint8_t { Ckpt = 0, Safetensors = 1 };
+
 struct FileScan {
+  SourceFormat format = SourceFormat::Ckpt;
   uint64_t file_size = 0;
   uint64_t body_size = 0;  // bytes before the CRC trailer (== file_size without one)
   bool has_crc_trailer = false;

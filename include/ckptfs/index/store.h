@@ -30,7 +30,7 @@ inline constexpr size_t kDefaultMapSize = size_t{8} << 30;
 
 // Bumped whenever ckpt::FileScan or its stored form changes meaning: entries written with
 // another version read as absent, and the files are scanned again.
-inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kFormatVersion = 3;
 
 // $XDG_CACHE_HOME/ckptfs/index (if that is an absolute path), else $HOME/.cache/ckptfs/index.
 // Throws Error if neither variable is usable.
@@ -80,7 +80,7 @@ struct IndexedSource {
   bool from_index = false;
 };
 
-// Opens every path, takes scans from the store where the fingerprint matches and scans the
+// Opens every path (*.safetensors files are read as safetensors, every other as .ckpt), takes scans from the store where the fingerprint matches and scans the
 // rest (header only, two files at a time), then records the new scans in one transaction under
 // the absolute paths. Results are in the order of `paths`. A file that changes while it is
 // scanned is an Error, as is any open or scan failure; failing to record the new scans is only

@@ -1,0 +1,33 @@
+// Reading an exact byte range of a file, for the header scanners.
+#pragma once
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include "ckptfs/error.h"
+
+namespace ckptfs {
+
+// Reads exactly out.size() bytes at `offset`; a short file is an Error naming `name` and the
+// offset, not a partial result.
+inline void pread_exact(int fd, const std::string& name, uint64_t offset, std::span<uint8_t> out) {
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n =
+        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("{}: byte offset {}: read failed: {}", name, offset + done, std::strerror(errno));
+    }
+    if (n == 0)
+      fail("{}: byte offset {}: file ended early (was it truncated?)", name, offset + done);
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace ckptfs

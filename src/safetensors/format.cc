@@ -1,0 +1,126 @@
+#include "ckptfs/safetensors/format.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+
+namespace ckptfs::safetensors {
+
+namespace {
+
+// Ranks are the Rust enum's order; only their relative order matters, and it is the same for
+// these 13 codes in every writer version since 0.3 (spec §4.3).
+constexpr std::array<Dtype, 13> kDtypes{{
+    {"BOOL", "Bool", 1, 0},
+    {"U8", "UInt8", 1, 1},
+    {"I8", "Int8", 1, 2},
+    {"I16", "Int16", 2, 3},
+    {"U16", "UInt16", 2, 4},
+    {"F16", "Float16", 2, 5},
+    {"BF16", "BFloat16", 2, 6},
+    {"I32", "Int32", 4, 7},
+    {"U32", "UInt32", 4, 8},
+    {"F32", "Float32", 4, 9},
+    {"F64", "Float64", 8, 10},
+    {"I64", "Int64", 8, 11},
+    {"U64", "UInt64", 8, 12},
+}};
+
+int rank_of(std::string_view code) {
+  const std::optional<Dtype> d = dtype_by_code(code);
+  return d ? d->rank : -1;
+}
+
+}  // namespace
+
+std::optional<Dtype> dtype_by_code(std::string_view code) {
+  for (const Dtype& d : kDtypes)
+    if (d.code == code) return d;
+  return std::nullopt;
+}
+
+std::optional<Dtype> dtype_by_mindspore(std::string_view tensor_type) {
+  for (const Dtype& d : kDtypes)
+    if (d.mindspore == tensor_type) return d;
+  return std::nullopt;
+}
+
+bool writer_before(const HeaderEntry& a, const HeaderEntry& b) {
+  const int ra = rank_of(a.code), rb = rank_of(b.code);
+  if (ra != rb) return ra > rb;
+  return a.name < b.name;  // std::string compares bytes as unsigned char
+}
+
+void sort_like_writer(std::vector<HeaderEntry>& entries) {
+  std::sort(entries.begin(), entries.end(), writer_before);
+}
+
+void append_json_string(std::string& out, std::string_view text) {
+  out += '"';
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20)
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        else
+          out += c;
+    }
+  }
+  out += '"';
+}
+
+std::string encode_header(std::span<const HeaderEntry> entries,
+                          std::span<const std::pair<std::string, std::string>> metadata) {
+  std::string json = "{";
+  if (!metadata.empty()) {
+    json += "\"__metadata__\":{";
+    for (size_t i = 0; i < metadata.size(); ++i) {
+      if (i > 0) json += ',';
+      append_json_string(json, metadata[i].first);
+      json += ':';
+      append_json_string(json, metadata[i].second);
+    }
+    json += '}';
+  }
+  uint64_t offset = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const HeaderEntry& e = entries[i];
+    if (i > 0 || !metadata.empty()) json += ',';
+    append_json_string(json, e.name);
+    json += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", e.code,
+                        fmt::join(e.shape, ","), offset, offset + e.nbytes);
+    offset += e.nbytes;
+  }
+  json += '}';
+  json.append((8 - json.size() % 8) % 8, ' ');
+
+  std::string out(kLengthBytes, '\0');
+  const uint64_t n = json.size();
+  for (size_t i = 0; i < kLengthBytes; ++i) out[i] = static_cast<char>(n >> (8 * i));
+  return out + json;
+}
+
+}  // namespace ckptfs::safetensors
