@@ -37,7 +37,8 @@ Case JSON (see ckptfix/case.py; `show NAME` prints complete examples):
                  "materialize_limit": 67108864, "expected": true}}
   A parameter outside the src strategy (src null, source sharded) is saved whole in every rank
   file with rank-specific data; extras (per_rank) differ per rank too, so the passthrough
-  source rank is observable. OUTDIR/case.json is the resolved case plus a "fixture" section
+  source rank is observable (except the step counters global_step, epoch_num and step_num,
+  equal on every rank as training writes them). OUTDIR/case.json is the resolved case plus a "fixture" section
   (paths, and per target: rank_list, records with role and passthrough source rank).
 
 As a module (sys.path.insert(0, "<repo>/scripts"); import ckpt_fixture):

@@ -275,11 +275,11 @@ def multifile() -> dict:
         param("w", "Float32", [8, 8], lay(S, [1, 0]), lay(D, [0, -1])),
         param("b", "Float32", [8], lay(S, [0]), lay(D, [-1])),
     ]
-    return case("multifile", "several .ckpt per rank dir (the real one sorts last: net-9_1 "
-                "beats net-10_1), side files, a *.ckpt directory, stray rank_* entries, a "
-                "symlinked checkpoint; dev [2,2] -> [2]",
-                side(4), side(2), params, TRAINING_EXTRAS, ckpt_name="net-9_1.ckpt",
-                decoys=["net-10_1.ckpt", "net-1_5.ckpt", "net-8_100.ckpt"], junk_entries=True,
+    return case("multifile", "several .ckpt per rank dir (the real one is the newest step: "
+                "net-10_1 beats net-9_1, the last in string order), side files, a *.ckpt "
+                "directory, stray rank_* entries, a symlinked checkpoint; dev [2,2] -> [2]",
+                side(4), side(2), params, TRAINING_EXTRAS, ckpt_name="net-10_1.ckpt",
+                decoys=["net-9_1.ckpt", "net-1_5.ckpt", "net-8_100.ckpt"], junk_entries=True,
                 symlink_rank=1)
 
 

@@ -9,6 +9,7 @@ reader taking it from the wrong rank is caught.
 
 import copy
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Union
 
@@ -22,6 +23,15 @@ SCALAR_TYPES = ("Bool", "Int8", "UInt8", "Int16", "UInt16", "Int32", "UInt32", "
 
 class CaseError(ValueError):
     pass
+
+
+def step_order_key(name: str):
+    """The order ckptfs chooses among a rank's checkpoints by: the last two integers of the
+    name (missing ones -1), then the name. MindSpore's own .ckpt transform takes plain string
+    order instead (net-9_1.ckpt after net-10_1.ckpt); ckptfs deliberately does not."""
+    ints = [int(t) for t in re.findall(r"\d+", name)]
+    last = ([-1, -1] + ints)[-2:]
+    return (last[0], last[1], name)
 
 
 def _is_flat(value) -> bool:
@@ -124,7 +134,8 @@ class ExtraSpec:
     name: str
     dtype: str
     value: Union[int, float, bool, str]
-    # Rank g > 0 stores a rank-specific variant, so the passthrough source rank is observable.
+    # Rank g > 0 stores a rank-specific variant, so the passthrough source rank is observable
+    # (never for the step counters global_step, epoch_num, step_num: see sources.py).
     per_rank: bool = True
 
     @staticmethod
@@ -160,7 +171,8 @@ class Options:
     crc: bool = False
     # ≤2.2 convention in the SOURCE files: 0-d tensors carry dims [0].
     old_scalars: bool = False
-    # Name of the real checkpoint in every rank directory; decoys must sort before it.
+    # Name of the real checkpoint in every rank directory; decoys must be older steps (by the
+    # last two integers of the name, see step_order_key).
     ckpt_name: str = "checkpoint-1_1.ckpt"
     decoys: List[str] = field(default_factory=list)
     # Non-checkpoint entries that a correct reader ignores (side files, hidden files, a
@@ -264,8 +276,9 @@ class Case:
         for form in (opts.src_strategy_form, opts.dst_strategy_form):
             if form not in STRATEGY_FORMS:
                 raise CaseError(f"unknown strategy form {form!r}")
-        if any(d >= opts.ckpt_name for d in opts.decoys):
-            raise CaseError("every decoy must sort before ckpt_name")
+        if any(step_order_key(d) >= step_order_key(opts.ckpt_name) for d in opts.decoys):
+            raise CaseError("every decoy must be an older step than ckpt_name (numeric order "
+                            "by the last two integers of the name)")
         if self.src is None and self.dst is None:
             raise CaseError("both sides unsharded: MindSpore drops every parameter")
         return self

@@ -54,8 +54,14 @@ def _block_record(param: ParamSpec, tensor: data.TensorData, box, kind: str) -> 
                         tensor.block_nbytes(box), lambda: tensor.block_chunks(box), kind)
 
 
+# Training writes the same step counters into every rank's file; ckptfs refuses files whose
+# counters disagree, so these never get rank-specific values.
+STEP_COUNTERS = ("global_step", "epoch_num", "step_num")
+
+
 def _extra_record(case: Case, extra, rank: int) -> SourceRecord:
-    value = data.rank_variant(extra.dtype, extra.value, rank) if extra.per_rank else extra.value
+    per_rank = extra.per_rank and extra.name not in STEP_COUNTERS
+    value = data.rank_variant(extra.dtype, extra.value, rank) if per_rank else extra.value
     content = data.scalar_bytes(extra.dtype, value)
     if extra.dtype == ckptio.STRING_TYPE or case.options.old_scalars:
         dims = [0]

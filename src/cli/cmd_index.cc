@@ -11,6 +11,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/source/discover.h"
+#include "ckptfs/source/step_choice.h"
 #include "commands.h"
 
 namespace ckptfs::cli {
@@ -51,14 +52,15 @@ void clear(const IndexOptions& options) {
 }
 
 void build(const IndexOptions& options) {
-  const source::Discovery discovery = source::discover(options.src_dir);
-  for (const std::string& warning : discovery.warnings) spdlog::warn("{}", warning);
-  if (discovery.files.empty()) {
-    fail("{}: no rank_<digits> directory holds a *.ckpt file", options.src_dir);
-  }
+  // The files a mount with the default --step would serve.
+  const source::Listing listing = source::list_sources(options.src_dir);
+  const source::Choice choice = source::choose(listing, {});
+  if (const std::string ignored = source::ignored_summary(listing); !ignored.empty())
+    spdlog::warn("{}", ignored);
+  spdlog::info("{}: {}", listing.root.string(), choice.summary);
   std::vector<fs::path> paths;
-  paths.reserve(discovery.files.size());
-  for (const auto& [rank, path] : discovery.files) paths.push_back(path);
+  paths.reserve(choice.files.size());
+  for (const auto& [rank, path] : choice.files) paths.push_back(path);
 
   index::Store store(index_dir(options));
   const std::vector<index::IndexedSource> sources = index::index_sources(store, paths);

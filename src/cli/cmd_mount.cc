@@ -1,4 +1,5 @@
 // ckptfs mount / umount: source scan -> index -> strategies -> plan -> FUSE.
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -14,7 +15,10 @@
 #include "ckptfs/fs/tree.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/plan/planner.h"
+#include "ckptfs/plan/source_fit.h"
+#include "ckptfs/plan/step_scalars.h"
 #include "ckptfs/source/discover.h"
+#include "ckptfs/source/step_choice.h"
 #include "ckptfs/strategy/strategy.h"
 #include "commands.h"
 
@@ -29,6 +33,8 @@ struct MountArgs {
   std::string dst_strategy;
   std::string index_dir;
   std::string log_file;
+  std::string step = "latest";
+  bool allow_mixed_steps = false;
   bool foreground = false;
   std::vector<std::string> options;
 };
@@ -43,27 +49,41 @@ fs::MountOptions mount_options(const MountArgs& args) {
   return out;
 }
 
-plan::Plan build_plan(const MountArgs& args) {
-  const std::filesystem::path src_dir(args.src_dir);
-  source::Discovery found = source::discover(src_dir);
-  for (const std::string& warning : found.warnings) spdlog::warn("{}", warning);
-  if (found.files.empty())
-    fail("{}: no source checkpoints (expected rank_<N>/ directories holding *.ckpt files)",
-         args.src_dir);
+// What the mount says once it is sure to serve: logged only then, so a refusal stays one line.
+struct Notes {
+  std::string chosen;               // which checkpoints, in one line
+  std::string ignored;              // entries that are not checkpoints, in one line or ""
+  std::vector<std::string> detail;  // one debug line per ignored entry
+};
 
+plan::Plan build_plan(const MountArgs& args, Notes& notes) {
+  const source::Listing listing = source::list_sources(args.src_dir);
+  const source::Choice choice =
+      source::choose(listing, source::StepRequest::parse(args.step, args.allow_mixed_steps));
+  notes.chosen = fmt::format("{}: {}", listing.root.string(), choice.summary);
+  notes.ignored = source::ignored_summary(listing);
+  for (const source::Ignored& entry : listing.ignored)
+    notes.detail.push_back(fmt::format("{}: ignored, {}", entry.path.string(), entry.why));
+
+  std::string src_strategy = args.src_strategy;
+  if (src_strategy.empty() && listing.mindformers_strategy) {
+    src_strategy = listing.mindformers_strategy->string();
+    notes.chosen += fmt::format(
+        "; source strategy {} (a MindFormers output directory; --src-strategy overrides it)",
+        src_strategy);
+  }
   std::optional<strategy::Strategy> src, dst;
-  if (!args.src_strategy.empty()) src = strategy::read_strategy(args.src_strategy);
+  if (!src_strategy.empty()) src = strategy::read_strategy(src_strategy);
   if (!args.dst_strategy.empty()) dst = strategy::read_strategy(args.dst_strategy);
 
   std::vector<std::filesystem::path> paths;
   std::vector<int64_t> ranks;
-  for (const auto& [rank, path] : found.files) {
-    // Without a source strategy the source is one full checkpoint: rank_0 alone.
-    if (!src && rank != 0) continue;
+  for (const auto& [rank, path] : choice.files) {
     ranks.push_back(rank);
     paths.push_back(path);
   }
-  if (paths.empty()) fail("{}: no rank_0 checkpoint, needed without --src-strategy", args.src_dir);
+  // Before indexing: a wrong strategy is refused without scanning every file first.
+  plan::check_rank_count(ranks, src ? &*src : nullptr, listing.root.string());
 
   std::vector<index::IndexedSource> indexed;
   {
@@ -74,15 +94,27 @@ plan::Plan build_plan(const MountArgs& args) {
   }
   std::map<int64_t, index::IndexedSource> sources;
   for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
+  if (!choice.mixed_allowed) plan::check_step_scalars(sources);
   return plan::make_plan(std::move(sources), src ? &*src : nullptr, dst ? &*dst : nullptr);
+}
+
+void say(const Notes& notes) {
+  // The choice is news at the default level, but not a warning.
+  if (spdlog::should_log(spdlog::level::warn)) fmt::print(stderr, "ckptfs: {}\n", notes.chosen);
+  spdlog::info("{}", notes.chosen);
+  if (!notes.ignored.empty()) spdlog::warn("{}", notes.ignored);
+  for (const std::string& line : notes.detail) spdlog::debug("{}", line);
 }
 
 void run_mount(const MountArgs& args) {
   std::error_code ec;
   if (!std::filesystem::is_directory(args.mountpoint, ec))
     fail("mountpoint {} is not a directory", args.mountpoint);
-  auto tree = std::make_unique<fs::Tree>(build_plan(args));
-  const int rc = fs::mount(args.mountpoint, *tree, mount_options(args));
+  Notes notes;
+  auto tree = std::make_unique<fs::Tree>(build_plan(args, notes));
+  fs::MountOptions options = mount_options(args);
+  options.on_mounted = [&notes] { say(notes); };
+  const int rc = fs::mount(args.mountpoint, *tree, options);
   // Not freed: this process only exits now, and the detached daemon shares the tables with it
   // copy-on-write, so freeing them would copy every page they sit on first (seconds and
   // gigabytes at millions of source tensors).
@@ -98,15 +130,26 @@ void add_mount_commands(CLI::App& app) {
       "mount",
       "Mount SRC_DIR's checkpoints at MOUNTPOINT as rank_N/checkpoint_N.ckpt files resharded "
       "from the source strategy to the destination strategy, synthesized on read");
-  mount->add_option("SRC_DIR", args->src_dir, "Directory holding rank_<N>/*.ckpt")
+  mount
+      ->add_option("SRC_DIR", args->src_dir,
+                   "Directory holding rank_<N>/*.ckpt, or a MindFormers output/ directory")
       ->required()
       ->check(CLI::ExistingDirectory);
   mount->add_option("MOUNTPOINT", args->mountpoint, "Empty directory to mount on")->required();
   mount->add_option("--src-strategy", args->src_strategy,
                     "Strategy the sources were saved with: protobuf file, .json file, or a "
-                    "directory of per-stage files (omit: rank_0 holds one full checkpoint)");
+                    "directory of per-stage files (omit: a MindFormers output/strategy/ if SRC_DIR "
+                    "is such an output/, else rank_0 holds one full checkpoint)");
   mount->add_option("--dst-strategy", args->dst_strategy,
                     "Strategy to present (omit: one merged checkpoint, rank_0)");
+  mount
+      ->add_option("--step", args->step,
+                   "Which checkpoint of each rank: latest (the newest step saved on every rank), "
+                   "EPOCH_STEP such as 10_100, breakpoint, or a file-name glob")
+      ->capture_default_str();
+  mount->add_flag("--allow-mixed-steps", args->allow_mixed_steps,
+                  "With --step FILE-GLOB: serve the named files even if they are of different "
+                  "steps");
   mount->add_flag("-f,--foreground", args->foreground, "Stay in the foreground until unmounted");
   mount
       ->add_option("-o", args->options,

@@ -408,6 +408,7 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   if (parsed.cache) server.readahead_knob = readahead_knob(where);
   spdlog::info("mounted {} ({} files, {} bytes) from {}", where.string(),
                tree.plan().targets.size(), tree.total_bytes(), fsname);
+  if (options.on_mounted) options.on_mounted();
 
   auto abandon = [&](const std::string& why) { abandon_mount(se, where, why); };
 

@@ -1,7 +1,5 @@
 #include "ckptfs/plan/planner.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <deque>
 #include <limits>
@@ -16,6 +14,7 @@
 #include "ckptfs/ckpt/encoder.h"
 #include "ckptfs/error.h"
 #include "ckptfs/plan/read_map.h"
+#include "ckptfs/plan/source_fit.h"
 #include "ckptfs/strategy/rank_list.h"
 
 namespace ckptfs::plan {
@@ -490,18 +489,21 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
   if (!src && !dst)
     fail("give --src-strategy, --dst-strategy or both: with neither there is nothing to reshard");
   if (sources.empty()) fail("no source checkpoint found (expected rank_<N>/*.ckpt directories)");
-  Plan plan;
+  std::vector<int64_t> ranks;
   for (auto& [rank, source] : sources) {
     source.scan.params = ckpt::loaded_params(std::move(source.scan));
+    ranks.push_back(rank);
+  }
+  // The directory holding the rank directories, for messages.
+  check_rank_count(ranks, src,
+                   sources.begin()->second.file.path.parent_path().parent_path().string());
+  if (src) check_strategy_covered(sources, *src);
+
+  Plan plan;
+  for (auto& [rank, source] : sources) {
     plan.source_ranks.push_back(rank);
     plan.sources.push_back(std::move(source));
   }
-  const int64_t n_src = src ? src->devices_per_stage * src->num_stages : 1;
-  for (int64_t rank : plan.source_ranks)
-    if (rank >= n_src)
-      spdlog::warn("source rank_{} is outside the source strategy's {} ranks; ignored", rank,
-                   n_src);
-
   Planner planner(plan, src, dst);
   const int64_t targets = dst ? dst->devices_per_stage * dst->num_stages : 1;
   for (int64_t t = 0; t < targets; ++t) plan.targets.push_back(planner.plan_target(t));

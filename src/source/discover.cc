@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <optional>
-#include <string_view>
 #include <system_error>
 
 #include "ckptfs/error.h"
@@ -17,11 +15,15 @@ namespace {
 
 constexpr std::string_view kRankPrefix = "rank_";
 constexpr std::string_view kCheckpointSuffix = ".ckpt";
-// Naming more ignored checkpoints than this in one warning only buries the useful part.
-constexpr size_t kMaxNamesPerWarning = 5;
+constexpr std::string_view kBreakpointTail = "_breakpoint";
+// MindFormers' output/ keeps rank directories one level down.
+constexpr std::string_view kMindFormersCheckpoints = "checkpoint";
+constexpr std::string_view kMindFormersStrategies = "strategy";
+// Naming more ignored entries than this in one line only buries the useful part.
+constexpr size_t kMaxNamesPerLine = 5;
 
-// Names of the entries of `dir` in byte order, so that warnings and the chosen file never depend
-// on the order the filesystem lists them in.
+// Names of the entries of `dir` in byte order, so that messages and choices never depend on the
+// order the filesystem lists them in.
 std::vector<std::string> sorted_names(const fs::path& dir) {
   std::error_code ec;
   std::vector<std::string> names;
@@ -34,24 +36,69 @@ std::vector<std::string> sorted_names(const fs::path& dir) {
   return names;
 }
 
-bool is_rank_name(std::string_view name) {
-  if (!name.starts_with(kRankPrefix) || name.size() == kRankPrefix.size()) return false;
-  name.remove_prefix(kRankPrefix.size());
-  return std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; });
+bool all_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// The rank of a name accepted by is_rank_name; nullopt if it does not fit in int64_t.
-std::optional<int64_t> rank_number(std::string_view name) {
-  std::string_view digits = name.substr(kRankPrefix.size());
+bool is_rank_name(std::string_view name) {
+  return name.starts_with(kRankPrefix) && all_digits(name.substr(kRankPrefix.size()));
+}
+
+// Decimal digits as a number; nullopt past 18 significant digits.
+std::optional<int64_t> number(std::string_view digits) {
   while (digits.size() > 1 && digits.front() == '0') digits.remove_prefix(1);
   if (digits.size() > 18) return std::nullopt;
-  int64_t rank = 0;
-  for (char c : digits) rank = rank * 10 + (c - '0');
-  return rank;
+  int64_t value = 0;
+  for (char c : digits) value = value * 10 + (c - '0');
+  return value;
 }
 
-// What stat (following symlinks) says about `path`, as a reason to ignore it; nullopt when it is
-// of the wanted type.
+// The integers of `s`, in order, each saturated at 18 digits' worth.
+std::vector<int64_t> integers(std::string_view s) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < s.size();) {
+    if (s[i] < '0' || s[i] > '9') {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < s.size() && s[j] >= '0' && s[j] <= '9') ++j;
+    out.push_back(number(s.substr(i, j - i)).value_or(INT64_MAX));
+    i = j;
+  }
+  return out;
+}
+
+Candidate make_candidate(std::string name) {
+  Candidate c;
+  std::string_view stem(name);
+  stem.remove_suffix(kCheckpointSuffix.size());
+  if (stem.ends_with(kBreakpointTail)) {
+    c.breakpoint = true;
+    stem.remove_suffix(kBreakpointTail.size());
+  }
+  // "<digits>_<digits>" at the very end of the stem.
+  const size_t under = stem.rfind('_');
+  if (under != std::string_view::npos && all_digits(stem.substr(under + 1))) {
+    size_t begin = under;
+    while (begin > 0 && stem[begin - 1] >= '0' && stem[begin - 1] <= '9') --begin;
+    if (begin < under) {
+      c.step = StepKey{number(stem.substr(begin, under - begin)).value_or(INT64_MAX),
+                       number(stem.substr(under + 1)).value_or(INT64_MAX)};
+    }
+  }
+  c.name = std::move(name);
+  return c;
+}
+
+// The last two integers of a name, missing ones -1 (so fewer integers sort first).
+std::pair<int64_t, int64_t> last_two(std::string_view name) {
+  const std::vector<int64_t> ints = integers(name);
+  const size_t n = ints.size();
+  return {n >= 2 ? ints[n - 2] : -1, n >= 1 ? ints[n - 1] : -1};
+}
+
+// Why `path` (symlinks followed) is not of the wanted type; nullopt when it is.
 std::optional<std::string> type_mismatch(const fs::path& path, fs::file_type wanted) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
@@ -60,83 +107,112 @@ std::optional<std::string> type_mismatch(const fs::path& path, fs::file_type wan
   return wanted == fs::file_type::directory ? "not a directory" : "not a regular file";
 }
 
-std::string name_list(const std::vector<std::string>& names) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < kMaxNamesPerWarning; ++i) {
-    if (i > 0) out += ", ";
-    out += names[i];
+bool is_side_file(std::string_view name) {
+  return name.ends_with(".tmp") || name.ends_with(".meta") || name == "meta.json";
+}
+
+RankDir list_rank_dir(const fs::path& rank_dir, std::vector<Ignored>& ignored) {
+  RankDir out{rank_dir, {}};
+  for (std::string& name : sorted_names(rank_dir)) {
+    const fs::path path = rank_dir / name;
+    if (is_side_file(name)) {
+      ignored.push_back({path, "not a checkpoint (a partial save or a side file)", true});
+    } else if (!name.ends_with(kCheckpointSuffix)) {
+      ignored.push_back({path, "not a *.ckpt file"});
+    } else if (name.starts_with('.')) {
+      ignored.push_back({path, "hidden file"});
+    } else if (auto why = type_mismatch(path, fs::file_type::regular)) {
+      ignored.push_back({path, *why});
+    } else {
+      out.candidates.push_back(make_candidate(std::move(name)));
+    }
   }
-  if (names.size() > kMaxNamesPerWarning) {
-    out += fmt::format(" and {} more", names.size() - kMaxNamesPerWarning);
-  }
+  std::sort(out.candidates.begin(), out.candidates.end(), candidate_before);
   return out;
 }
 
-// The chosen checkpoint of one rank directory, or nullopt (with a warning) if it has none.
-std::optional<fs::path> choose_file(const fs::path& rank_dir, std::vector<std::string>& warnings) {
-  std::vector<std::string> candidates;  // in byte order, because sorted_names is
-  for (const std::string& name : sorted_names(rank_dir)) {
-    const fs::path path = rank_dir / name;
-    if (!name.ends_with(kCheckpointSuffix)) {
-      warnings.push_back(fmt::format("{}: ignored, not a *.ckpt file", path.string()));
-    } else if (name.starts_with('.')) {
-      warnings.push_back(fmt::format("{}: ignored, hidden file", path.string()));
-    } else if (auto why = type_mismatch(path, fs::file_type::regular)) {
-      warnings.push_back(fmt::format("{}: ignored, {}", path.string(), *why));
-    } else {
-      candidates.push_back(name);
-    }
-  }
-  if (candidates.empty()) {
-    warnings.push_back(fmt::format("{}: ignored, no regular *.ckpt file in it", rank_dir.string()));
-    return std::nullopt;
-  }
-  // All candidates share the directory prefix, so the last name is also the last full path.
-  const std::string chosen = candidates.back();
-  candidates.pop_back();
-  if (!candidates.empty()) {
-    warnings.push_back(fmt::format("{}: using {}, the last *.ckpt in name order; ignored: {}",
-                                   rank_dir.string(), chosen, name_list(candidates)));
-  }
-  return rank_dir / chosen;
+bool has_rank_dirs(const fs::path& dir) {
+  for (const std::string& name : sorted_names(dir))
+    if (is_rank_name(name) && !type_mismatch(dir / name, fs::file_type::directory)) return true;
+  return false;
 }
 
 }  // namespace
 
-Discovery discover(const fs::path& src_dir) {
+std::string StepKey::str() const { return fmt::format("{}_{}", epoch, step); }
+std::string StepKey::text() const { return fmt::format("epoch {} step {}", epoch, step); }
+
+bool candidate_before(const Candidate& a, const Candidate& b) {
+  const auto ka = last_two(a.name), kb = last_two(b.name);
+  if (ka != kb) return ka < kb;
+  return a.name < b.name;
+}
+
+Listing list_sources(const fs::path& src_dir) {
   std::error_code ec;
   const fs::file_status status = fs::status(src_dir, ec);
   if (ec) fail("{}: cannot open source directory: {}", src_dir.string(), ec.message());
   if (!fs::is_directory(status)) fail("{}: source is not a directory", src_dir.string());
 
-  Discovery result;
+  Listing result;
+  result.root = src_dir;
+  const fs::path checkpoints = src_dir / kMindFormersCheckpoints;
+  if (!has_rank_dirs(src_dir) && !type_mismatch(checkpoints, fs::file_type::directory) &&
+      has_rank_dirs(checkpoints)) {
+    result.root = checkpoints;
+    const fs::path strategies = src_dir / kMindFormersStrategies;
+    if (!type_mismatch(strategies, fs::file_type::directory))
+      result.mindformers_strategy = strategies;
+  }
+
   std::map<int64_t, std::string> rank_dir_names;
-  for (const std::string& name : sorted_names(src_dir)) {
-    const fs::path path = src_dir / name;
+  for (const std::string& name : sorted_names(result.root)) {
+    const fs::path path = result.root / name;
     if (!is_rank_name(name)) {
-      result.warnings.push_back(
-          fmt::format("{}: ignored, not a rank_<digits> directory", path.string()));
+      result.ignored.push_back({path, "not a rank_<digits> directory"});
       continue;
     }
     if (auto why = type_mismatch(path, fs::file_type::directory)) {
-      result.warnings.push_back(fmt::format("{}: ignored, {}", path.string(), *why));
+      result.ignored.push_back({path, *why});
       continue;
     }
-    const std::optional<int64_t> rank = rank_number(name);
+    const std::optional<int64_t> rank = number(name.substr(kRankPrefix.size()));
     if (!rank) {
-      result.warnings.push_back(fmt::format("{}: ignored, rank number too large", path.string()));
+      result.ignored.push_back({path, "rank number too large"});
       continue;
     }
-    std::optional<fs::path> file = choose_file(path, result.warnings);
-    if (!file) continue;
+    RankDir dir = list_rank_dir(path, result.ignored);
+    if (dir.candidates.empty()) {
+      result.ignored.push_back({path, "no regular *.ckpt file in it"});
+      continue;
+    }
     auto [it, inserted] = rank_dir_names.emplace(*rank, name);
     if (!inserted) {
-      fail("{}: {} and {} both hold rank {}; remove one of them", src_dir.string(), it->second,
+      fail("{}: {} and {} both hold rank {}; remove one of them", result.root.string(), it->second,
            name, *rank);
     }
-    result.files.emplace(*rank, std::move(*file));
+    result.ranks.emplace(*rank, std::move(dir));
   }
   return result;
+}
+
+std::string ignored_summary(const Listing& listing) {
+  std::vector<std::string> names;
+  for (const Ignored& entry : listing.ignored) {
+    if (entry.side_file) continue;
+    std::error_code ec;
+    fs::path rel = fs::relative(entry.path, listing.root, ec);
+    names.push_back(ec || rel.empty() ? entry.path.string() : rel.string());
+  }
+  if (names.empty()) return "";
+  std::string list;
+  for (size_t i = 0; i < names.size() && i < kMaxNamesPerLine; ++i)
+    list += (i > 0 ? ", " : "") + names[i];
+  if (names.size() > kMaxNamesPerLine)
+    list += fmt::format(" and {} more", names.size() - kMaxNamesPerLine);
+  return fmt::format("{}: ignored {} {} that {} not checkpoints ({}); --log-level debug says why",
+                     listing.root.string(), names.size(), names.size() == 1 ? "entry" : "entries",
+                     names.size() == 1 ? "is" : "are", list);
 }
 
 }  // namespace ckptfs::source

@@ -87,7 +87,9 @@ TEST_F(IndexCliTest, FailuresExitNonZeroNamingTheProblem) {
   run = ckptfs(
       fmt::format("index build {} --index-dir {}", (root_ / "empty").string(), index_.string()));
   EXPECT_NE(run.status, 0);
-  EXPECT_THAT(run.out, HasSubstr("no rank_<digits> directory holds a *.ckpt file"));
+  EXPECT_THAT(
+      run.out,
+      HasSubstr(": no source checkpoints (expected rank_<N>/ directories holding *.ckpt files)"));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ import importlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -169,9 +170,9 @@ def expected_chunks(nbytes, limit, style, itemsize):
 
 
 def extra_value(extra, rank):
-    """The rank-specific variant rule, restated."""
+    """The rank-specific variant rule, restated: step counters are equal on every rank."""
     v = extra.value
-    if not extra.per_rank or rank == 0:
+    if not extra.per_rank or rank == 0 or extra.name in ("global_step", "epoch_num", "step_num"):
         return v
     if extra.dtype == "str":
         return f"{v}@rank{rank}"
@@ -209,14 +210,19 @@ class FixtureCheck:
     # sources ------------------------------------------------------------------------------
 
     def check_source_choice(self):
-        """The real file must be what MindSpore picks: last *.ckpt regular file by name."""
+        """The real file must be what ckptfs picks: the newest *.ckpt regular file, numerically
+        by the last two integers of the name (MindSpore's .ckpt transform takes string order)."""
+        def newest_first(n):
+            ints = [int(t) for t in re.findall(r"[0-9]+", n)]
+            return tuple(([-1, -1] + ints)[-2:]) + (n,)
+
         for g, path in self.fx.source_files.items():
             rank_dir = os.path.dirname(path)
             base = os.path.basename(rank_dir)
             assert base.startswith("rank_") and int(base[5:]) == g, rank_dir
-            names = sorted(n for n in os.listdir(rank_dir)
-                           if n.endswith(".ckpt") and not n.startswith(".")
-                           and os.path.isfile(os.path.join(rank_dir, n)))
+            names = sorted((n for n in os.listdir(rank_dir)
+                            if n.endswith(".ckpt") and not n.startswith(".")
+                            and os.path.isfile(os.path.join(rank_dir, n))), key=newest_first)
             assert names[-1] == os.path.basename(path), f"rank {g}: {names[-1]} would be picked"
 
     def read_sources(self):
@@ -832,7 +838,7 @@ def check_negatives(workdir):
 
     d = fresh("neg_truncate")
     ckpt_fixture.truncate_source(d, 0)
-    body = open(os.path.join(d, "src", "rank_0", "net-9_1.ckpt"), "rb").read()
+    body = open(os.path.join(d, "src", "rank_0", "net-10_1.ckpt"), "rb").read()
     try:
         PB_CKPT.Checkpoint.FromString(body)
     except Exception:  # the point: Google's parser refuses it
@@ -842,8 +848,8 @@ def check_negatives(workdir):
 
     d = fresh("neg_inconsistent")
     ckpt_fixture.inconsistent_slice(d, 1, "w")
-    recs = {r[0]: r for r in parse_ckpt(os.path.join(d, "src", "rank_1", "net-9_1.ckpt"))}
-    peers = {r[0]: r for r in parse_ckpt(os.path.join(d, "src", "rank_0", "net-9_1.ckpt"))}
+    recs = {r[0]: r for r in parse_ckpt(os.path.join(d, "src", "rank_1", "net-10_1.ckpt"))}
+    peers = {r[0]: r for r in parse_ckpt(os.path.join(d, "src", "rank_0", "net-10_1.ckpt"))}
     assert recs["w"][1][0] == peers["w"][1][0] - 1
 
     d = fresh("neg_garbage")
@@ -858,7 +864,7 @@ def check_negatives(workdir):
 
     d = fresh("neg_encrypted")
     ckpt_fixture.encrypted_source(d, 3, "cbc")
-    head = open(os.path.join(d, "src", "rank_3", "net-9_1.ckpt"), "rb").read(4)
+    head = open(os.path.join(d, "src", "rank_3", "net-10_1.ckpt"), "rb").read(4)
     assert int.from_bytes(head, "little") == 0x7F3A5ED9
 
     d = os.path.join(workdir, "neg_indivisible")

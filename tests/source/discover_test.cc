@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ckptfs/error.h"
+#include "ckptfs/source/step_choice.h"
 #include "support/test_support.h"
 
 namespace ckptfs::source {
@@ -19,6 +20,26 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
 using testsupport::unprivileged;
+
+// What a mount with the default --step takes, and every ignored entry as a line.
+struct Discovery {
+  std::map<int64_t, fs::path> files;
+  std::vector<std::string> warnings;
+  std::string summary;
+};
+
+Discovery discover(const fs::path& root) {
+  const Listing listing = list_sources(root);
+  Discovery d;
+  for (const Ignored& i : listing.ignored)
+    d.warnings.push_back(i.path.string() + ": ignored, " + i.why);
+  if (!listing.ranks.empty()) {
+    Choice choice = choose(listing, {});
+    d.files = std::move(choice.files);
+    d.summary = std::move(choice.summary);
+  }
+  return d;
+}
 
 class DiscoverTest : public ::testing::Test {
  protected:
@@ -81,15 +102,50 @@ TEST_F(DiscoverTest, DuplicateRankWithoutCheckpointOnlyWarns) {
   EXPECT_TRUE(warned(d, "rank_003"));
 }
 
-TEST_F(DiscoverTest, LastInPlainStringOrderWins) {
+TEST_F(DiscoverTest, NewestStepInNumericOrderWins) {
+  // MindSpore's .ckpt transform would take net-9_1.ckpt, the last name in string order.
   file("rank_0/net-10_1.ckpt");
   file("rank_0/net-9_1.ckpt");
   file("rank_0/net-1_100.ckpt");
   const Discovery d = discover(root_);
-  EXPECT_THAT(d.files, ElementsAre(Pair(0, root_ / "rank_0/net-9_1.ckpt")));
-  // The losers are named, so a user wondering why epoch 10 was not taken can tell.
-  EXPECT_TRUE(warned(d, "net-10_1.ckpt"));
-  EXPECT_TRUE(warned(d, "net-1_100.ckpt"));
+  EXPECT_THAT(d.files, ElementsAre(Pair(0, root_ / "rank_0/net-10_1.ckpt")));
+  EXPECT_EQ(d.summary, "epoch 10 step 1 on the one rank; 2 older checkpoints ignored");
+}
+
+TEST_F(DiscoverTest, SideFilesOfTrainingAreNotWarnedAbout) {
+  file("rank_0/net-1_1.ckpt");
+  file("rank_0/net-2_1.ckpt.tmp");
+  file("rank_0/net-graph.meta");
+  file("rank_0/meta.json");
+  file("rank_0/notes.txt");
+  const Listing listing = list_sources(root_);
+  ASSERT_EQ(listing.ignored.size(), 4u);
+  for (const Ignored& i : listing.ignored)
+    EXPECT_EQ(i.side_file, i.path.filename() != "notes.txt") << i.path;
+  EXPECT_EQ(ignored_summary(listing),
+            root_.string() +
+                ": ignored 1 entry that is not checkpoints (rank_0/notes.txt); --log-level debug "
+                "says why");
+}
+
+TEST_F(DiscoverTest, MindFormersOutputDirectory) {
+  file("output/checkpoint/rank_0/llama_rank_0-2_10.ckpt");
+  file("output/checkpoint/rank_1/llama_rank_1-2_10.ckpt");
+  file("output/strategy/ckpt_strategy_rank_0.ckpt");
+  dir("output/log");
+  const Listing listing = list_sources(root_ / "output");
+  EXPECT_EQ(listing.root, root_ / "output/checkpoint");
+  EXPECT_EQ(listing.mindformers_strategy, root_ / "output/strategy");
+  EXPECT_EQ(listing.ranks.size(), 2u);
+  EXPECT_TRUE(listing.ignored.empty());
+}
+
+TEST_F(DiscoverTest, RankDirectoriesBeatACheckpointDirectory) {
+  file("rank_0/a.ckpt");
+  file("checkpoint/rank_0/b.ckpt");
+  const Listing listing = list_sources(root_);
+  EXPECT_EQ(listing.root, root_);
+  EXPECT_FALSE(listing.mindformers_strategy);
 }
 
 TEST_F(DiscoverTest, HiddenFilesAreExcluded) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,9 @@ struct MountOptions {
   std::string log_file;  // where the daemon logs once detached
   // Shown as "ckptfs:<fsname>" in /proc/mounts; empty: the directory the sources share.
   std::string fsname;
+  // Called once the kernel mount exists, before serving starts: what the caller has to say
+  // about a mount that happened (nothing, when the options or the mount fail).
+  std::function<void()> on_mounted;
 };
 
 // Mounts and serves until unmounted. In the foreground it returns when unmounted. Otherwise the

@@ -1,0 +1,28 @@
+// Refusals of sources that do not fit the source strategy, each in one line naming what is
+// wrong and what to do. Checked before planning, so that a wrong strategy is not served as
+// tensors of the wrong shape.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ckptfs/index/store.h"
+#include "ckptfs/strategy/strategy.h"
+
+namespace ckptfs::plan {
+
+// The global source ranks found must be exactly 0 .. devices x stages - 1 of the source
+// strategy (only 0 with a null strategy: one full checkpoint). Throws Error naming `src_dir`,
+// the strategy, and the extra or missing rank directories.
+void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strategy* src,
+                      const std::string& src_dir);
+
+// Every parameter the source strategy lists for a stage must be in some file of that stage,
+// except those training never saves (accu_grads*, *_cache*, *expert_load*). Throws Error naming
+// the strategy, the stage, the first missing parameters and how many there are.
+void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sources,
+                            const strategy::Strategy& src);
+
+}  // namespace ckptfs::plan

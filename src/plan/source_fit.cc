@@ -1,0 +1,102 @@
+#include "ckptfs/plan/source_fit.h"
+
+#include <fmt/format.h>
+
+#include <set>
+#include <string_view>
+#include <unordered_set>
+
+#include "ckptfs/error.h"
+
+namespace ckptfs::plan {
+
+namespace {
+
+constexpr size_t kMaxNamed = 4;
+
+std::string rank_dirs(const std::vector<int64_t>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size() && i < kMaxNamed; ++i)
+    out += fmt::format("{}rank_{}/", i ? ", " : "", ranks[i]);
+  if (ranks.size() > kMaxNamed) out += fmt::format(" and {} more", ranks.size() - kMaxNamed);
+  return out;
+}
+
+// MindFormers leaves these out of every save (its filter list), though strategies name them.
+bool never_saved(std::string_view name) {
+  return name.starts_with("accu_grads") || name.find("_cache") != std::string_view::npos ||
+         name.find("expert_load") != std::string_view::npos;
+}
+
+}  // namespace
+
+void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strategy* src,
+                      const std::string& src_dir) {
+  const int64_t devices = src ? src->devices_per_stage : 1;
+  const int64_t stages = src ? src->num_stages : 1;
+  const int64_t expected = devices * stages;
+  std::vector<int64_t> extra, missing;
+  std::set<int64_t> present(ranks.begin(), ranks.end());
+  for (int64_t r : present)
+    if (r >= expected) extra.push_back(r);
+  for (int64_t r = 0; r < expected; ++r)
+    if (!present.count(r)) missing.push_back(r);
+  if (extra.empty() && missing.empty()) return;
+
+  if (!src) {
+    if (!extra.empty())
+      fail(
+          "{}: without --src-strategy the source is one full checkpoint in rank_0/, but there "
+          "are also {}; give --src-strategy with the strategy the checkpoints were saved with",
+          src_dir, rank_dirs(extra));
+    fail("{}: no rank_0/ checkpoint, needed without --src-strategy (one full checkpoint)", src_dir);
+  }
+  const std::string shape =
+      fmt::format("the source strategy {} describes {} rank{} ({} device{} x {} stage{})",
+                  src->origin, expected, expected == 1 ? "" : "s", devices, devices == 1 ? "" : "s",
+                  stages, stages == 1 ? "" : "s");
+  if (!extra.empty())
+    fail(
+        "{}: {} rank directories, but {}: {} {} no place in it; give the strategy the "
+        "checkpoints were saved with (for a pipeline job, the directory of every stage's file)",
+        src_dir, present.size(), shape, rank_dirs(extra), extra.size() == 1 ? "has" : "have");
+  std::string which;
+  for (size_t i = 0; i < missing.size() && i < kMaxNamed; ++i)
+    which += fmt::format("{}rank_{}/ (source rank {})", i ? ", " : "", missing[i], missing[i]);
+  if (missing.size() > kMaxNamed) which += fmt::format(" and {} more", missing.size() - kMaxNamed);
+  fail(
+      "{}: {} rank directories, but {}: missing {}; copy in every rank's checkpoint, or give the "
+      "strategy the checkpoints were saved with",
+      src_dir, present.size(), shape, which);
+}
+
+void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sources,
+                            const strategy::Strategy& src) {
+  std::vector<std::unordered_set<std::string_view>> held(src.num_stages);
+  for (const auto& [rank, source] : sources) {
+    const int64_t stage = rank / src.devices_per_stage;
+    if (stage < 0 || stage >= static_cast<int64_t>(held.size())) continue;
+    for (const ckpt::Param& p : source.scan.params) held[stage].insert(p.name);
+  }
+  for (uint32_t stage = 0; stage < src.num_stages; ++stage) {
+    std::vector<std::string_view> missing;
+    for (const auto& [name, param] : src.params)
+      if (param.stages.count(stage) && !never_saved(name) && !held[stage].count(name))
+        missing.push_back(name);
+    if (missing.empty()) continue;
+    std::string names;
+    for (size_t i = 0; i < missing.size() && i < kMaxNamed; ++i)
+      names += fmt::format("{}{}", i ? ", " : "", missing[i]);
+    if (missing.size() > kMaxNamed)
+      names += fmt::format(" and {} more", missing.size() - kMaxNamed);
+    const int64_t first = stage * src.devices_per_stage;
+    fail(
+        "the source strategy {} names {} parameter{} of stage {} that no source file of that "
+        "stage (rank_{}/ .. rank_{}/) holds: {}; give the strategy these checkpoints were saved "
+        "with",
+        src.origin, missing.size(), missing.size() == 1 ? "" : "s", stage, first,
+        first + src.devices_per_stage - 1, names);
+  }
+}
+
+}  // namespace ckptfs::plan
