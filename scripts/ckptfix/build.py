@@ -97,7 +97,7 @@ def _write_sources(case: Case, plan: SourcePlan, src_dir: str) -> Dict[int, str]
             blobs = os.path.join(src_dir, "blobs")
             os.makedirs(blobs, exist_ok=True)
             target = os.path.join(blobs, f"rank{g}.ckpt")
-        write_checkpoint(target, plan.records(g), opts.crc, opts.src_chunk_bytes,
+        write_checkpoint(target, plan.written_records(g), opts.crc, opts.src_chunk_bytes,
                          opts.src_chunk_style)
         if target != real:
             os.symlink(os.path.relpath(target, rank_dir), real)

@@ -197,6 +197,10 @@ class Options:
     strategy_overrides: Dict[str, Dict[str, dict]] = field(default_factory=dict)
     # Tensors larger than this are generated row by row from a pool instead of materialized.
     materialize_limit: int = 64 << 20
+    # CheckpointConfig(remove_redundancy=True): each block of a src-strategy parameter is in
+    # only one file of the ranks holding it (sources.dedup_savers); expected files stay the
+    # transform of the save without deduplication.
+    remove_redundancy: bool = False
     expected: bool = True
 
     @staticmethod

@@ -92,6 +92,40 @@ def source_records(case: Case, rank: int, bank: TensorBank) -> List[SourceRecord
     return records
 
 
+def redundancy_groups(case: Case) -> Dict[str, List[tuple]]:
+    """Per src-strategy parameter, its groups of global ranks holding identical blocks (the
+    optimizer shard splits groups), members ascending, groups sorted (spec safetensors §3.2)."""
+    groups = {}
+    for p in case.params:
+        if p.src is None or case.src is None:
+            continue
+        layout = p.src.layout()
+        found = []
+        for stage in p.src.stages:
+            by_block: Dict[tuple, List[int]] = {}
+            for local in range(case.src.devices):
+                by_block.setdefault(layout.block(local), []).append(stage * case.src.devices +
+                                                                     local)
+            found += [tuple(g) for g in by_block.values()]
+        groups[p.name] = sorted(found)
+    return groups
+
+
+def dedup_savers(case: Case) -> Dict[str, set]:
+    """Which ranks save each src-strategy parameter under remove_redundancy=True: for every
+    distinct group G, the parameters having G, by name, go round robin to G's members (the
+    writer's rule of spec safetensors §3.3, MindSpore >= 2.6)."""
+    by_group: Dict[tuple, List[str]] = {}
+    for name, groups in sorted(redundancy_groups(case).items()):
+        for g in groups:
+            by_group.setdefault(g, []).append(name)
+    savers: Dict[str, set] = {}
+    for g, names in by_group.items():
+        for k, name in enumerate(names):
+            savers.setdefault(name, set()).add(g[k % len(g)])
+    return savers
+
+
 class SourcePlan:
     """Source records of every rank, computed once."""
 
@@ -105,6 +139,15 @@ class SourcePlan:
 
     def records(self, rank: int) -> List[SourceRecord]:
         return self._records[rank]
+
+    def written_records(self, rank: int) -> List[SourceRecord]:
+        """What rank `rank`'s file holds: every record, or under remove_redundancy only the
+        strategy parameters the rank saves (entries outside the strategy are in every file)."""
+        if not self.case.options.remove_redundancy:
+            return self._records[rank]
+        savers = dedup_savers(self.case)
+        return [r for r in self._records[rank]
+                if r.kind != "sliced" or rank in savers.get(r.name, ())]
 
     def record(self, rank: int, name: str):
         return next((r for r in self._records[rank] if r.name == name), None)

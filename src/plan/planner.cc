@@ -240,8 +240,8 @@ class Planner {
   }
 
  private:
-  // L of spec §4.4: names in first-appearance order over the loaded files; targets with the same
-  // load order share it.
+  // L of spec §4.4: names in first-appearance order over the loaded files, each file read in its
+  // stage's order (stage_order); targets with the same load order share it.
   const std::vector<ParamRef>& first_appearance(const std::vector<int64_t>& load_order) {
     auto [it, inserted] = orders_.try_emplace(load_order);
     if (inserted) {
@@ -249,15 +249,82 @@ class Planner {
       for (int64_t g : load_order) {
         const SourceSet::File* f = files_.file(g);
         if (!f) continue;
-        for (size_t k = 0; k < f->order->size(); ++k) {
-          const uint32_t id = f->ids[k];
+        for (uint32_t id : stage_order(stage_of(g))) {
           if (seen[id]) continue;
           seen[id] = true;
-          it->second.push_back({&(*f->order)[k], id});
+          it->second.push_back({copy_of(id, f, load_order), id});
         }
       }
     }
     return it->second;
+  }
+
+  int64_t stage_of(int64_t g) const { return src_ ? g / src_->devices_per_stage : 0; }
+
+  // A copy of the name for facts all copies share: `f`'s, else the first loaded file's holding
+  // it, else any (a deduplicated save keeps a block in only one file of a group).
+  const ckpt::Param* copy_of(uint32_t id, const SourceSet::File* f,
+                             const std::vector<int64_t>& load_order) const {
+    if (const ckpt::Param* p = f->find(id)) return p;
+    for (int64_t g : load_order)
+      if (const SourceSet::File* other = files_.file(g))
+        if (const ckpt::Param* p = other->find(id)) return p;
+    return files_.find_any(id);
+  }
+
+  // The name order of a stage's files. Without deduplication they all list the same names in
+  // the same order. A deduplicated file lacks some names, so the order is the one every file of
+  // the stage agrees with: a topological merge of their orders (files in rank order), where
+  // names the files leave unordered go by first appearance over the files in rank order.
+  const std::vector<uint32_t>& stage_order(int64_t stage) {
+    auto [it, inserted] = stage_orders_.try_emplace(stage);
+    if (!inserted) return it->second;
+    std::vector<const std::vector<uint32_t>*> distinct;  // the stage's different orders
+    const int64_t devices = src_ ? src_->devices_per_stage : 1;
+    for (int64_t g = stage * devices; g < (stage + 1) * devices; ++g) {
+      const SourceSet::File* f = files_.file(g);
+      if (!f) continue;
+      if (std::none_of(distinct.begin(), distinct.end(), [&](auto* d) { return *d == f->ids; }))
+        distinct.push_back(&f->ids);
+    }
+    std::vector<uint32_t>& order = it->second;
+    if (distinct.size() == 1) order = *distinct.front();
+    if (distinct.size() <= 1) return order;
+
+    constexpr uint32_t kUnseen = std::numeric_limits<uint32_t>::max();
+    std::vector<uint32_t> first(files_.names(), kUnseen);  // id -> first-appearance rank
+    std::vector<uint32_t> by_first;                        // first-appearance rank -> id
+    std::vector<uint32_t> indegree(files_.names(), 0);
+    std::vector<std::vector<uint32_t>> next(files_.names());
+    for (const std::vector<uint32_t>* ids : distinct) {
+      for (size_t k = 0; k < ids->size(); ++k) {
+        const uint32_t id = (*ids)[k];
+        if (first[id] == kUnseen) {
+          first[id] = static_cast<uint32_t>(by_first.size());
+          by_first.push_back(id);
+        }
+        if (k > 0) {
+          next[(*ids)[k - 1]].push_back(id);
+          ++indegree[id];
+        }
+      }
+    }
+    // Ready names by first appearance; on a cycle (files disagree) the earliest left goes next.
+    std::set<uint32_t> ready, left;
+    for (uint32_t id : by_first) {
+      left.insert(first[id]);
+      if (indegree[id] == 0) ready.insert(first[id]);
+    }
+    while (!left.empty()) {
+      const uint32_t pos = ready.empty() ? *left.begin() : *ready.begin();
+      ready.erase(pos);
+      left.erase(pos);
+      const uint32_t id = by_first[pos];
+      order.push_back(id);
+      for (uint32_t n : next[id])
+        if (--indegree[n] == 0 && left.count(first[n])) ready.insert(first[n]);
+    }
+    return order;
   }
 
   // Global source ranks loaded for target t, descending (spec §4.5, §4.6).
@@ -403,9 +470,22 @@ class Planner {
     for (int64_t local : candidates)
       if (const SourceBlock b = usable(local); b.param) return b;
     const int64_t g = stage * maps.src_devices() + candidates.front();
-    if (!files_.file(g)) missing_rank(g, t, ref.param->name);
-    fail("parameter {} is needed from source rank {} for target rank {}, but {} does not hold it",
-         ref.param->name, g, t, files_.file(g)->path);
+    if (candidates.size() == 1) {
+      if (!files_.file(g)) missing_rank(g, t, ref.param->name);
+      fail(
+          "parameter {} is needed from source rank {} for target rank {}, but {} does not hold "
+          "it",
+          ref.param->name, g, t, files_.file(g)->path);
+    }
+    // Several ranks hold this block: a deduplicated save keeps it in one of them.
+    std::vector<int64_t> ranks;
+    for (int64_t local : candidates) ranks.push_back(stage * maps.src_devices() + local);
+    fail(
+        "parameter {}: no source file holds the block target rank {} needs; source ranks {} hold "
+        "identical blocks and none of their files contains it (a deduplicated save keeps each "
+        "block in one of them): the checkpoint is incomplete, or the source strategy is not the "
+        "one it was saved with",
+        ref.param->name, t, fmt::join(ranks, ", "));
   }
 
   // Strings, map tensors and opaque types (Int4, ...) have no element grid to cut: they are
@@ -434,6 +514,7 @@ class Planner {
       return nullptr;
     };
     const SourceSet::File* from = lowest_holder(true);
+    if (!from) from = identical_block_holder(maps, ref, local);
     if (!from) from = lowest_holder(false);
     if (!from) fail("target rank {}: no loaded source file holds parameter {}", t, p.name);
     const ckpt::Param& q = *from->find(ref.id);
@@ -457,6 +538,23 @@ class Planner {
     });
   }
 
+  // A file of the parameter's stage whose rank holds the same source block as local rank
+  // `local` and that contains it: where a deduplicated save put what `local`'s file lacks.
+  const SourceSet::File* identical_block_holder(const TargetMaps& maps, const ParamRef& ref,
+                                                int64_t local) const {
+    const ckpt::Param& p = *ref.param;
+    if (!src_ || !src_->find(p.name) || p.kind != ckpt::EntryKind::Tensor) return nullptr;
+    const Layout layout = maps.src_layout(p.name, p.shape.size());
+    const std::vector<int64_t> block = layout.block_of(local);
+    for (uint32_t st : maps.src_stages(p.name))
+      for (int64_t r = 0; r < maps.src_devices(); ++r)
+        if (layout.block_of(r) == block)
+          if (const SourceSet::File* f = files_.file(st * maps.src_devices() + r);
+              f && f->find(ref.id))
+            return f;
+    return nullptr;
+  }
+
   // One record per 512 MiB of content (≥2.3 byte chunking), each header followed by its bytes.
   template <typename AddContent>
   static void add_chunked(VirtualFile::Builder& builder, std::string_view name,
@@ -476,6 +574,7 @@ class Planner {
   const strategy::Strategy* dst_;
   LayoutCache layouts_;
   std::map<std::vector<int64_t>, std::vector<ParamRef>> orders_;  // by load order
+  std::map<int64_t, std::vector<uint32_t>> stage_orders_;         // name ids, by stage
   std::unordered_map<uint32_t, ParamFacts> facts_;                // by name id
 };
 
