@@ -11,7 +11,7 @@ packages=(
   libspdlog-dev libfmt-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-numpy python3-protobuf
+  python3 python3-numpy python3-protobuf python3-venv
 )
 
 missing=()

@@ -15,3 +15,5 @@ if grep -q "(Skipped)" "$log"; then
   echo "error: tests were skipped (see above); this suite needs /dev/fuse and root" >&2
   exit 1
 fi
+# Then the conformance lane against real MindSpore (CKPTFS_CONFORMANCE=0 skips it, offline).
+bash ../scripts/conformance.sh

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The conformance lane: the tests in tests/conformance run MindSpore itself (its transform, loader
+# and trainer) and compare with the mount byte for byte. Makes its Python environment once, in
+# build/conformance-venv, from the pins in tests/conformance/requirements.txt (remade when they
+# change), builds ckptfs if needed and runs pytest. A full run refreshes the results table of
+# docs/CONFORMANCE.md. Arguments go to pytest (then the table is left alone).
+# CKPTFS_CONFORMANCE=0 skips the lane, for machines that cannot reach PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${CKPTFS_CONFORMANCE:-1}" = "0" ]; then
+  echo "conformance: skipped (CKPTFS_CONFORMANCE=0)"
+  exit 0
+fi
+
+requirements=tests/conformance/requirements.txt
+venv=build/conformance-venv
+stamp=$(sha256sum "$requirements" | cut -d' ' -f1)
+mkdir -p build
+
+if [ "$(cat "$venv/requirements.sha256" 2>/dev/null)" != "$stamp" ]; then
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  # The index is asked first, with a short timeout: pip itself retries for minutes before failing.
+  index=$("$venv/bin/pip" config get global.index-url 2>/dev/null || true)
+  index=${PIP_INDEX_URL:-${index:-https://pypi.org/simple}}
+  if ! "$venv/bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=20)' \
+      "${index%/}/pip/" >/dev/null 2>&1; then
+    rm -rf "$venv"
+    echo "conformance: cannot reach the Python package index ($index) to install $requirements; CKPTFS_CONFORMANCE=0 skips this lane on an offline machine" >&2
+    exit 1
+  fi
+  echo "conformance: installing $requirements into $venv"
+  if ! "$venv/bin/pip" install --quiet --requirement "$requirements" >build/conformance-pip.log 2>&1; then
+    cat build/conformance-pip.log >&2
+    rm -rf "$venv"
+    echo "conformance: pip could not install $requirements (log above and in build/conformance-pip.log)" >&2
+    exit 1
+  fi
+  echo "$stamp" >"$venv/requirements.sha256"
+fi
+
+# The build/ of scripts/build.sh; only the binary is needed here.
+[ -f build/CMakeCache.txt ] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" --target ckptfs >/dev/null
+
+args=(--ckptfs build/ckptfs --basetemp build/conformance-tmp -p no:cacheprovider)
+if [ $# -eq 0 ]; then
+  args+=(--conformance-doc docs/CONFORMANCE.md)
+fi
+exec "$venv/bin/python" -m pytest tests/conformance "${args[@]}" "$@"

@@ -1,0 +1,76 @@
+"""pytest wiring of the conformance lane: the ckptfs binary, and the results table.
+
+Every test is labelled with the framework it runs (marker `framework`, MindSpore by default) and
+the first line of its docstring; with --conformance-doc the session rewrites the results table of
+that file (docs/CONFORMANCE.md) from this run's outcomes.
+"""
+
+import os
+
+import pytest
+
+import msconf
+import report
+
+FRAMEWORKS = {"MindSpore": "mindspore"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--ckptfs", default=os.environ.get(
+        "CKPTFS_BINARY", os.path.join(msconf.REPO, "build", "ckptfs")),
+        help="the ckptfs binary to mount with")
+    parser.addoption("--conformance-doc", default=None,
+                     help="rewrite the results table of this file from this run")
+
+
+# This session's tests in collection order, their labels, frameworks and worst outcomes.
+STATE = {"order": [], "label": {}, "framework": {}, "outcome": {}}
+SEVERITY = {"failed": 3, "skipped": 2, "passed": 1}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "framework(name): the framework a test runs")
+
+
+@pytest.fixture(scope="session")
+def ckptfs(request):
+    path = request.config.getoption("--ckptfs")
+    assert os.access(path, os.X_OK), f"{path}: no ckptfs binary (run scripts/conformance.sh)"
+    return path
+
+
+def _label(item):
+    doc = (item.function.__doc__ or item.name).strip().splitlines()[0].strip()
+    callspec = getattr(item, "callspec", None)
+    return f"{doc}: {callspec.id}" if callspec else doc
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        marker = item.get_closest_marker("framework")
+        STATE["order"].append(item.nodeid)
+        STATE["label"][item.nodeid] = _label(item)
+        STATE["framework"][item.nodeid] = marker.args[0] if marker else "MindSpore"
+
+
+def pytest_runtest_logreport(report):
+    # A failed setup or teardown fails the case too; "passed" counts only from the call.
+    if report.when == "call" or report.outcome != "passed":
+        current = STATE["outcome"].get(report.nodeid)
+        if current is None or SEVERITY[report.outcome] > SEVERITY[current]:
+            STATE["outcome"][report.nodeid] = report.outcome
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # The lane is never skipped in part: a skipped case fails the run.
+    if "skipped" in STATE["outcome"].values() and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    doc = session.config.getoption("--conformance-doc")
+    if not doc or not STATE["order"]:
+        return
+    rows = []
+    for nodeid in STATE["order"]:
+        framework = STATE["framework"][nodeid]
+        rows.append((framework, report.version(FRAMEWORKS.get(framework, framework.lower())),
+                     STATE["label"][nodeid], STATE["outcome"].get(nodeid, "not run")))
+    report.write_table(doc, rows)

@@ -1,0 +1,110 @@
+"""Helpers of the conformance tests: MindSpore's own transform and loader on one side, the mount
+on the other, the fixture generator's by-construction files as the values both must hold.
+
+Imported by conftest.py and the test modules; MindSpore is imported once per pytest session.
+"""
+
+import contextlib
+import os
+import shutil
+import sys
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+
+# MindSpore logs every C++ warning (e.g. no GPU plugin) unless told otherwise.
+os.environ.setdefault("GLOG_v", "3")
+
+import ckpt_fixture  # noqa: E402
+import itest  # noqa: E402
+import mindspore as ms  # noqa: E402
+from ckptfix import ckptio  # noqa: E402
+
+# One import per session; the training test runs in PyNative mode on the CPU.
+ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
+
+# The generator's llama2-13b cases read the real strategy from "<shared>/fixtures/real/...";
+# this copy (tests/data/conformance/README.md) keeps the lane independent of ../shared.
+DATA_SHARED = os.path.join(REPO, "tests", "data", "conformance")
+
+
+def make_fixture(case, outdir):
+    """A builtin name or a case dict, generated with its expected files."""
+    if isinstance(case, str):
+        return ckpt_fixture.make_builtin(case, outdir, shared=DATA_SHARED)
+    return ckpt_fixture.make(case, outdir, shared=DATA_SHARED)
+
+
+def strategy_for_mindspore(path, workdir, which):
+    """MindSpore's transform takes one strategy file: a per-stage or per-rank directory is merged
+    by MindSpore's own merge_pipeline_strategys (the mount reads the directory itself)."""
+    if path is None or not os.path.isdir(path):
+        return path
+    ext = ".json" if any(n.endswith(".json") for n in os.listdir(path)) else ".ckpt"
+    merged = os.path.join(workdir, f"{which}_merged_by_mindspore{ext}")
+    ms.merge_pipeline_strategys(path, merged)
+    return merged
+
+
+def transform(src_dir, out_dir, src_strategy, dst_strategy):
+    shutil.rmtree(out_dir, ignore_errors=True)
+    ms.transform_checkpoints(src_dir, out_dir, "checkpoint_", src_strategy, dst_strategy)
+    return out_dir
+
+
+def tree_files(root):
+    return itest.tree_files(root)
+
+
+def assert_same_file(reference, mounted):
+    """Whole-file byte comparison; on a difference, the generator explains the first one."""
+    with open(reference, "rb") as f:
+        want = f.read()
+    with open(mounted, "rb") as f:
+        got = f.read()
+    if got != want:
+        why = ckpt_fixture.describe_difference(reference, mounted)
+        raise AssertionError(f"{mounted} differs from {reference}: {why}")
+
+
+def assert_same_tree(reference_root, mount_root):
+    files = tree_files(reference_root)
+    assert tree_files(mount_root) == files, "the mount and the transform output list other files"
+    for rel in files:
+        assert_same_file(os.path.join(reference_root, rel), os.path.join(mount_root, rel))
+    return files
+
+
+@contextlib.contextmanager
+def mounted(ckptfs, src_dir, workdir, src_strategy=None, dst_strategy=None):
+    """The real binary on a mountpoint unique to this test; always unmounted."""
+    mnt = os.path.join(workdir, "mnt")
+    with itest.mounted(ckptfs, src_dir, mnt, src_strategy=src_strategy,
+                       dst_strategy=dst_strategy, index_dir=os.path.join(workdir, "index"),
+                       log_file=os.path.join(workdir, "ckptfs.log")):
+        yield mnt
+
+
+def raw_bytes(value):
+    """C-order bytes of a loaded MindSpore Parameter/Tensor (bfloat16 keeps its bit pattern)."""
+    return np.ascontiguousarray(value.asnumpy()).tobytes()
+
+
+def assert_loads_as_expected(mounted_file, expected_file):
+    """mindspore.load_checkpoint of a mounted file gives, entry for entry and in order, the names,
+    dtypes, shapes and values of the generator's expected file (slices of its full tensors)."""
+    loaded = ms.load_checkpoint(mounted_file)
+    records = ckptio.join_chunks(ckptio.read_records(expected_file))
+    assert list(loaded) == [r.tag for r in records], f"{mounted_file}: other entries or order"
+    for rec in records:
+        value = loaded[rec.tag]
+        if rec.tensor_type == ckptio.STRING_TYPE:
+            assert value == rec.content.decode("utf-32-le"), f"{rec.tag}: string differs"
+            continue
+        assert str(value.dtype) == rec.tensor_type, f"{rec.tag}: dtype {value.dtype}"
+        assert list(value.shape) == rec.dims, f"{rec.tag}: shape {value.shape}, dims {rec.dims}"
+        assert raw_bytes(value) == rec.content, f"{rec.tag}: values differ"
+    return len(records)
