@@ -49,6 +49,23 @@ def strategy_for_mindspore(path, workdir, which):
     return merged
 
 
+def chosen_files_only(fx, workdir):
+    """A copy of the source tree with only the file ckptfs serves in each rank directory.
+
+    Where a rank directory holds several checkpoints, MindSpore's `.ckpt` transform takes the last
+    name in string order and ckptfs the newest step, so the two are compared on the chosen file.
+    """
+    if all(len([n for n in os.listdir(os.path.dirname(p)) if n.endswith(".ckpt")]) == 1
+           for p in fx.source_files.values()):
+        return fx.src_dir
+    root = os.path.join(workdir, "chosen_only")
+    for path in fx.source_files.values():
+        rank_dir = os.path.join(root, os.path.basename(os.path.dirname(path)))
+        os.makedirs(rank_dir)
+        shutil.copyfile(path, os.path.join(rank_dir, os.path.basename(path)))
+    return root
+
+
 def transform(src_dir, out_dir, src_strategy, dst_strategy):
     shutil.rmtree(out_dir, ignore_errors=True)
     ms.transform_checkpoints(src_dir, out_dir, "checkpoint_", src_strategy, dst_strategy)
@@ -79,12 +96,12 @@ def assert_same_tree(reference_root, mount_root):
 
 
 @contextlib.contextmanager
-def mounted(ckptfs, src_dir, workdir, src_strategy=None, dst_strategy=None):
-    """The real binary on a mountpoint unique to this test; always unmounted."""
+def mounted(ckptfs, src_dir, workdir, src_strategy=None, dst_strategy=None, args=()):
+    """The real binary on a mountpoint unique to this test (`workdir`/mnt); always unmounted."""
     mnt = os.path.join(workdir, "mnt")
     with itest.mounted(ckptfs, src_dir, mnt, src_strategy=src_strategy,
                        dst_strategy=dst_strategy, index_dir=os.path.join(workdir, "index"),
-                       log_file=os.path.join(workdir, "ckptfs.log")):
+                       log_file=os.path.join(workdir, "ckptfs.log"), extra_args=args):
         yield mnt
 
 

@@ -20,12 +20,16 @@ EPOCHS, STEPS_PER_EPOCH = 12, 2
 def ckptfs_chosen_checkpoint(names):
     """The checkpoint ckptfs serves from a rank directory that holds several.
 
-    The one place the lane states the rule (README, `ckptfs mount`, SRC_DIR): the last `*.ckpt`
-    name in plain string order, as MindSpore's own `.ckpt` transform chooses, so `net-9_2.ckpt`
-    beats `net-12_2.ckpt`. When the rule changes (numeric order of the last two integers), only
-    this function changes.
+    The one place the lane states the rule (README, "Pointing ckptfs at a training output
+    directory"): the newest step, by the two integers at the end of the name, so `net-12_2.ckpt`
+    beats `net-9_2.ckpt` (MindSpore's own `.ckpt` transform takes the last name in string order,
+    `net-9_2.ckpt`). When the rule changes, only this function changes.
     """
-    return max(n for n in names if n.endswith(".ckpt"))
+    def step(name):
+        epoch, step_in_epoch = re.search(r"(\d+)_(\d+)\.ckpt$", name).groups()
+        return int(epoch), int(step_in_epoch)
+
+    return max((n for n in names if n.endswith(".ckpt")), key=step)
 
 
 class TinyNet(ms.nn.Cell):
@@ -128,3 +132,12 @@ def test_mindspore_transform_takes_string_order(run, tmp_path):
     files = msconf.assert_same_tree(net9, whole)
     assert any(open(os.path.join(net12, f), "rb").read() != open(os.path.join(whole, f),
                                                                  "rb").read() for f in files)
+
+
+@pytest.mark.parametrize("step, name", [("9_2", "net-9_2.ckpt"), ("net-5_*.ckpt", "net-5_2.ckpt")])
+def test_training_step_option(ckptfs, run, tmp_path, step, name):
+    """mount --step == transform_checkpoints of that step's file alone"""
+    out = transform_of_one(run, name, str(tmp_path))
+    with msconf.mounted(ckptfs, run["src"], str(tmp_path), None, run["dst"],
+                        args=["--step", step]) as mnt:
+        msconf.assert_same_tree(out, mnt)

@@ -73,7 +73,7 @@ def run(cmd, timeout=120, check=True):
 
 
 def mount_cmd(ckptfs, src, mnt, src_strategy=None, dst_strategy=None, index_dir=None,
-              log_file=None, options=None, log_level=None):
+              log_file=None, options=None, log_level=None, extra_args=()):
     cmd = [ckptfs] + (["--log-level", log_level] if log_level else []) + ["mount", src, mnt]
     if src_strategy:
         cmd += ["--src-strategy", src_strategy]
@@ -85,7 +85,7 @@ def mount_cmd(ckptfs, src, mnt, src_strategy=None, dst_strategy=None, index_dir=
         cmd += ["--log-file", log_file]
     if options:
         cmd += ["-o", options]
-    return cmd
+    return cmd + list(extra_args)
 
 
 def unmount(ckptfs, mnt):
