@@ -55,7 +55,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ckptfix import ckptio, negative  # noqa: E402
 from ckptfix.build import Fixture, make, resolve_shared_path, shared_dir  # noqa: E402
-from ckptfix.builtins import BUILTINS, SMALL_BUILTINS, builtin, describe  # noqa: E402
+from ckptfix.builtins import (BUILTINS, SAFETENSORS_BUILTINS, SMALL_BUILTINS,  # noqa: E402
+                               builtin, describe)
 from ckptfix.case import Case, CaseError, format_json  # noqa: E402
 from ckptfix.ckptio import (MINDSPORE_CHUNK_BYTES, describe_difference, join_chunks,  # noqa: E402
                             parse_records, read_records)
@@ -66,7 +67,7 @@ from ckptfix.negative import (encrypted_source, garbage_strategy, inconsistent_s
 from ckptfix.ranklist import ParamLayout, StrategyMap, rank_list_for_transform  # noqa: E402
 
 __all__ = [
-    "BUILTINS", "SMALL_BUILTINS", "MINDSPORE_CHUNK_BYTES", "Case", "CaseError",
+    "BUILTINS", "SAFETENSORS_BUILTINS", "SMALL_BUILTINS", "MINDSPORE_CHUNK_BYTES", "Case", "CaseError",
     "ExpectationError", "Fixture", "Layout", "LayoutError", "ParamLayout", "StrategyMap",
     "builtin", "compare_tree", "describe_difference", "encrypted_source", "garbage_strategy",
     "inconsistent_slice", "indivisible", "join_chunks", "make", "make_builtin", "parse_records",
@@ -121,7 +122,7 @@ def _cmd_make(args) -> int:
         if args.case:
             raise SystemExit("give either CASE.json or --builtin NAME, not both")
         kwargs = {}
-        if args.builtin == "bench":
+        if args.builtin in ("bench", "st_bench"):
             kwargs = {"size_gib": args.size_gib, "src_devices": args.src_devices,
                       "dst_devices": args.dst_devices}
         fx = make_builtin(args.builtin, args.outdir, shared=args.shared, expected=expected,

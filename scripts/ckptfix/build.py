@@ -4,6 +4,7 @@
     OUTDIR/src_strategy{.ckpt,.json,/}          (absent when the source is unsharded)
     OUTDIR/dst_strategy{.ckpt,.json,/}          (absent when the target is unsharded)
     OUTDIR/expected/rank_<t>/checkpoint_<t>.ckpt
+    OUTDIR/expected/rank_<t>/checkpoint_<t>.safetensors  (what the safetensors view must be)
     OUTDIR/case.json                           (the case, resolved, plus a "fixture" section)
 """
 
@@ -13,7 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from . import ckptio, strategy
+from . import ckptio, stio, strategy
 from .case import Case, CaseError, format_json
 from .expected import TargetPlan, plan_targets
 from .sources import SourcePlan, TensorBank, source_records
@@ -56,6 +57,11 @@ class Fixture:
         """target rank -> expected file path."""
         return {t["rank"]: os.path.join(self.outdir, t["file"]) for t in self.targets}
 
+    def expected_safetensors_files(self) -> Dict[int, str]:
+        """target rank -> expected .safetensors view."""
+        return {t["rank"]: os.path.join(self.outdir, t["safetensors_file"])
+                for t in self.targets}
+
     @staticmethod
     def load(outdir: str) -> "Fixture":
         with open(os.path.join(outdir, "case.json"), encoding="utf-8") as f:
@@ -84,27 +90,56 @@ def write_checkpoint(path: str, records, crc: bool = False,
     return w.size
 
 
+MINDSPORE_METADATA = {"format": "ms"}
+
+
+def write_safetensors_source(path: str, records) -> int:
+    """A MindSpore >= 2.7 save_checkpoint(..., format="safetensors") of `records`."""
+    entries = []
+    for r in records:
+        if r.tensor_type not in stio.CODE_OF:
+            raise CaseError(f"{r.name}: a {r.tensor_type} entry cannot be saved as safetensors")
+        shape = [] if r.is_scalar else list(r.dims)
+        entries.append(stio.Entry(r.name, r.tensor_type, shape, r.nbytes, r.chunks))
+    return stio.write(path, entries, MINDSPORE_METADATA)
+
+
+def source_file_name(case: Case) -> str:
+    name = case.options.ckpt_name
+    if case.options.source_format == "safetensors":
+        return os.path.splitext(name)[0] + ".safetensors"
+    return name
+
+
 def _write_sources(case: Case, plan: SourcePlan, src_dir: str) -> Dict[int, str]:
     opts = case.options
+    safetensors = opts.source_format == "safetensors"
+
+    def write_one(path, records):
+        if safetensors:
+            write_safetensors_source(path, records)
+        else:
+            write_checkpoint(path, records, opts.crc, opts.src_chunk_bytes, opts.src_chunk_style)
+
     files = {}
     decoy_banks = [TensorBank(case, seed_offset=1000 + i) for i in range(len(opts.decoys))]
     for g in plan.ranks():
         rank_dir = os.path.join(src_dir, _rank_dir_name(case, g))
         os.makedirs(rank_dir)
-        real = os.path.join(rank_dir, opts.ckpt_name)
+        real = os.path.join(rank_dir, source_file_name(case))
         target = real
         if g == opts.symlink_rank:
             blobs = os.path.join(src_dir, "blobs")
             os.makedirs(blobs, exist_ok=True)
-            target = os.path.join(blobs, f"rank{g}.ckpt")
-        write_checkpoint(target, plan.written_records(g), opts.crc, opts.src_chunk_bytes,
-                         opts.src_chunk_style)
+            target = os.path.join(blobs, f"rank{g}" + os.path.splitext(real)[1])
+        write_one(target, plan.written_records(g))
         if target != real:
             os.symlink(os.path.relpath(target, rank_dir), real)
         for decoy, bank in zip(opts.decoys, decoy_banks):
             # Same structure, other data: reading a decoy gives wrong bytes, not an error.
-            write_checkpoint(os.path.join(rank_dir, decoy), source_records(case, g, bank),
-                             opts.crc, opts.src_chunk_bytes, opts.src_chunk_style)
+            if safetensors:
+                decoy = os.path.splitext(decoy)[0] + ".safetensors"
+            write_one(os.path.join(rank_dir, decoy), source_records(case, g, bank))
         if opts.junk_entries:
             _write_junk(rank_dir)
         files[g] = real
@@ -145,6 +180,15 @@ def _write_expected(plans: List[TargetPlan], expected_dir: str) -> List[dict]:
         summary = tp.summary()
         summary["file"] = rel
         summary["size"] = os.path.getsize(path)
+        st_rel = os.path.join("expected", f"rank_{tp.rank}", f"checkpoint_{tp.rank}.safetensors")
+        st_path = os.path.join(os.path.dirname(expected_dir), st_rel)
+        # The safetensors view: every record a safetensors file can hold, empty tensors too.
+        entries = [stio.Entry(r.name, r.tensor_type, list(r.dims), r.nbytes, r.chunks)
+                   for r in tp.all_records if r.tensor_type in stio.CODE_OF]
+        stio.write(st_path, entries, MINDSPORE_METADATA)
+        summary["safetensors_file"] = st_rel
+        summary["safetensors_left_out"] = [r.name for r in tp.all_records
+                                           if r.tensor_type not in stio.CODE_OF]
         targets.append(summary)
     return targets
 

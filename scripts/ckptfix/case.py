@@ -174,6 +174,9 @@ class Options:
     # Name of the real checkpoint in every rank directory; decoys must be older steps (by the
     # last two integers of the name, see step_order_key).
     ckpt_name: str = "checkpoint-1_1.ckpt"
+    # "ckpt", or "safetensors": every source file is written as <ckpt_name stem>.safetensors
+    # with {"format": "ms"} metadata, as MindSpore >= 2.7's save_checkpoint(format=...) does.
+    source_format: str = "ckpt"
     decoys: List[str] = field(default_factory=list)
     # Non-checkpoint entries that a correct reader ignores (side files, hidden files, a
     # `*.ckpt` directory, stray `rank_*` names that are not rank directories).

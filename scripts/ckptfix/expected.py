@@ -4,11 +4,18 @@ For target rank t: MindSpore loads the source files of `rank_list_for_transform(
 (descending) order; L = first appearance of names over those files. Resharded parameters come
 first in L order, each the target block of the global tensor; passthrough parameters follow in L
 order, copied from the last loaded file whose local rank is t_local mod N_src.
+
+Safetensors sources follow MindSpore's safetensors transform (mindspore-safetensors.md §2.2): L
+is first appearance over each file's entries in DATA-OFFSET order (safetensors 0.7's
+numpy.load_file iterates offset_keys(); MindSpore 2.7.2 with it was seen to write that order),
+and a target with nothing resharded is not an error: its passthrough entries come from local
+rank 0.
 """
 
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
+from . import stio
 from .case import Case
 from .layout import Layout
 from .ranklist import ParamLayout, StrategyMap, TargetMaps, rank_list_for_transform, target_maps
@@ -37,6 +44,8 @@ class TargetPlan:
     local: int
     rank_list: List[int]
     records: List[ExpectedRecord] = field(default_factory=list)
+    # Before empty tensors are dropped (the .ckpt writer drops them, safetensors keeps them).
+    all_records: List[ExpectedRecord] = field(default_factory=list)
 
     def summary(self) -> dict:
         return {"rank": self.rank, "stage": self.stage, "local": self.local,
@@ -62,10 +71,13 @@ def target_ranks(case: Case) -> List[int]:
     return [0] if case.dst is None else list(range(case.dst.ranks))
 
 
-def load_order_names(plan: SourcePlan, rank_list: List[int]) -> List[str]:
+def load_order_names(plan: SourcePlan, rank_list: List[int], safetensors: bool = False) -> List[str]:
     seen: Dict[str, None] = {}
     for g in rank_list:
-        for rec in plan.records(g):
+        records = plan.records(g)
+        if safetensors:  # the order the file was written in
+            records = stio.writer_order(records)
+        for rec in records:
             seen.setdefault(rec.name, None)
     return list(seen)
 
@@ -93,11 +105,12 @@ def passthrough_source(plan: SourcePlan, rank_list: List[int], n_src: int, t_loc
     return chosen
 
 
-def _passthrough_record(plan: SourcePlan, rank_list, maps: TargetMaps, name: str) -> ExpectedRecord:
-    g = passthrough_source(plan, rank_list, maps.n_src, maps.t_local, name)
+def _passthrough_record(plan: SourcePlan, rank_list, maps: TargetMaps, name: str,
+                        t_local: int) -> ExpectedRecord:
+    g = passthrough_source(plan, rank_list, maps.n_src, t_local, name)
     if g is None:
         raise ExpectationError(f"{name}: no loaded source file of local rank "
-                               f"{maps.t_local % maps.n_src} holds it")
+                               f"{t_local % maps.n_src} holds it")
     src: SourceRecord = plan.record(g, name)
     return ExpectedRecord(name, src.tensor_type, scalar_dims_23(src), src.nbytes, src.chunks,
                           "passthrough", g)
@@ -112,14 +125,18 @@ def plan_target(case: Case, plan: SourcePlan, t: int, src_map=None, dst_map=None
     missing = [g for g in rank_list if g not in plan.ranks()]
     if missing:
         raise ExpectationError(f"target {t} needs source ranks {missing}, which do not exist")
-    names = [n for n in load_order_names(plan, rank_list) if not maps.dropped(n)]
+    safetensors = case.options.source_format == "safetensors"
+    names = [n for n in load_order_names(plan, rank_list, safetensors) if not maps.dropped(n)]
     resharded = [n for n in names if maps.resharded(n)]
     passthrough = [n for n in names if not maps.resharded(n)]
-    if not resharded:
+    if not resharded and not safetensors:
         raise ExpectationError(f"target {t}: none of the parameters is in both strategies")
+    t_local = maps.t_local if resharded else 0
     target = TargetPlan(t, maps.t_stage, maps.t_local, rank_list)
     target.records += [_reshard_record(case, plan, maps, n) for n in resharded]
-    target.records += [_passthrough_record(plan, rank_list, maps, n) for n in passthrough]
+    target.records += [_passthrough_record(plan, rank_list, maps, n, t_local)
+                       for n in passthrough]
+    target.all_records = list(target.records)
     # A 0-byte parameter gets no record from MindSpore's ≥2.3 saver.
     target.records = [r for r in target.records if r.nbytes > 0]
     return target

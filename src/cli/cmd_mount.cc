@@ -37,7 +37,27 @@ struct MountArgs {
   bool allow_mixed_steps = false;
   bool foreground = false;
   std::vector<std::string> options;
+  std::vector<std::string> views{"ckpt", "safetensors"};
+  std::string prefix = "checkpoint_";
 };
+
+plan::ViewOptions view_options(const MountArgs& args) {
+  plan::ViewOptions out;
+  out.ckpt = out.safetensors = false;
+  for (const std::string& view : args.views) {
+    if (view == "ckpt")
+      out.ckpt = true;
+    else if (view == "safetensors")
+      out.safetensors = true;
+    else
+      fail("--view {}: expected ckpt, safetensors or ckpt,safetensors", view);
+  }
+  // It becomes part of a file name in every rank directory.
+  if (args.prefix.find('/') != std::string::npos || args.prefix.find('\0') != std::string::npos)
+    fail("--prefix {}: a file name prefix cannot hold '/'", args.prefix);
+  out.prefix = args.prefix;
+  return out;
+}
 
 // The -o words go to fs::mount as they are: it takes out its own (cache, noreadahead, ...) and
 // hands the rest to libfuse.
@@ -54,6 +74,7 @@ struct Notes {
   std::string chosen;               // which checkpoints, in one line
   std::string ignored;              // entries that are not checkpoints, in one line or ""
   std::vector<std::string> detail;  // one debug line per ignored entry
+  std::vector<std::string> plan_warnings;
 };
 
 plan::Plan build_plan(const MountArgs& args, Notes& notes) {
@@ -95,7 +116,8 @@ plan::Plan build_plan(const MountArgs& args, Notes& notes) {
   std::map<int64_t, index::IndexedSource> sources;
   for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
   if (!choice.mixed_allowed) plan::check_step_scalars(sources);
-  return plan::make_plan(std::move(sources), src ? &*src : nullptr, dst ? &*dst : nullptr);
+  return plan::make_plan(std::move(sources), src ? &*src : nullptr, dst ? &*dst : nullptr,
+                         view_options(args));
 }
 
 void say(const Notes& notes) {
@@ -103,6 +125,7 @@ void say(const Notes& notes) {
   if (spdlog::should_log(spdlog::level::warn)) fmt::print(stderr, "ckptfs: {}\n", notes.chosen);
   spdlog::info("{}", notes.chosen);
   if (!notes.ignored.empty()) spdlog::warn("{}", notes.ignored);
+  for (const std::string& line : notes.plan_warnings) spdlog::warn("{}", line);
   for (const std::string& line : notes.detail) spdlog::debug("{}", line);
 }
 
@@ -112,6 +135,7 @@ void run_mount(const MountArgs& args) {
     fail("mountpoint {} is not a directory", args.mountpoint);
   Notes notes;
   auto tree = std::make_unique<fs::Tree>(build_plan(args, notes));
+  notes.plan_warnings = tree->plan().warnings;
   fs::MountOptions options = mount_options(args);
   options.on_mounted = [&notes] { say(notes); };
   const int rc = fs::mount(args.mountpoint, *tree, options);
@@ -128,11 +152,13 @@ void add_mount_commands(CLI::App& app) {
   auto args = std::make_shared<MountArgs>();
   CLI::App* mount = app.add_subcommand(
       "mount",
-      "Mount SRC_DIR's checkpoints at MOUNTPOINT as rank_N/checkpoint_N.ckpt files resharded "
-      "from the source strategy to the destination strategy, synthesized on read");
+      "Mount SRC_DIR's checkpoints (.ckpt or .safetensors) at MOUNTPOINT as "
+      "rank_N/checkpoint_N.ckpt and rank_N/checkpoint_N.safetensors files resharded from the "
+      "source strategy to the destination strategy, synthesized on read");
   mount
       ->add_option("SRC_DIR", args->src_dir,
-                   "Directory holding rank_<N>/*.ckpt, or a MindFormers output/ directory")
+                   "Directory holding rank_<N>/*.ckpt or *.safetensors, or a MindFormers "
+                   "output/ directory")
       ->required()
       ->check(CLI::ExistingDirectory);
   mount->add_option("MOUNTPOINT", args->mountpoint, "Empty directory to mount on")->required();
@@ -150,6 +176,14 @@ void add_mount_commands(CLI::App& app) {
   mount->add_flag("--allow-mixed-steps", args->allow_mixed_steps,
                   "With --step FILE-GLOB: serve the named files even if they are of different "
                   "steps");
+  mount
+      ->add_option("--view", args->views,
+                   "Which files each rank directory shows, comma-separated: ckpt, safetensors "
+                   "(default both)")
+      ->delimiter(',');
+  mount->add_option("--prefix", args->prefix,
+                    "File name prefix of the shown files, as transform_checkpoints' ckpt_prefix "
+                    "(default checkpoint_)");
   mount->add_flag("-f,--foreground", args->foreground, "Stay in the foreground until unmounted");
   mount
       ->add_option("-o", args->options,

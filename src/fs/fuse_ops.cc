@@ -272,13 +272,17 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       fuse_reply_err(req, err);
       return;
     }
-    if (s.cache && !s.readahead_knob.empty())
+    // Per file: a file that asks for the page cache (the .safetensors view, which loaders map)
+    // gets it even in direct_io mode, where shared mmap would fail with ENODEV.
+    const bool cached = s.cache || s.tree->target(ino)->page_cache;
+    if (cached && !s.readahead_knob.empty())
       std::call_once(server(req).readahead_once, [&] { raise_readahead(s); });
-    fi->direct_io = s.cache ? 0 : 1;
-    fi->keep_cache = s.cache ? 1 : 0;
+    fi->direct_io = cached ? 0 : 1;
+    fi->keep_cache = cached ? 1 : 0;
     fi->noflush = 1;  // nothing to flush on close
     fi->fh = 0;
-    if (s.prefetcher)
+    // The kernel reads ahead for page-cache files itself.
+    if (s.prefetcher && !cached)
       fi->fh = reinterpret_cast<uint64_t>(new StreamHandle{s.prefetcher->open(ino)});
     if (fuse_reply_open(req, fi) != 0) delete stream_of(fi);  // interrupted: no release follows
   });

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdarg>
@@ -405,7 +406,10 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
     fail("cannot mount at {}: {}", where.string(), setup_errors("mount failed"));
   }
   end_setup();
-  if (parsed.cache) server.readahead_knob = readahead_knob(where);
+  const auto& targets = tree.plan().targets;
+  if (parsed.cache || std::any_of(targets.begin(), targets.end(),
+                                  [](const plan::TargetFile& t) { return t.page_cache; }))
+    server.readahead_knob = readahead_knob(where);
   spdlog::info("mounted {} ({} files, {} bytes) from {}", where.string(),
                tree.plan().targets.size(), tree.total_bytes(), fsname);
   if (options.on_mounted) options.on_mounted();

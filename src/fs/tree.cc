@@ -17,13 +17,6 @@ namespace {
 constexpr std::string_view kDot = ".";
 constexpr std::string_view kDotDot = "..";
 
-bool is_dir_ino(uint64_t ino, size_t targets) {
-  return ino >= 2 && ino % 2 == 0 && (ino - 2) / 2 < targets;
-}
-bool is_file_ino(uint64_t ino, size_t targets) {
-  return ino >= 3 && ino % 2 == 1 && (ino - 3) / 2 < targets;
-}
-
 }  // namespace
 
 Tree::Tree(plan::Plan plan)
@@ -32,14 +25,25 @@ Tree::Tree(plan::Plan plan)
       gid_(::getgid()),
       reported_(new std::atomic<bool>[plan_.sources.size()]) {
   ::clock_gettime(CLOCK_REALTIME, &time_);
-  dir_names_.reserve(plan_.targets.size());
-  file_names_.reserve(plan_.targets.size());
+  // Inodes in order: each directory, then its files. With one file per rank that is the old
+  // fixed layout (2 + 2i, 3 + 2i), which tests and tools may rely on.
   for (size_t i = 0; i < plan_.targets.size(); ++i) {
     const plan::TargetFile& target = plan_.targets[i];
-    dir_names_.push_back(target.dir_name());
-    file_names_.push_back(target.file_name());
-    if (!root_index_.emplace(dir_names_.back(), 2 + 2 * i).second)
-      fail("two target files for rank {}", target.rank);
+    if (dirs_.empty() || dirs_.back().rank != target.rank) {
+      std::string name = target.dir_name();
+      if (!root_index_.emplace(name, 2 + nodes_.size()).second)
+        fail("the target files of rank {} are not listed together", target.rank);
+      dirs_.push_back({target.rank, std::move(name), 2 + nodes_.size(), {}});
+      nodes_.push_back({true, dirs_.size() - 1});
+    }
+    Dir& dir = dirs_.back();
+    std::string name = target.file_name();
+    for (size_t other : dir.files)
+      if (file_names_[other] == name) fail("two target files {} for rank {}", name, target.rank);
+    dir.files.push_back(i);
+    file_names_.push_back(std::move(name));
+    file_ino_.push_back(2 + nodes_.size());
+    nodes_.push_back({false, i});
     total_bytes_ += target.file.size();
   }
   for (size_t i = 0; i < plan_.sources.size(); ++i) reported_[i].store(false);
@@ -50,32 +54,37 @@ Tree::Tree(Tree&&) noexcept = default;
 Tree& Tree::operator=(Tree&&) noexcept = default;
 Tree::~Tree() = default;
 
+const Tree::Node* Tree::node(uint64_t ino) const {
+  return ino >= 2 && ino - 2 < nodes_.size() ? &nodes_[ino - 2] : nullptr;
+}
+
 uint64_t Tree::lookup(uint64_t parent, std::string_view name) const {
-  const size_t n = plan_.targets.size();
   if (parent == kRootIno) {
     if (name == kDot || name == kDotDot) return kRootIno;
     auto it = root_index_.find(name);
     return it == root_index_.end() ? 0 : it->second;
   }
-  if (!is_dir_ino(parent, n)) return 0;
+  const Node* n = node(parent);
+  if (n == nullptr || !n->is_dir) return 0;
   if (name == kDot) return parent;
   if (name == kDotDot) return kRootIno;
-  const size_t i = (parent - 2) / 2;
-  return name == file_names_[i] ? parent + 1 : 0;
+  for (size_t f : dirs_[n->index].files)
+    if (file_names_[f] == name) return file_ino_[f];
+  return 0;
 }
 
 bool Tree::stat(uint64_t ino, struct stat& st) const {
-  const size_t n = plan_.targets.size();
   st = {};
+  const Node* n = node(ino);
   if (ino == kRootIno) {
     st.st_mode = S_IFDIR | 0555;
     // Each subdirectory's ".." links to the root; tools like find rely on this count.
-    st.st_nlink = 2 + n;
-  } else if (is_dir_ino(ino, n)) {
+    st.st_nlink = 2 + dirs_.size();
+  } else if (n != nullptr && n->is_dir) {
     st.st_mode = S_IFDIR | 0555;
     st.st_nlink = 2;
-  } else if (is_file_ino(ino, n)) {
-    const uint64_t size = plan_.targets[(ino - 3) / 2].file.size();
+  } else if (n != nullptr) {
+    const uint64_t size = plan_.targets[n->index].file.size();
     st.st_mode = S_IFREG | 0444;
     st.st_nlink = 1;
     st.st_size = static_cast<off_t>(size);
@@ -92,25 +101,29 @@ bool Tree::stat(uint64_t ino, struct stat& st) const {
 }
 
 std::vector<Tree::DirEntry> Tree::list(uint64_t ino) const {
-  const size_t n = plan_.targets.size();
   std::vector<DirEntry> out;
+  const Node* n = node(ino);
   if (ino == kRootIno) {
-    out.reserve(2 + n);
+    out.reserve(2 + dirs_.size());
     out.push_back({kRootIno, kDot, true});
     out.push_back({kRootIno, kDotDot, true});
-    for (size_t i = 0; i < n; ++i) out.push_back({2 + 2 * i, dir_names_[i], true});
-  } else if (is_dir_ino(ino, n)) {
-    const size_t i = (ino - 2) / 2;
+    for (const Dir& d : dirs_) out.push_back({d.ino, d.name, true});
+  } else if (n != nullptr && n->is_dir) {
     out.push_back({ino, kDot, true});
     out.push_back({kRootIno, kDotDot, true});
-    out.push_back({ino + 1, file_names_[i], false});
+    for (size_t f : dirs_[n->index].files) out.push_back({file_ino_[f], file_names_[f], false});
   }
   return out;
 }
 
 const plan::VirtualFile* Tree::file(uint64_t ino) const {
-  if (!is_file_ino(ino, plan_.targets.size())) return nullptr;
-  return &plan_.targets[(ino - 3) / 2].file;
+  const plan::TargetFile* t = target(ino);
+  return t == nullptr ? nullptr : &t->file;
+}
+
+const plan::TargetFile* Tree::target(uint64_t ino) const {
+  const Node* n = node(ino);
+  return n == nullptr || n->is_dir ? nullptr : &plan_.targets[n->index];
 }
 
 void Tree::report(uint32_t source, std::string_view what) const {
@@ -151,12 +164,11 @@ int Tree::check_source(uint32_t source) const {
 
 int Tree::check_file(uint64_t ino) const {
   const plan::VirtualFile* f = file(ino);
-  if (f == nullptr)
-    return ino == kRootIno || is_dir_ino(ino, plan_.targets.size()) ? EISDIR : ENOENT;
+  if (f == nullptr) return ino == kRootIno || node(ino) != nullptr ? EISDIR : ENOENT;
   for (uint32_t s : f->sources()) {
     if (s >= plan_.sources.size()) {
-      spdlog::error("{} reads source #{}, but the plan has {} sources", file_names_[(ino - 3) / 2],
-                    s, plan_.sources.size());
+      spdlog::error("{} reads source #{}, but the plan has {} sources",
+                    file_names_[node(ino)->index], s, plan_.sources.size());
       return EIO;
     }
     if (int err = check_source(s)) return err;

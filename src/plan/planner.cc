@@ -15,6 +15,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/plan/read_map.h"
 #include "ckptfs/plan/source_fit.h"
+#include "ckptfs/safetensors/format.h"
 #include "ckptfs/strategy/rank_list.h"
 
 namespace ckptfs::plan {
@@ -191,6 +192,19 @@ struct ParamFacts {
   uint32_t element_size = 0;
 };
 
+// One entry of a target, whatever the view shows it as: name, type, shape, and where its bytes
+// come from (a resharded box, or the source copy it passes through).
+struct Entry {
+  std::string_view name;
+  std::string_view dtype;
+  ckpt::EntryKind kind = ckpt::EntryKind::Tensor;
+  std::vector<int64_t> shape;                   // empty for a scalar
+  std::shared_ptr<const TensorContent> tensor;  // set when resharded
+  const ckpt::Param* copy = nullptr;            // set when passed through
+  uint32_t source = 0;                          //   and the file it is read from
+  uint64_t nbytes() const { return tensor ? tensor->nbytes() : copy->nbytes(); }
+};
+
 // A parameter as the planner walks it: one copy, and its name's id in the SourceSet.
 struct ParamRef {
   const ckpt::Param* param = nullptr;
@@ -199,16 +213,22 @@ struct ParamRef {
 
 class Planner {
  public:
-  Planner(Plan& plan, const strategy::Strategy* src, const strategy::Strategy* dst)
-      : files_(plan.sources, plan.source_ranks), src_(src), dst_(dst) {}
+  Planner(Plan& plan, const strategy::Strategy* src, const strategy::Strategy* dst,
+          bool safetensors_rules)
+      : files_(plan.sources, plan.source_ranks),
+        src_(src),
+        dst_(dst),
+        safetensors_rules_(safetensors_rules) {}
 
-  TargetFile plan_target(int64_t t) {
+  // The entries of target t, in the .ckpt view's record order: resharded parameters in L order,
+  // then passthrough entries.
+  std::vector<Entry> plan_target(int64_t t) {
     TargetMaps maps(src_, dst_, t);
     const std::vector<int64_t> load_order = load_order_for(maps);
 
     const std::vector<ParamRef>& order = first_appearance(load_order);
 
-    VirtualFile::Builder builder;
+    std::vector<Entry> entries;
     std::vector<ParamRef> passthrough;
     size_t resharded = 0;
     for (const ParamRef& ref : order) {
@@ -218,7 +238,7 @@ class Planner {
           break;
         case TargetMaps::Role::Reshard:
           if (p.kind == ckpt::EntryKind::Tensor) {
-            add_resharded(builder, maps, ref, t);
+            entries.push_back(resharded_entry(maps, ref, t));
             ++resharded;
           } else {
             require_unsplit(maps, p);
@@ -230,13 +250,17 @@ class Planner {
           break;
       }
     }
-    if (resharded == 0)
+    // MindSpore's safetensors transform does not check this, and then copies passthrough
+    // entries from local rank 0 (spec mindspore-safetensors.md §2.2).
+    if (resharded == 0 && !safetensors_rules_)
       fail(
           "target rank {}: none of the parameters in the source checkpoints is in the source or "
           "destination strategy",
           t);
-    for (const ParamRef& ref : passthrough) add_passthrough(builder, maps, ref, load_order, t);
-    return TargetFile{t, builder.finish()};
+    const int64_t local = resharded == 0 ? 0 : maps.target_local() % maps.src_devices();
+    for (const ParamRef& ref : passthrough)
+      entries.push_back(passthrough_entry(maps, ref, load_order, local, t));
+    return entries;
   }
 
  private:
@@ -379,8 +403,7 @@ class Planner {
     return facts;
   }
 
-  void add_resharded(VirtualFile::Builder& builder, const TargetMaps& maps, const ParamRef& ref,
-                     int64_t t) {
+  Entry resharded_entry(const TargetMaps& maps, const ParamRef& ref, int64_t t) {
     const ckpt::Param& p = *ref.param;
     const size_t rank = p.shape.size();
     const LayoutCache::Pair& pair = layouts_.layouts(maps, p.name, rank);
@@ -408,7 +431,9 @@ class Planner {
       content->target_shape = {1};
       content->block_shape = {1};
     }
-    if (content->nbytes() == 0) return;  // MindSpore writes no record for an empty tensor
+    Entry entry{p.name, facts.dtype, ckpt::EntryKind::Tensor, {}, content, nullptr, 0};
+    entry.shape = scalar ? std::vector<int64_t>{} : content->target_shape;
+    if (content->nbytes() == 0) return entry;
 
     const auto& holders = layouts_.holders(pair.src_id);
     const Needed& needed = layouts_.needed(pair, maps.target_local());
@@ -444,14 +469,12 @@ class Planner {
       }
     }
 
-    const std::vector<int64_t> dims = scalar ? std::vector<int64_t>{} : content->target_shape;
-    add_chunked(builder, p.name, dims, facts.dtype, content->nbytes(),
-                [&](uint64_t begin, uint64_t end) { builder.add_tensor(content, begin, end); });
+    return entry;
   }
 
   [[noreturn]] static void missing_rank(int64_t g, int64_t t, std::string_view param) {
     fail(
-        "the checkpoint of source rank {} (rank_{}/*.ckpt) is needed for target rank {} "
+        "the checkpoint of source rank {} (rank_{}/) is needed for target rank {} "
         "(parameter {}) but is missing",
         g, g, t, param);
   }
@@ -499,12 +522,11 @@ class Planner {
                p.dtype.empty() ? "map tensor" : p.dtype);
   }
 
-  // Passthrough: the record of the file with local index t_local mod N_src, lowest stage first
-  // (spec §4.4 step 3, §7), re-serialized with ≥2.3 conventions.
-  void add_passthrough(VirtualFile::Builder& builder, const TargetMaps& maps, const ParamRef& ref,
-                       const std::vector<int64_t>& load_order, int64_t t) {
+  // Passthrough: the entry of the file with local index `local` (t_local mod N_src), lowest
+  // stage first (spec §4.4 step 3, §7).
+  Entry passthrough_entry(const TargetMaps& maps, const ParamRef& ref,
+                          const std::vector<int64_t>& load_order, int64_t local, int64_t t) {
     const ckpt::Param& p = *ref.param;
-    const int64_t local = maps.target_local() % maps.src_devices();
     // Lowest global rank first, among the files with that local index, then among any.
     auto lowest_holder = [&](bool same_local) -> const SourceSet::File* {
       for (auto it = load_order.rbegin(); it != load_order.rend(); ++it) {
@@ -518,24 +540,7 @@ class Planner {
     if (!from) from = lowest_holder(false);
     if (!from) fail("target rank {}: no loaded source file holds parameter {}", t, p.name);
     const ckpt::Param& q = *from->find(ref.id);
-
-    if (q.kind == ckpt::EntryKind::MapTensor) {
-      for (const ckpt::Extent& r : q.records)
-        builder.add_source_range(from->index, r.offset, r.length);
-      return;
-    }
-    if (q.kind == ckpt::EntryKind::Tensor && q.nbytes() == 0) return;
-    // Strings keep dims [0] (their only form); scalars lose it (≥2.3).
-    const std::vector<int64_t> dims =
-        q.kind == ckpt::EntryKind::String ? std::vector<int64_t>{0} : q.shape;
-    add_chunked(builder, q.name, dims, q.dtype, q.nbytes(), [&](uint64_t begin, uint64_t end) {
-      uint64_t pos = 0;
-      for (const ckpt::Extent& x : q.content) {
-        const uint64_t lo = std::max(begin, pos), hi = std::min(end, pos + x.length);
-        if (lo < hi) builder.add_source_range(from->index, x.offset + (lo - pos), hi - lo);
-        pos += x.length;
-      }
-    });
+    return Entry{q.name, q.dtype, q.kind, q.shape, nullptr, &q, from->index};
   }
 
   // A file of the parameter's stage whose rank holds the same source block as local rank
@@ -555,42 +560,113 @@ class Planner {
     return nullptr;
   }
 
-  // One record per 512 MiB of content (≥2.3 byte chunking), each header followed by its bytes.
-  template <typename AddContent>
-  static void add_chunked(VirtualFile::Builder& builder, std::string_view name,
-                          const std::vector<int64_t>& dims, std::string_view dtype, uint64_t nbytes,
-                          AddContent add_content) {
-    uint64_t begin = 0;
-    do {
-      const uint64_t end = std::min(nbytes, begin + ckpt::kRecordChunkBytes);
-      builder.add_bytes(ckpt::record_header(name, dims, dtype, end - begin));
-      add_content(begin, end);
-      begin = end;
-    } while (begin < nbytes);
-  }
-
   SourceSet files_;
   const strategy::Strategy* src_;
   const strategy::Strategy* dst_;
+  bool safetensors_rules_;
   LayoutCache layouts_;
   std::map<std::vector<int64_t>, std::vector<ParamRef>> orders_;  // by load order
   std::map<int64_t, std::vector<uint32_t>> stage_orders_;         // name ids, by stage
   std::unordered_map<uint32_t, ParamFacts> facts_;                // by name id
 };
 
+// Bytes [begin, end) of an entry's content.
+void add_content(VirtualFile::Builder& builder, const Entry& e, uint64_t begin, uint64_t end) {
+  if (e.tensor) {
+    builder.add_tensor(e.tensor, begin, end);
+    return;
+  }
+  uint64_t pos = 0;
+  for (const ckpt::Extent& x : e.copy->content) {
+    const uint64_t lo = std::max(begin, pos), hi = std::min(end, pos + x.length);
+    if (lo < hi) builder.add_source_range(e.source, x.offset + (lo - pos), hi - lo);
+    pos += x.length;
+  }
+}
+
+// The .ckpt view: one record per entry, re-serialized with ≥2.3 conventions, one record per
+// 512 MiB of content (≥2.3 byte chunking), each header followed by its bytes.
+VirtualFile ckpt_view(const std::vector<Entry>& entries) {
+  VirtualFile::Builder builder;
+  for (const Entry& e : entries) {
+    if (e.copy && e.kind == ckpt::EntryKind::MapTensor) {
+      for (const ckpt::Extent& r : e.copy->records)
+        builder.add_source_range(e.source, r.offset, r.length);
+      continue;
+    }
+    const uint64_t nbytes = e.nbytes();
+    // MindSpore writes no record for an empty tensor.
+    if (e.kind == ckpt::EntryKind::Tensor && nbytes == 0) continue;
+    // Strings keep dims [0] (their only form); scalars lose it (≥2.3).
+    const std::vector<int64_t> dims =
+        e.kind == ckpt::EntryKind::String ? std::vector<int64_t>{0} : e.shape;
+    uint64_t begin = 0;
+    do {
+      const uint64_t end = std::min(nbytes, begin + ckpt::kRecordChunkBytes);
+      builder.add_bytes(ckpt::record_header(e.name, dims, e.dtype, end - begin));
+      add_content(builder, e, begin, end);
+      begin = end;
+    } while (begin < nbytes);
+  }
+  return builder.finish();
+}
+
+// The .safetensors view: what MindSpore >= 2.7's transform writes with output_format=
+// "safetensors" (the reference writer's layout, {"format":"ms"}). Entries safetensors cannot
+// hold (strings, map tensors, Int4 and other opaque types) are left out and named in `left_out`.
+VirtualFile safetensors_view(const std::vector<Entry>& entries, std::set<std::string>& left_out) {
+  std::vector<safetensors::HeaderEntry> header;
+  std::vector<const Entry*> from;
+  for (const Entry& e : entries) {
+    const std::optional<safetensors::Dtype> d =
+        e.kind == ckpt::EntryKind::Tensor ? safetensors::dtype_by_mindspore(e.dtype) : std::nullopt;
+    if (!d) {
+      left_out.emplace(e.name);
+      continue;
+    }
+    header.push_back({std::string(e.name), d->code, e.shape, e.nbytes()});
+    from.push_back(&e);
+  }
+  std::vector<size_t> order(header.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return safetensors::writer_before(header[a], header[b]); });
+  std::vector<safetensors::HeaderEntry> sorted;
+  sorted.reserve(header.size());
+  for (size_t i : order) sorted.push_back(std::move(header[i]));
+  static const std::vector<std::pair<std::string, std::string>> kMetadata{{"format", "ms"}};
+
+  VirtualFile::Builder builder;
+  builder.add_bytes(safetensors::encode_header(sorted, kMetadata));
+  for (size_t i : order)
+    if (const uint64_t n = from[i]->nbytes(); n > 0) add_content(builder, *from[i], 0, n);
+  return builder.finish();
+}
+
 }  // namespace
 
 std::string TargetFile::dir_name() const { return fmt::format("rank_{}", rank); }
-std::string TargetFile::file_name() const { return fmt::format("checkpoint_{}.ckpt", rank); }
+std::string TargetFile::file_name() const {
+  return name.empty() ? fmt::format("checkpoint_{}.ckpt", rank) : name;
+}
 
 Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::Strategy* src,
-               const strategy::Strategy* dst) {
+               const strategy::Strategy* dst, const ViewOptions& views) {
   if (!src && !dst)
     fail("give --src-strategy, --dst-strategy or both: with neither there is nothing to reshard");
   if (sources.empty()) fail("no source checkpoint found (expected rank_<N>/*.ckpt directories)");
+  if (!views.ckpt && !views.safetensors) fail("no view chosen: give ckpt, safetensors or both");
+  // MindSpore refuses to transform a mix (spec mindspore-safetensors.md §2.1).
+  const ckpt::SourceFormat format = sources.begin()->second.scan.format;
+  for (const auto& [rank, source] : sources)
+    if (source.scan.format != format)
+      fail("{} and {}: the sources mix .ckpt and .safetensors checkpoints; keep one format",
+           sources.begin()->second.file.path.string(), source.file.path.string());
+  const bool safetensors_rules = format == ckpt::SourceFormat::Safetensors;
   std::vector<int64_t> ranks;
   for (auto& [rank, source] : sources) {
-    source.scan.params = ckpt::loaded_params(std::move(source.scan));
+    // MindSpore's safetensors transform has no duplicate or __param_key__ rules.
+    if (!safetensors_rules) source.scan.params = ckpt::loaded_params(std::move(source.scan));
     ranks.push_back(rank);
   }
   // The directory holding the rank directories, for messages.
@@ -603,9 +679,27 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
     plan.source_ranks.push_back(rank);
     plan.sources.push_back(std::move(source));
   }
-  Planner planner(plan, src, dst);
+  Planner planner(plan, src, dst, safetensors_rules);
   const int64_t targets = dst ? dst->devices_per_stage * dst->num_stages : 1;
-  for (int64_t t = 0; t < targets; ++t) plan.targets.push_back(planner.plan_target(t));
+  std::set<std::string> left_out;
+  for (int64_t t = 0; t < targets; ++t) {
+    const std::vector<Entry> entries = planner.plan_target(t);
+    if (views.ckpt)
+      plan.targets.push_back(
+          TargetFile{t, ckpt_view(entries), fmt::format("{}{}.ckpt", views.prefix, t), false});
+    if (views.safetensors)
+      plan.targets.push_back(TargetFile{t, safetensors_view(entries, left_out),
+                                        fmt::format("{}{}.safetensors", views.prefix, t), true});
+  }
+  if (!left_out.empty()) {
+    std::vector<std::string> names(left_out.begin(), left_out.end());
+    const size_t shown = std::min<size_t>(names.size(), 10);
+    plan.warnings.push_back(fmt::format(
+        "the .safetensors files leave out {} entries safetensors cannot hold (strings, map "
+        "tensors, Int4); the .ckpt files keep them: {}{}",
+        names.size(), fmt::join(names.begin(), names.begin() + static_cast<ptrdiff_t>(shown), ", "),
+        names.size() > shown ? fmt::format(" and {} more", names.size() - shown) : ""));
+  }
   return plan;
 }
 

@@ -211,8 +211,6 @@ ckpt::FileScan scan_safetensors_fd(int fd, const std::string& display_name) {
   ckpt::FileScan scan;
   scan.format = ckpt::SourceFormat::Safetensors;
   scan.file_size = scan.body_size = h.file_size;
-  std::sort(h.tensors.begin(), h.tensors.end(),
-            [](const Tensor& a, const Tensor& b) { return a.name < b.name; });
   scan.params.reserve(h.tensors.size());
   for (Tensor& t : h.tensors) {
     ckpt::Param& p = scan.params.emplace_back();

@@ -15,6 +15,11 @@ namespace {
 
 constexpr std::string_view kRankPrefix = "rank_";
 constexpr std::string_view kCheckpointSuffix = ".ckpt";
+constexpr std::string_view kSafetensorsSuffix = ".safetensors";
+
+bool is_checkpoint_name(std::string_view name) {
+  return name.ends_with(kCheckpointSuffix) || name.ends_with(kSafetensorsSuffix);
+}
 constexpr std::string_view kBreakpointTail = "_breakpoint";
 // MindFormers' output/ keeps rank directories one level down.
 constexpr std::string_view kMindFormersCheckpoints = "checkpoint";
@@ -72,7 +77,8 @@ std::vector<int64_t> integers(std::string_view s) {
 Candidate make_candidate(std::string name) {
   Candidate c;
   std::string_view stem(name);
-  stem.remove_suffix(kCheckpointSuffix.size());
+  stem.remove_suffix(stem.ends_with(kCheckpointSuffix) ? kCheckpointSuffix.size()
+                                                       : kSafetensorsSuffix.size());
   if (stem.ends_with(kBreakpointTail)) {
     c.breakpoint = true;
     stem.remove_suffix(kBreakpointTail.size());
@@ -117,8 +123,8 @@ RankDir list_rank_dir(const fs::path& rank_dir, std::vector<Ignored>& ignored) {
     const fs::path path = rank_dir / name;
     if (is_side_file(name)) {
       ignored.push_back({path, "not a checkpoint (a partial save or a side file)", true});
-    } else if (!name.ends_with(kCheckpointSuffix)) {
-      ignored.push_back({path, "not a *.ckpt file"});
+    } else if (!is_checkpoint_name(name)) {
+      ignored.push_back({path, "not a *.ckpt or *.safetensors file"});
     } else if (name.starts_with('.')) {
       ignored.push_back({path, "hidden file"});
     } else if (auto why = type_mismatch(path, fs::file_type::regular)) {
@@ -128,6 +134,18 @@ RankDir list_rank_dir(const fs::path& rank_dir, std::vector<Ignored>& ignored) {
     }
   }
   std::sort(out.candidates.begin(), out.candidates.end(), candidate_before);
+  // MindSpore's transform refuses such a directory too: which format would be meant?
+  const auto ckpt =
+      std::find_if(out.candidates.begin(), out.candidates.end(),
+                   [](const Candidate& c) { return c.name.ends_with(kCheckpointSuffix); });
+  const auto st =
+      std::find_if(out.candidates.begin(), out.candidates.end(),
+                   [](const Candidate& c) { return c.name.ends_with(kSafetensorsSuffix); });
+  if (ckpt != out.candidates.end() && st != out.candidates.end())
+    fail(
+        "{} and {}: a rank directory holds both .ckpt and .safetensors checkpoints; keep one "
+        "format (MindSpore refuses this too)",
+        (rank_dir / ckpt->name).string(), (rank_dir / st->name).string());
   return out;
 }
 
@@ -183,7 +201,7 @@ Listing list_sources(const fs::path& src_dir) {
     }
     RankDir dir = list_rank_dir(path, result.ignored);
     if (dir.candidates.empty()) {
-      result.ignored.push_back({path, "no regular *.ckpt file in it"});
+      result.ignored.push_back({path, "no regular *.ckpt or *.safetensors file in it"});
       continue;
     }
     auto [it, inserted] = rank_dir_names.emplace(*rank, name);

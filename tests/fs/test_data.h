@@ -101,7 +101,7 @@ class TestData {
           builder.add_source_range(r.source, r.offset, r.length);
         }
       }
-      plan.targets.push_back(plan::TargetFile{spec.rank, builder.finish()});
+      plan.targets.push_back(plan::TargetFile{spec.rank, builder.finish(), {}, false});
     }
     return plan;
   }

@@ -48,7 +48,7 @@ class ScannerTest : public ::testing::Test {
   TempDir dir_;
 };
 
-TEST_F(ScannerTest, GoodFileGivesParamsInNameOrderWithAbsoluteExtents) {
+TEST_F(ScannerTest, GoodFileGivesParamsInOffsetOrderWithAbsoluteExtents) {
   // Offset order: z (I64 scalar) [0,8), q (Int4-marked I8 [4]) [8,12), a (F32 [2]) [12,20),
   // e (F16 [0,3]) [20,20).
   const std::string header = R"({"__metadata__":{"q":"Int4","format":"ms"},)"
@@ -62,20 +62,20 @@ TEST_F(ScannerTest, GoodFileGivesParamsInNameOrderWithAbsoluteExtents) {
   EXPECT_EQ(scan.file_size, 8 + header.size() + 20);
   ASSERT_EQ(scan.params.size(), 4u);
   const uint64_t d = 8 + header.size();
-  EXPECT_EQ(scan.params[0].name, "a");
-  EXPECT_EQ(scan.params[0].dtype, "Float32");
-  EXPECT_EQ(scan.params[0].element_size, 4u);
-  EXPECT_EQ(scan.params[0].shape, (std::vector<int64_t>{2}));
-  EXPECT_EQ(scan.params[0].content, (std::vector<ckpt::Extent>{{d + 12, 8}}));
-  EXPECT_EQ(scan.params[1].name, "e");
-  EXPECT_EQ(scan.params[1].nbytes(), 0u);
-  EXPECT_EQ(scan.params[2].name, "q");
-  EXPECT_EQ(scan.params[2].dtype, "Int4");
-  EXPECT_EQ(scan.params[2].kind, ckpt::EntryKind::Opaque);
-  EXPECT_EQ(scan.params[2].content, (std::vector<ckpt::Extent>{{d + 8, 4}}));
-  EXPECT_EQ(scan.params[3].name, "z");
-  EXPECT_EQ(scan.params[3].dtype, "Int64");
-  EXPECT_TRUE(scan.params[3].shape.empty());
+  EXPECT_EQ(scan.params[0].name, "z");
+  EXPECT_EQ(scan.params[0].dtype, "Int64");
+  EXPECT_TRUE(scan.params[0].shape.empty());
+  EXPECT_EQ(scan.params[1].name, "q");
+  EXPECT_EQ(scan.params[1].dtype, "Int4");
+  EXPECT_EQ(scan.params[1].kind, ckpt::EntryKind::Opaque);
+  EXPECT_EQ(scan.params[1].content, (std::vector<ckpt::Extent>{{d + 8, 4}}));
+  EXPECT_EQ(scan.params[2].name, "a");
+  EXPECT_EQ(scan.params[2].dtype, "Float32");
+  EXPECT_EQ(scan.params[2].element_size, 4u);
+  EXPECT_EQ(scan.params[2].shape, (std::vector<int64_t>{2}));
+  EXPECT_EQ(scan.params[2].content, (std::vector<ckpt::Extent>{{d + 12, 8}}));
+  EXPECT_EQ(scan.params[3].name, "e");
+  EXPECT_EQ(scan.params[3].nbytes(), 0u);
 
   const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   const Header h = read_header(fd.get(), path);

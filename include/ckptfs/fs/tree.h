@@ -1,4 +1,4 @@
-// The mounted tree without FUSE: fixed inodes for "/", "rank_N/" and "rank_N/checkpoint_N.ckpt",
+// The mounted tree without FUSE: fixed inodes for "/", "rank_N/" and the files of each rank,
 // lookups, attributes, listings, and reads mapped to runs with a check that the sources read are
 // unchanged. The FUSE adapter only translates kernel requests into calls on this.
 #pragma once
@@ -51,9 +51,11 @@ class Tree {
   std::vector<DirEntry> list(uint64_t ino) const;
   // Null unless `ino` is a checkpoint file.
   const plan::VirtualFile* file(uint64_t ino) const;
+  // The same file with its name and read mode; null unless `ino` is a checkpoint file.
+  const plan::TargetFile* target(uint64_t ino) const;
   const plan::Plan& plan() const { return plan_; }
   // File inodes plus directories, and the bytes of all files (for statfs).
-  uint64_t inode_count() const { return 1 + 2 * plan_.targets.size(); }
+  uint64_t inode_count() const { return 1 + nodes_.size(); }
   uint64_t total_bytes() const { return total_bytes_; }
 
   // 0, or EIO (after logging which source changed) if a source `runs` read differs from its
@@ -85,10 +87,25 @@ class Tree {
   // (logged) if a run names a source the plan does not have.
   int distinct_sources(std::span<const plan::Run> runs, std::vector<uint32_t>& out) const;
 
+  struct Node {
+    bool is_dir = false;
+    size_t index = 0;  // into dirs_, or into plan_.targets
+  };
+  struct Dir {
+    int64_t rank = 0;
+    std::string name;
+    uint64_t ino = 0;
+    std::vector<size_t> files;  // indexes into plan_.targets
+  };
+  // Null for the root and for inodes that do not exist.
+  const Node* node(uint64_t ino) const;
+
   plan::Plan plan_;
-  // inode layout: 1 = root, 2 + 2i = rank dir of target i, 3 + 2i = its file
-  std::vector<std::string> dir_names_;
-  std::vector<std::string> file_names_;
+  // inode layout: 1 = root, then each rank directory followed by its files
+  std::vector<Node> nodes_;  // inode 2 + k
+  std::vector<Dir> dirs_;
+  std::vector<std::string> file_names_;                      // by target
+  std::vector<uint64_t> file_ino_;                           // by target
   std::map<std::string, uint64_t, std::less<>> root_index_;  // dir name -> ino
   uint64_t total_bytes_ = 0;
   uid_t uid_ = 0;

@@ -13,23 +13,39 @@
 
 namespace ckptfs::plan {
 
+// One file of the mounted tree, in directory rank_<rank>.
 struct TargetFile {
   int64_t rank = 0;
   VirtualFile file;
-  std::string dir_name() const;   // "rank_<rank>"
-  std::string file_name() const;  // "checkpoint_<rank>.ckpt"
+  std::string name;              // empty: "checkpoint_<rank>.ckpt"
+  bool page_cache = false;       // served through the page cache (mmap works), not direct I/O
+  std::string dir_name() const;  // "rank_<rank>"
+  std::string file_name() const;
+};
+
+// Which files every target rank shows: "<prefix><rank>.ckpt" (MindSpore's record order) and
+// "<prefix><rank>.safetensors" (what MindSpore >= 2.7's transform writes with
+// output_format="safetensors", without strings, map tensors and Int4 entries).
+struct ViewOptions {
+  bool ckpt = true;
+  bool safetensors = true;
+  std::string prefix = "checkpoint_";
 };
 
 struct Plan {
   std::vector<index::IndexedSource> sources;  // Run::source indexes this
   std::vector<int64_t> source_ranks;          // global rank of each source
-  std::vector<TargetFile> targets;            // ascending rank
+  std::vector<TargetFile> targets;            // ascending rank; .ckpt before .safetensors
+  // Worth a warning once the mount serves (a refused mount says only why).
+  std::vector<std::string> warnings;
 };
 
-// Plans every target rank. A null strategy is the unsharded side. Throws Error naming the file
-// or parameter at fault: a needed rank without a file, a dimension that does not divide, slice
-// shapes that disagree across ranks, a map that does not fit the tensor, and so on.
+// Plans every target rank. A null strategy is the unsharded side. Sources all .ckpt follow
+// MindSpore's .ckpt transform, all .safetensors its safetensors transform (spec
+// mindspore-safetensors.md §2.2); a mix is refused. Throws Error naming the file or parameter
+// at fault: a needed rank without a file, a dimension that does not divide, slice shapes that
+// disagree across ranks, a map that does not fit the tensor, and so on.
 Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::Strategy* src,
-               const strategy::Strategy* dst);
+               const strategy::Strategy* dst, const ViewOptions& views = {});
 
 }  // namespace ckptfs::plan

@@ -25,7 +25,7 @@ struct StepKey {
 
 struct Candidate {
   std::string name;
-  // From the name: its stem (without ".ckpt" and a trailing "_breakpoint") ends in
+  // From the name: its stem (without ".ckpt"/".safetensors" and a trailing "_breakpoint") ends in
   // "<digits>_<digits>". Other names (checkpoint_3.ckpt, model.ckpt) carry no step.
   std::optional<StepKey> step;
   bool breakpoint = false;  // the stem ends in "_breakpoint" (a save made on an exception)
@@ -61,13 +61,14 @@ struct Listing {
 // Lists SRC_DIR. Rank directories are the entries named "rank_" followed by decimal digits
 // (leading zeros accepted) that are directories, symlinks followed. If SRC_DIR has none but has
 // a checkpoint/ directory (MindFormers' output/), that directory is listed instead. In a rank
-// directory the candidates are the non-hidden names ending in ".ckpt" that are regular files,
-// symlinks followed. Paths are joined, not resolved. Listing order never depends on the order
-// the filesystem lists entries in.
+// directory the candidates are the non-hidden names ending in ".ckpt" or ".safetensors" that
+// are regular files, symlinks followed. Paths are joined, not resolved. Listing order never depends
+// on the order the filesystem lists entries in.
 //
 // Throws Error naming the directory if SRC_DIR or a rank directory is not a readable directory,
-// and naming both entries when two rank directories give the same rank and both hold a
-// candidate ("rank_3" and "rank_03").
+// naming both entries when two rank directories give the same rank and both hold a candidate
+// ("rank_3" and "rank_03"), and naming a file of each when a rank directory holds both .ckpt
+// and .safetensors candidates.
 Listing list_sources(const std::filesystem::path& src_dir);
 
 // One line about the entries that are neither rank directories nor candidates and are not side
