@@ -12,6 +12,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/fs/mount.h"
+#include "ckptfs/fs/steps.h"
 #include "ckptfs/fs/tree.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/plan/planner.h"
@@ -77,7 +78,37 @@ struct Notes {
   std::vector<std::string> plan_warnings;
 };
 
-plan::Plan build_plan(const MountArgs& args, Notes& notes) {
+// What planning any step needs: the strategies and where the index lives.
+struct Planning {
+  std::shared_ptr<const strategy::Strategy> src, dst;
+  std::filesystem::path index_dir;
+  std::string root;  // the directory holding rank_<N>/, for messages
+  plan::ViewOptions views;
+
+  plan::Plan plan(const std::map<int64_t, std::filesystem::path>& files, bool mixed_allowed) const {
+    std::vector<std::filesystem::path> paths;
+    std::vector<int64_t> ranks;
+    for (const auto& [rank, path] : files) {
+      ranks.push_back(rank);
+      paths.push_back(path);
+    }
+    // Before indexing: a wrong strategy is refused without scanning every file first.
+    plan::check_rank_count(ranks, src.get(), root);
+    std::vector<index::IndexedSource> indexed;
+    {
+      // The LMDB environment is closed before the daemon forks.
+      index::Store store(index_dir);
+      indexed = index::index_sources(store, paths);
+    }
+    std::map<int64_t, index::IndexedSource> sources;
+    for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
+    if (!mixed_allowed) plan::check_step_scalars(sources);
+    return plan::make_plan(std::move(sources), src.get(), dst.get(), views);
+  }
+};
+
+// The chosen step's tree, with /steps when the source has steps.
+std::unique_ptr<fs::Tree> build_tree(const MountArgs& args, Notes& notes) {
   const source::Listing listing = source::list_sources(args.src_dir);
   const source::Choice choice =
       source::choose(listing, source::StepRequest::parse(args.step, args.allow_mixed_steps));
@@ -93,31 +124,26 @@ plan::Plan build_plan(const MountArgs& args, Notes& notes) {
         "; source strategy {} (a MindFormers output directory; --src-strategy overrides it)",
         src_strategy);
   }
-  std::optional<strategy::Strategy> src, dst;
-  if (!src_strategy.empty()) src = strategy::read_strategy(src_strategy);
-  if (!args.dst_strategy.empty()) dst = strategy::read_strategy(args.dst_strategy);
+  auto planning = std::make_shared<Planning>();
+  if (!src_strategy.empty())
+    planning->src = std::make_shared<strategy::Strategy>(strategy::read_strategy(src_strategy));
+  if (!args.dst_strategy.empty())
+    planning->dst =
+        std::make_shared<strategy::Strategy>(strategy::read_strategy(args.dst_strategy));
+  planning->index_dir =
+      args.index_dir.empty() ? index::default_dir() : std::filesystem::path(args.index_dir);
+  planning->root = listing.root.string();
+  planning->views = view_options(args);
 
-  std::vector<std::filesystem::path> paths;
-  std::vector<int64_t> ranks;
-  for (const auto& [rank, path] : choice.files) {
-    ranks.push_back(rank);
-    paths.push_back(path);
+  auto tree = std::make_unique<fs::Tree>(planning->plan(choice.files, choice.mixed_allowed));
+  // Every step is offered, planned only when looked up: nothing more is read now.
+  if (!source::complete_steps(listing).empty()) {
+    tree->set_steps(std::make_shared<fs::Steps>(
+        args.src_dir, [planning](const std::map<int64_t, std::filesystem::path>& files) {
+          return planning->plan(files, false);
+        }));
   }
-  // Before indexing: a wrong strategy is refused without scanning every file first.
-  plan::check_rank_count(ranks, src ? &*src : nullptr, listing.root.string());
-
-  std::vector<index::IndexedSource> indexed;
-  {
-    // The LMDB environment is closed before the daemon forks.
-    index::Store store(args.index_dir.empty() ? index::default_dir()
-                                              : std::filesystem::path(args.index_dir));
-    indexed = index::index_sources(store, paths);
-  }
-  std::map<int64_t, index::IndexedSource> sources;
-  for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
-  if (!choice.mixed_allowed) plan::check_step_scalars(sources);
-  return plan::make_plan(std::move(sources), src ? &*src : nullptr, dst ? &*dst : nullptr,
-                         view_options(args));
+  return tree;
 }
 
 void say(const Notes& notes) {
@@ -134,7 +160,7 @@ void run_mount(const MountArgs& args) {
   if (!std::filesystem::is_directory(args.mountpoint, ec))
     fail("mountpoint {} is not a directory", args.mountpoint);
   Notes notes;
-  auto tree = std::make_unique<fs::Tree>(build_plan(args, notes));
+  std::unique_ptr<fs::Tree> tree = build_tree(args, notes);
   notes.plan_warnings = tree->plan().warnings;
   fs::MountOptions options = mount_options(args);
   options.on_mounted = [&notes] { say(notes); };

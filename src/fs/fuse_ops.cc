@@ -178,7 +178,8 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     const Tree& tree = *server(req).tree;
     fuse_entry_param e{};
     e.attr_timeout = kTimeout;
-    e.entry_timeout = kTimeout;
+    // Names in /steps come and go while mounted: the kernel asks again every time.
+    e.entry_timeout = parent == Tree::kStepsIno ? 0 : kTimeout;
     e.ino = tree.lookup(parent, name);
     if (e.ino == 0) {
       struct stat st;
@@ -190,7 +191,8 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
         fuse_reply_err(req, ENOTDIR);
         return;
       }
-      // ino 0 is a negative entry the kernel caches for entry_timeout: the tree is fixed.
+      // ino 0 is a negative entry the kernel caches for entry_timeout: the tree is fixed
+      // (but for /steps, whose timeout is 0).
       fuse_reply_entry(req, &e);
       return;
     }
@@ -206,7 +208,7 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
       fuse_reply_err(req, ENOENT);
       return;
     }
-    fuse_reply_attr(req, &st, kTimeout);
+    fuse_reply_attr(req, &st, ino == Tree::kStepsIno ? 0 : kTimeout);
   });
 }
 
@@ -225,9 +227,9 @@ void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       fuse_reply_err(req, EROFS);
       return;
     }
-    // Listings never change: let the kernel cache them across opens.
-    fi->cache_readdir = 1;
-    fi->keep_cache = 1;
+    // Listings never change, but /steps: let the kernel cache the others across opens.
+    fi->cache_readdir = ino == Tree::kStepsIno ? 0 : 1;
+    fi->keep_cache = ino == Tree::kStepsIno ? 0 : 1;
     fuse_reply_open(req, fi);
   });
 }
@@ -281,8 +283,9 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fi->keep_cache = cached ? 1 : 0;
     fi->noflush = 1;  // nothing to flush on close
     fi->fh = 0;
-    // The kernel reads ahead for page-cache files itself.
-    if (s.prefetcher && !cached)
+    // The kernel reads ahead for page-cache files itself. A step's runs index its own
+    // sources: no read-ahead there (nor splicing, below).
+    if (s.prefetcher && !cached && !Tree::in_steps(ino))
       fi->fh = reinterpret_cast<uint64_t>(new StreamHandle{s.prefetcher->open(ino)});
     if (fuse_reply_open(req, fi) != 0) delete stream_of(fi);  // interrupted: no release follows
   });
@@ -315,7 +318,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     // one copy per byte (splice) beats two (gather, then reply) although the kernel's copy out
     // of the page cache is slower. A lone reader is served faster by gathering ahead while its
     // previous reply is copied.
-    if (s.stage &&
+    if (s.stage && !Tree::in_steps(ino) &&
         (s.splice == Server::Splice::kAlways ||
          s.readers.note(fi != nullptr && fi->fh != 0 ? fi->fh : ino)) &&
         reply_spliced(req, s, ino, static_cast<uint64_t>(off), size, got)) {

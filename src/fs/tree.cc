@@ -58,9 +58,37 @@ const Tree::Node* Tree::node(uint64_t ino) const {
   return ino >= 2 && ino - 2 < nodes_.size() ? &nodes_[ino - 2] : nullptr;
 }
 
+void Tree::set_steps(std::shared_ptr<Steps> steps) { steps_ = std::move(steps); }
+
+std::pair<std::shared_ptr<const Tree>, uint64_t> Tree::step_of(uint64_t ino, bool plan) const {
+  if (!steps_ || ino <= kStepsIno) return {nullptr, 0};
+  const uint64_t rel = ino - kStepsIno;
+  const uint64_t index = (rel >> 32) - 1;
+  const uint64_t local = rel & 0xffffffffu;
+  if (index > UINT32_MAX || local == 0) return {nullptr, 0};
+  const auto i = static_cast<uint32_t>(index);
+  return {plan ? steps_->tree(i) : steps_->planned(i), local};
+}
+
 uint64_t Tree::lookup(uint64_t parent, std::string_view name) const {
+  if (in_steps(parent)) {
+    if (!steps_) return 0;
+    if (parent == kStepsIno) {
+      if (name == kDot) return kStepsIno;
+      if (name == kDotDot) return kRootIno;
+      const std::optional<uint32_t> index = steps_->find(name);
+      // The first lookup of a step plans it.
+      return index && steps_->tree(*index) ? step_ino(*index, kRootIno) : 0;
+    }
+    const auto [tree, local] = step_of(parent, false);
+    if (!tree) return 0;
+    if (local == kRootIno && name == kDotDot) return kStepsIno;
+    const uint64_t found = tree->lookup(local, name);
+    return found == 0 ? 0 : step_ino(tree->step_index(), found);
+  }
   if (parent == kRootIno) {
     if (name == kDot || name == kDotDot) return kRootIno;
+    if (steps_ && name == kStepsName) return kStepsIno;
     auto it = root_index_.find(name);
     return it == root_index_.end() ? 0 : it->second;
   }
@@ -75,11 +103,21 @@ uint64_t Tree::lookup(uint64_t parent, std::string_view name) const {
 
 bool Tree::stat(uint64_t ino, struct stat& st) const {
   st = {};
+  if (in_steps(ino) && ino != kStepsIno) {
+    const auto [tree, local] = step_of(ino, false);
+    if (!tree || !tree->stat(local, st)) return false;
+    st.st_ino = ino;
+    return true;
+  }
   const Node* n = node(ino);
   if (ino == kRootIno) {
     st.st_mode = S_IFDIR | 0555;
     // Each subdirectory's ".." links to the root; tools like find rely on this count.
-    st.st_nlink = 2 + dirs_.size();
+    st.st_nlink = 2 + dirs_.size() + (steps_ ? 1 : 0);
+  } else if (ino == kStepsIno) {
+    if (!steps_) return false;
+    st.st_mode = S_IFDIR | 0555;
+    st.st_nlink = 2 + steps_->list().size();
   } else if (n != nullptr && n->is_dir) {
     st.st_mode = S_IFDIR | 0555;
     st.st_nlink = 2;
@@ -102,12 +140,30 @@ bool Tree::stat(uint64_t ino, struct stat& st) const {
 
 std::vector<Tree::DirEntry> Tree::list(uint64_t ino) const {
   std::vector<DirEntry> out;
+  if (in_steps(ino)) {
+    if (!steps_) return out;
+    if (ino == kStepsIno) {
+      out.push_back({kStepsIno, kDot, true});
+      out.push_back({kRootIno, kDotDot, true});
+      for (const Steps::Entry& e : steps_->list())
+        out.push_back({step_ino(e.index, kRootIno), e.name, true});
+      return out;
+    }
+    const auto [tree, local] = step_of(ino, false);
+    if (!tree) return out;
+    out = tree->list(local);
+    for (DirEntry& e : out)
+      e.ino =
+          local == kRootIno && e.name == kDotDot ? kStepsIno : step_ino(tree->step_index(), e.ino);
+    return out;
+  }
   const Node* n = node(ino);
   if (ino == kRootIno) {
-    out.reserve(2 + dirs_.size());
+    out.reserve(3 + dirs_.size());
     out.push_back({kRootIno, kDot, true});
     out.push_back({kRootIno, kDotDot, true});
     for (const Dir& d : dirs_) out.push_back({d.ino, d.name, true});
+    if (steps_) out.push_back({kStepsIno, kStepsName, true});
   } else if (n != nullptr && n->is_dir) {
     out.push_back({ino, kDot, true});
     out.push_back({kRootIno, kDotDot, true});
@@ -122,6 +178,12 @@ const plan::VirtualFile* Tree::file(uint64_t ino) const {
 }
 
 const plan::TargetFile* Tree::target(uint64_t ino) const {
+  if (in_steps(ino)) {
+    // The step's Tree outlives this pointer's use: Steps keeps a dropped one for its grace
+    // period.
+    const auto [tree, local] = step_of(ino, false);
+    return tree ? tree->target(local) : nullptr;
+  }
   const Node* n = node(ino);
   return n == nullptr || n->is_dir ? nullptr : &plan_.targets[n->index];
 }
@@ -163,6 +225,11 @@ int Tree::check_source(uint32_t source) const {
 }
 
 int Tree::check_file(uint64_t ino) const {
+  if (ino == kStepsIno) return steps_ ? EISDIR : ENOENT;
+  if (in_steps(ino)) {
+    const auto [tree, local] = step_of(ino, false);
+    return tree ? tree->check_file(local) : ENOENT;
+  }
   const plan::VirtualFile* f = file(ino);
   if (f == nullptr) return ino == kRootIno || node(ino) != nullptr ? EISDIR : ENOENT;
   for (uint32_t s : f->sources()) {
@@ -209,6 +276,11 @@ int Tree::check_sources(std::span<const uint32_t> sources) const {
 int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got,
                     std::vector<uint32_t>* sources) const {
   got = 0;
+  if (in_steps(ino) && ino != kStepsIno) {
+    // A step dropped after its grace period: its sources are closed, the bytes gone.
+    const auto [tree, local] = step_of(ino, false);
+    return tree ? tree->read_into(local, off, buf, got, sources) : EIO;
+  }
   const plan::VirtualFile* f = file(ino);
   if (f == nullptr) return lookup(ino, kDot) != 0 ? EISDIR : ENOENT;
   if (off >= f->size() || buf.empty()) return 0;

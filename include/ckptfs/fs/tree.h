@@ -1,6 +1,9 @@
 // The mounted tree without FUSE: fixed inodes for "/", "rank_N/" and the files of each rank,
 // lookups, attributes, listings, and reads mapped to runs with a check that the sources read are
-// unchanged. The FUSE adapter only translates kernel requests into calls on this.
+// unchanged. The FUSE adapter only translates kernel requests into calls on this. With Steps,
+// "/steps/<epoch>_<step>/" holds each step's own Tree, at inodes from kStepsIno up: lookup,
+// stat, list, file, target, check_file and read_into serve them; the run-level calls
+// (check_sources, gather) and plan() are for this tree's own files only.
 #pragma once
 
 #include <sys/stat.h>
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "ckptfs/fs/mapped_sources.h"
+#include "ckptfs/fs/steps.h"
 #include "ckptfs/plan/planner.h"
 
 namespace ckptfs::fs {
@@ -28,6 +32,12 @@ class Tree {
   // st_blksize of the files: what `cp`/`cat` size their reads by. 1 MiB is the largest READ
   // the kernel sends (max_pages_limit 256), so each such read is one round trip.
   static constexpr uint32_t kBlockSize = 1024 * 1024;
+  // "/steps"; a step's inodes are kStepsIno + ((index + 1) << 32) + its own Tree's inode.
+  static constexpr uint64_t kStepsIno = uint64_t{1} << 62;
+  static constexpr std::string_view kStepsName = "steps";
+  // Whether `ino` is "/steps" or below it: changes while mounted, and not for read-ahead or
+  // splicing (their runs index this tree's sources).
+  static bool in_steps(uint64_t ino) { return ino >= kStepsIno; }
 
   // Takes the uid/gid of the calling user and the current time as every inode's owner and
   // mtime/ctime/atime: the content is fixed for the life of the mount. Maps every source file
@@ -37,6 +47,12 @@ class Tree {
   Tree(Tree&&) noexcept;
   Tree& operator=(Tree&&) noexcept;
   ~Tree();
+
+  // Adds "/steps" (shared: the mount's Tree and the tests may both hold it).
+  void set_steps(std::shared_ptr<Steps> steps);
+  // Which step this Tree serves under "/steps" (set by Steps).
+  void set_step_index(uint32_t index) { step_index_ = index; }
+  uint32_t step_index() const { return step_index_; }
 
   // 0 if not found (or `parent` is not a directory).
   uint64_t lookup(uint64_t parent, std::string_view name) const;
@@ -100,7 +116,15 @@ class Tree {
   // Null for the root and for inodes that do not exist.
   const Node* node(uint64_t ino) const;
 
+  // The step Tree and its own inode for an inode below "/steps/<name>/"; null if none.
+  std::pair<std::shared_ptr<const Tree>, uint64_t> step_of(uint64_t ino, bool plan) const;
+  static uint64_t step_ino(uint32_t index, uint64_t local) {
+    return kStepsIno + ((uint64_t{index} + 1) << 32) + local;
+  }
+
   plan::Plan plan_;
+  std::shared_ptr<Steps> steps_;
+  uint32_t step_index_ = 0;
   // inode layout: 1 = root, then each rank directory followed by its files
   std::vector<Node> nodes_;  // inode 2 + k
   std::vector<Dir> dirs_;
