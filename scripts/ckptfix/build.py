@@ -93,7 +93,12 @@ def write_checkpoint(path: str, records, crc: bool = False,
 MINDSPORE_METADATA = {"format": "ms"}
 
 
-def write_safetensors_source(path: str, records) -> int:
+# What MindSpore >= 2.7 adds for CheckpointConfig(remove_redundancy=True) (the key order of a
+# two-key metadata varies from run to run in MindSpore; this writer keeps this one).
+DEDUP_METADATA = {"format": "ms", "remove_redundancy": "True"}
+
+
+def write_safetensors_source(path: str, records, dedup: bool = False) -> int:
     """A MindSpore >= 2.7 save_checkpoint(..., format="safetensors") of `records`."""
     entries = []
     for r in records:
@@ -101,7 +106,7 @@ def write_safetensors_source(path: str, records) -> int:
             raise CaseError(f"{r.name}: a {r.tensor_type} entry cannot be saved as safetensors")
         shape = [] if r.is_scalar else list(r.dims)
         entries.append(stio.Entry(r.name, r.tensor_type, shape, r.nbytes, r.chunks))
-    return stio.write(path, entries, MINDSPORE_METADATA)
+    return stio.write(path, entries, DEDUP_METADATA if dedup else MINDSPORE_METADATA)
 
 
 def source_file_name(case: Case) -> str:
@@ -117,7 +122,7 @@ def _write_sources(case: Case, plan: SourcePlan, src_dir: str) -> Dict[int, str]
 
     def write_one(path, records):
         if safetensors:
-            write_safetensors_source(path, records)
+            write_safetensors_source(path, records, opts.remove_redundancy)
         else:
             write_checkpoint(path, records, opts.crc, opts.src_chunk_bytes, opts.src_chunk_style)
 
