@@ -437,7 +437,8 @@ def as_safetensors(d: dict) -> dict:
 
 # Safetensors-source twins of the layouts (strings cannot be saved as safetensors).
 SAFETENSORS_TWINS = ["demo", "8to4_dtypes", "8to1_merge", "1to8_split", "opt_src", "opt_dst",
-                     "pipeline_src_dir", "pipeline_dst", "json", "multiaxis", "rankdirs", "4to6",
+                     "pipeline_src_dir", "pipeline_src_merged", "pipeline_dst", "json", "multiaxis",
+                     "rankdirs", "4to6",
                      "llama13b_to4"]
 for _name in SAFETENSORS_TWINS:
     BUILTINS["st_" + _name] = (lambda n: lambda **kw: as_safetensors(BUILTINS[n](**kw)))(_name)

@@ -126,6 +126,8 @@ def plan_target(case: Case, plan: SourcePlan, t: int, src_map=None, dst_map=None
     if missing:
         raise ExpectationError(f"target {t} needs source ranks {missing}, which do not exist")
     safetensors = case.options.source_format == "safetensors"
+    if safetensors and src_map is not None and src_map.stages > 1:
+        return _plan_target_by_stage(case, plan, t, maps, rank_list)
     names = [n for n in load_order_names(plan, rank_list, safetensors) if not maps.dropped(n)]
     resharded = [n for n in names if maps.resharded(n)]
     passthrough = [n for n in names if not maps.resharded(n)]
@@ -139,6 +141,31 @@ def plan_target(case: Case, plan: SourcePlan, t: int, src_map=None, dst_map=None
     target.all_records = list(target.records)
     # A 0-byte parameter gets no record from MindSpore's ≥2.3 saver.
     target.records = [r for r in target.records if r.nbytes > 0]
+    return target
+
+
+def _plan_target_by_stage(case: Case, plan: SourcePlan, t: int, maps: TargetMaps,
+                          rank_list: List[int]) -> TargetPlan:
+    """Safetensors sources saved in pipeline stages: MindSpore transforms each source stage on
+    its own (its files, its part of the strategy) and merges the results with dict.update in
+    stage order, so an entry sits where the first stage put it and holds the last stage's value
+    (mindspore-safetensors.md §2.2; seen so with MindSpore 2.7.2)."""
+    merged: Dict[str, ExpectedRecord] = {}
+    for st in range(case.src.stages):
+        stage_ranks = [g for g in rank_list if g // maps.n_src == st]
+        if not stage_ranks:
+            continue
+        names = [n for n in load_order_names(plan, stage_ranks, True) if not maps.dropped(n)]
+        resharded = [n for n in names if maps.resharded(n)]
+        passthrough = [n for n in names if not maps.resharded(n)]
+        t_local = maps.t_local if resharded else 0
+        records = [_reshard_record(case, plan, maps, n) for n in resharded]
+        records += [_passthrough_record(plan, stage_ranks, maps, n, t_local) for n in passthrough]
+        for r in records:
+            merged[r.name] = r
+    target = TargetPlan(t, maps.t_stage, maps.t_local, rank_list)
+    target.all_records = list(merged.values())
+    target.records = [r for r in target.all_records if r.nbytes > 0]
     return target
 
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "ckptfs/plan/step_scalars.h"
 #include "ckptfs/source/discover.h"
 #include "ckptfs/source/step_choice.h"
+#include "ckptfs/source/unified.h"
 #include "ckptfs/strategy/strategy.h"
 #include "commands.h"
 
@@ -107,8 +109,42 @@ struct Planning {
   }
 };
 
+// A unified_safetensors directory: one full checkpoint in several files.
+std::unique_ptr<fs::Tree> build_unified_tree(const MountArgs& args,
+                                             const source::UnifiedDir& unified, Notes& notes) {
+  if (!args.src_strategy.empty())
+    fail(
+        "{}: a unified_safetensors directory ({} beside part*.safetensors) is one full "
+        "checkpoint; omit --src-strategy",
+        args.src_dir, source::kParamNameMap);
+  notes.chosen =
+      fmt::format("{}: a unified checkpoint of {} files", args.src_dir, unified.files.size());
+  std::optional<strategy::Strategy> dst;
+  if (!args.dst_strategy.empty()) dst = strategy::read_strategy(args.dst_strategy);
+  std::vector<index::IndexedSource> parts;
+  {
+    // The LMDB environment is closed before the daemon forks.
+    index::Store store(args.index_dir.empty() ? index::default_dir()
+                                              : std::filesystem::path(args.index_dir));
+    parts = index::index_sources(store, unified.files);
+  }
+  // The map must agree with the files, or a parameter would silently come from nowhere.
+  std::map<std::string, std::set<std::string_view>> held;
+  for (const index::IndexedSource& part : parts)
+    for (const ckpt::Param& p : part.scan.params)
+      held[part.file.path.filename().string()].insert(p.name);
+  for (const auto& [name, file] : unified.weight_map)
+    if (!held[file].count(name))
+      fail("{}: {} names parameter {} in {}, which does not hold it", args.src_dir,
+           source::kParamNameMap, name, file);
+  return std::make_unique<fs::Tree>(
+      plan::make_unified_plan(std::move(parts), dst ? &*dst : nullptr, view_options(args)));
+}
+
 // The chosen step's tree, with /steps when the source has steps.
 std::unique_ptr<fs::Tree> build_tree(const MountArgs& args, Notes& notes) {
+  if (const std::optional<source::UnifiedDir> unified = source::read_unified(args.src_dir))
+    return build_unified_tree(args, *unified, notes);
   const source::Listing listing = source::list_sources(args.src_dir);
   const source::Choice choice =
       source::choose(listing, source::StepRequest::parse(args.step, args.allow_mixed_steps));

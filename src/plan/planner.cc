@@ -42,32 +42,45 @@ class SourceSet {
  public:
   static constexpr uint32_t kNoId = std::numeric_limits<uint32_t>::max();
 
+  // A rank may have several files (the parts of a unified checkpoint): they are one file to
+  // the planner, in the order given, each name read from the file that holds it.
   SourceSet(std::vector<index::IndexedSource>& sources, const std::vector<int64_t>& ranks) {
     // Files usually list the same names in the same order: a name is compared with the one at
     // its position in the previous file first, and hashed only when they differ.
     const File* prev = nullptr;
     for (size_t i = 0; i < sources.size(); ++i) {
-      File& file = by_rank_[ranks[i]];
-      file.index = static_cast<uint32_t>(i);
-      file.path = sources[i].file.path.string();
-      file.order = &sources[i].scan.params;
-      const std::vector<ckpt::Param>& params = *file.order;
-      file.ids.resize(params.size());
-      for (size_t k = 0; k < params.size(); ++k) {
-        if (prev && k < prev->order->size() && (*prev->order)[k].name == params[k].name) {
+      auto [at, first_part] = by_rank_.try_emplace(ranks[i]);
+      File& file = at->second;
+      if (first_part) {
+        file.index = static_cast<uint32_t>(i);
+        file.path = sources[i].file.path.string();
+      }
+      const size_t base = file.order.size();
+      for (const ckpt::Param& p : sources[i].scan.params) {
+        file.order.push_back(&p);
+        file.sources.push_back(static_cast<uint32_t>(i));
+      }
+      file.ids.resize(file.order.size());
+      for (size_t k = base; k < file.order.size(); ++k) {
+        const ckpt::Param& p = *file.order[k];
+        if (first_part && prev && k < prev->order.size() && prev->order[k]->name == p.name) {
           file.ids[k] = prev->ids[k];
           continue;
         }
-        auto [it, inserted] = ids_.try_emplace(params[k].name, static_cast<uint32_t>(any_.size()));
-        if (inserted) any_.push_back(&params[k]);
+        auto [it, inserted] = ids_.try_emplace(p.name, static_cast<uint32_t>(any_.size()));
+        if (inserted) any_.push_back(&p);
         file.ids[k] = it->second;
       }
       prev = &file;
     }
     for (auto& [rank, file] : by_rank_) {
       file.by_id.assign(any_.size(), nullptr);
-      for (size_t k = 0; k < file.ids.size(); ++k)
-        if (!file.by_id[file.ids[k]]) file.by_id[file.ids[k]] = &(*file.order)[k];
+      file.source_by_id.assign(any_.size(), file.index);
+      for (size_t k = 0; k < file.ids.size(); ++k) {
+        if (file.by_id[file.ids[k]]) continue;
+        file.by_id[file.ids[k]] = file.order[k];
+        file.source_by_id[file.ids[k]] = file.sources[k];
+      }
     }
   }
 
@@ -82,12 +95,16 @@ class SourceSet {
   const ckpt::Param* find_any(uint32_t id) const { return id < any_.size() ? any_[id] : nullptr; }
 
   struct File {
-    uint32_t index = 0;
+    uint32_t index = 0;  // the source (first part) that names this file in messages
     std::string path;
-    const std::vector<ckpt::Param>* order = nullptr;
+    std::vector<const ckpt::Param*> order;
+    std::vector<uint32_t> sources;          // the source holding order[k]
     std::vector<uint32_t> ids;              // of order[k]
     std::vector<const ckpt::Param*> by_id;  // null where the file lacks the name
+    std::vector<uint32_t> source_by_id;
     const ckpt::Param* find(uint32_t id) const { return id < by_id.size() ? by_id[id] : nullptr; }
+    // The source a found name is read from.
+    uint32_t source_of(uint32_t id) const { return source_by_id[id]; }
   };
 
   const File* file(int64_t rank) const {
@@ -220,18 +237,46 @@ class Planner {
         dst_(dst),
         safetensors_rules_(safetensors_rules) {}
 
+  // Safetensors sources saved in pipeline stages: MindSpore transforms each source stage on its
+  // own and merges the results with dict.update in stage order, so an entry keeps the place the
+  // first stage gave it and the value of the last (seen so with MindSpore 2.7.2).
+  std::vector<Entry> by_stage(const TargetMaps& maps, const std::vector<int64_t>& load_order,
+                              int64_t t) {
+    std::vector<Entry> entries;
+    std::unordered_map<std::string_view, size_t> at;
+    for (int64_t st = 0; st < static_cast<int64_t>(src_->num_stages); ++st) {
+      std::vector<int64_t> stage_order;
+      for (int64_t g : load_order)
+        if (stage_of(g) == st) stage_order.push_back(g);
+      if (stage_order.empty()) continue;
+      for (Entry& e : entries_for(maps, stage_order, t)) {
+        auto [it, inserted] = at.try_emplace(e.name, entries.size());
+        if (inserted)
+          entries.push_back(std::move(e));
+        else
+          entries[it->second] = std::move(e);
+      }
+    }
+    return entries;
+  }
+
   // The entries of target t, in the .ckpt view's record order: resharded parameters in L order,
   // then passthrough entries.
   std::vector<Entry> plan_target(int64_t t) {
     TargetMaps maps(src_, dst_, t);
     const std::vector<int64_t> load_order = load_order_for(maps);
+    if (safetensors_rules_ && src_ && src_->num_stages > 1) return by_stage(maps, load_order, t);
+    return entries_for(maps, load_order, t);
+  }
 
-    const std::vector<ParamRef>& order = first_appearance(load_order);
-
+  // What loading the files of `load_order` gives target t: resharded parameters in L order, then
+  // passthrough entries.
+  std::vector<Entry> entries_for(const TargetMaps& maps, const std::vector<int64_t>& load_order,
+                                 int64_t t) {
     std::vector<Entry> entries;
     std::vector<ParamRef> passthrough;
     size_t resharded = 0;
-    for (const ParamRef& ref : order) {
+    for (const ParamRef& ref : first_appearance(load_order)) {
       const ckpt::Param& p = *ref.param;
       switch (maps.role(p.name)) {
         case TargetMaps::Role::Drop:
@@ -485,7 +530,8 @@ class Planner {
     // The block of source rank `local`, if its file is there and holds the parameter.
     auto usable = [&](int64_t local) -> SourceBlock {
       const SourceSet::File* f = files_.file(stage * maps.src_devices() + local);
-      return f ? SourceBlock{f->index, f->find(ref.id)} : SourceBlock{};
+      const ckpt::Param* p = f ? f->find(ref.id) : nullptr;
+      return p ? SourceBlock{f->source_of(ref.id), p} : SourceBlock{};
     };
     for (int64_t local : candidates)
       if (std::binary_search(preferred.begin(), preferred.end(), local))
@@ -540,7 +586,7 @@ class Planner {
     if (!from) from = lowest_holder(false);
     if (!from) fail("target rank {}: no loaded source file holds parameter {}", t, p.name);
     const ckpt::Param& q = *from->find(ref.id);
-    return Entry{q.name, q.dtype, q.kind, q.shape, nullptr, &q, from->index};
+    return Entry{q.name, q.dtype, q.kind, q.shape, nullptr, &q, from->source_of(ref.id)};
   }
 
   // A file of the parameter's stage whose rank holds the same source block as local rank
@@ -650,23 +696,36 @@ std::string TargetFile::file_name() const {
   return name.empty() ? fmt::format("checkpoint_{}.ckpt", rank) : name;
 }
 
+namespace {
+
+// All sources one format; MindSpore refuses to transform a mix (spec mindspore-safetensors.md
+// §2.1). True for safetensors.
+template <typename Sources>
+bool safetensors_rules(const Sources& sources) {
+  const index::IndexedSource& first = sources.begin()->second;
+  for (const auto& [rank, source] : sources)
+    if (source.scan.format != first.scan.format)
+      fail("{} and {}: the sources mix .ckpt and .safetensors checkpoints; keep one format",
+           first.file.path.string(), source.file.path.string());
+  return first.scan.format == ckpt::SourceFormat::Safetensors;
+}
+
+Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strategy* dst,
+                const ViewOptions& views, bool safetensors_rules);
+
+}  // namespace
+
 Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::Strategy* src,
                const strategy::Strategy* dst, const ViewOptions& views) {
   if (!src && !dst)
     fail("give --src-strategy, --dst-strategy or both: with neither there is nothing to reshard");
   if (sources.empty()) fail("no source checkpoint found (expected rank_<N>/*.ckpt directories)");
   if (!views.ckpt && !views.safetensors) fail("no view chosen: give ckpt, safetensors or both");
-  // MindSpore refuses to transform a mix (spec mindspore-safetensors.md §2.1).
-  const ckpt::SourceFormat format = sources.begin()->second.scan.format;
-  for (const auto& [rank, source] : sources)
-    if (source.scan.format != format)
-      fail("{} and {}: the sources mix .ckpt and .safetensors checkpoints; keep one format",
-           sources.begin()->second.file.path.string(), source.file.path.string());
-  const bool safetensors_rules = format == ckpt::SourceFormat::Safetensors;
+  const bool st_rules = safetensors_rules(sources);
   std::vector<int64_t> ranks;
   for (auto& [rank, source] : sources) {
     // MindSpore's safetensors transform has no duplicate or __param_key__ rules.
-    if (!safetensors_rules) source.scan.params = ckpt::loaded_params(std::move(source.scan));
+    if (!st_rules) source.scan.params = ckpt::loaded_params(std::move(source.scan));
     ranks.push_back(rank);
   }
   // The directory holding the rank directories, for messages.
@@ -679,6 +738,29 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
     plan.source_ranks.push_back(rank);
     plan.sources.push_back(std::move(source));
   }
+  return plan_views(std::move(plan), src, dst, views, st_rules);
+}
+
+Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::Strategy* dst,
+                       const ViewOptions& views) {
+  if (!dst) fail("give --dst-strategy: a unified checkpoint is already one full checkpoint");
+  if (parts.empty()) fail("no part of the unified checkpoint found");
+  if (!views.ckpt && !views.safetensors) fail("no view chosen: give ckpt, safetensors or both");
+  std::vector<std::pair<int64_t, index::IndexedSource>> ranked;
+  for (auto& part : parts) ranked.emplace_back(0, std::move(part));
+  const bool st_rules = safetensors_rules(ranked);
+  Plan plan;
+  for (auto& [rank, source] : ranked) {
+    plan.source_ranks.push_back(rank);
+    plan.sources.push_back(std::move(source));
+  }
+  return plan_views(std::move(plan), nullptr, dst, views, st_rules);
+}
+
+namespace {
+
+Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strategy* dst,
+                const ViewOptions& views, bool safetensors_rules) {
   Planner planner(plan, src, dst, safetensors_rules);
   const int64_t targets = dst ? dst->devices_per_stage * dst->num_stages : 1;
   std::set<std::string> left_out;
@@ -702,5 +784,7 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
   }
   return plan;
 }
+
+}  // namespace
 
 }  // namespace ckptfs::plan

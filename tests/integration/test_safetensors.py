@@ -302,6 +302,82 @@ def check_bad_input(args):
         f.write(good)
 
 
+def write_unified(fx, out, wrapped):
+    """MindSpore's unified_safetensors layout of the full source rank_0 of `fx`: parameters
+    split over part0/part1, extras in hyper_param.safetensors, and the map in either form."""
+    from ckptfix import stio  # the generator's own writer (written from the spec)
+    src = fx.source_files[0]
+    meta, entries, data_start = stio.read_header(src)
+    raw = itest.read_file(src)
+    params = sorted(p.name for p in fx.case.params)
+    extras = {e.name for e in fx.case.extras}
+    groups = {"part0.safetensors": params[::2], "part1.safetensors": params[1::2],
+              "hyper_param.safetensors": sorted(extras)}
+    os.makedirs(out)
+    weight_map = {}
+    for file, names in groups.items():
+        items = []
+        for n in names:
+            code, shape, b, e = entries[n]
+            blob = raw[data_start + b:data_start + e]
+            items.append(stio.Entry(n, stio.TYPE_OF[code], shape, e - b,
+                                    (lambda blob=blob: iter([blob]))))
+            if file != "hyper_param.safetensors":
+                weight_map[n] = file
+        stio.write(os.path.join(out, file), items, {"format": "ms"})
+    doc = {"metadata": {"total_size": 0}, "weight_map": weight_map} if wrapped else weight_map
+    with open(os.path.join(out, "param_name_map.json"), "w") as f:
+        json.dump(doc, f)
+    return groups
+
+
+def check_unified(args):
+    """A unified_safetensors directory as a full source: the .safetensors view is the same file
+    as from the single-file source (its layout does not depend on entry order); the .ckpt view
+    holds the same records, resharded ones in part order."""
+    from ckptfix import stio
+    work = os.path.join(args.work, "unified")
+    fx = ckpt_fixture.make_builtin("st_1to8_split", os.path.join(work, "fixture"))
+    for wrapped in (False, True):
+        udir = os.path.join(work, f"unified{int(wrapped)}")
+        groups = write_unified(fx, udir, wrapped)
+        mnt = os.path.join(work, "mnt")
+        with itest.mounted(args.ckptfs, udir, mnt, dst_strategy=fx.dst_strategy,
+                           index_dir=os.path.join(work, "index")):
+            for t, st_path in fx.expected_safetensors_files().items():
+                got = os.path.join(mnt, f"rank_{t}", f"checkpoint_{t}.safetensors")
+                assert itest.read_file(got) == itest.read_file(st_path), f"rank {t} differs"
+                ckpt = itest.read_file(os.path.join(mnt, f"rank_{t}", f"checkpoint_{t}.ckpt"))
+                want = itest.read_file(fx.expected_files()[t])
+                pb = checkpoint_pb2(work)
+                a, b = pb.Checkpoint(), pb.Checkpoint()
+                a.ParseFromString(ckpt)
+                b.ParseFromString(want)
+                assert sorted(v.SerializeToString() for v in a.value) == \
+                    sorted(v.SerializeToString() for v in b.value), f"rank {t}: records differ"
+                # Each part's entries in its data-offset order, part0 first.
+                order = [n for part in ("part0.safetensors", "part1.safetensors")
+                         for n in stio.read_header(os.path.join(udir, part))[1]]
+                resharded = {r["name"] for r in fx.targets[t]["records"]
+                             if r["role"] == "reshard"}
+                tags = [v.tag for v in a.value if v.tag in resharded]
+                assert tags == [n for n in order if n in resharded], f"rank {t}: order {tags}"
+    # A map naming a parameter its file lacks, and --src-strategy on a unified directory.
+    udir = os.path.join(work, "unified1")
+    with open(os.path.join(udir, "param_name_map.json")) as f:
+        doc = json.load(f)
+    name = next(iter(doc["weight_map"]))
+    doc["weight_map"][name] = "part1.safetensors" if doc["weight_map"][name] == \
+        "part0.safetensors" else "part0.safetensors"
+    with open(os.path.join(udir, "param_name_map.json"), "w") as f:
+        json.dump(doc, f)
+    line = mount_error(args, udir, os.path.join(work, "bad1"), dst_strategy=fx.dst_strategy)
+    assert name in line and "does not hold it" in line, line
+    line = mount_error(args, udir, os.path.join(work, "bad2"), dst_strategy=fx.dst_strategy,
+                       src_strategy=fx.dst_strategy)
+    assert "omit --src-strategy" in line, line
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
@@ -310,6 +386,7 @@ def main():
     checks.run("inspect", check_inspect, args)
     checks.run("views and prefix", check_views_and_prefix, args)
     checks.run("bad input", check_bad_input, args)
+    checks.run("unified_safetensors directory as a source", check_unified, args)
     checks.finish()
 
 

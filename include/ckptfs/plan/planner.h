@@ -48,4 +48,10 @@ struct Plan {
 Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::Strategy* src,
                const strategy::Strategy* dst, const ViewOptions& views = {});
 
+// A full checkpoint kept in several files (MindSpore's unified_safetensors output: the parts,
+// then hyper_param.safetensors), resharded to `dst` as if it were one unsharded rank_0 file
+// listing the parts' entries in the order given.
+Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::Strategy* dst,
+                       const ViewOptions& views = {});
+
 }  // namespace ckptfs::plan
