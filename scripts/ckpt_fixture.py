@@ -177,7 +177,7 @@ def _cmd_diff(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shared", default=None,
-                        help="shared/ dir (default: $CKPTFS_SHARED_DIR or <repo>/../shared)")
+                        help="data dir for shared: paths (default: $CKPTFS_SHARED_DIR or <repo>/tests/data)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="list builtin cases")

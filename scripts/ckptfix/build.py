@@ -19,8 +19,10 @@ from .case import Case, CaseError, format_json
 from .expected import TargetPlan, plan_targets
 from .sources import SourcePlan, TensorBank, source_records
 
-DEFAULT_SHARED = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..",
-                                               "shared"))
+# "shared:<path>" names a file of the tests' own data folder (tests/data), which holds real
+# fixtures under the same relative paths as the project's shared/ folder.
+DEFAULT_SHARED = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "tests",
+                                               "data"))
 
 
 def shared_dir(explicit: Optional[str] = None) -> str:

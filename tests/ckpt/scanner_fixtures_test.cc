@@ -1,4 +1,4 @@
-// The scanner on the real MindSpore files of shared/fixtures/real, checked twice: against the
+// The scanner on the real MindSpore files of tests/data/fixtures/real, checked twice: against the
 // decodes listed in that folder's README, and against Google's protobuf parser, which must find
 // each tensor_content exactly at the offsets the scanner reports.
 #include <gmock/gmock.h>
@@ -26,7 +26,7 @@ using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using testsupport::read_file;
 
-const std::string kReal = std::string(CKPTFS_SHARED_DIR) + "/fixtures/real/";
+const std::string kReal = std::string(CKPTFS_TEST_DATA) + "/fixtures/real/";
 
 struct Expected {
   std::string name;
@@ -63,7 +63,7 @@ std::vector<Expected> concat(Lists... lists) {
   return out;
 }
 
-// Transcribed from shared/fixtures/real/README.md ("Decoded contents").
+// Transcribed from tests/data/fixtures/real/README.md ("Decoded contents").
 std::vector<Fixture> fixtures() {
   std::vector<Expected> mlp;
   for (int i = 0; i < 4; ++i) {

@@ -2,7 +2,10 @@
 and a tiny check runner that prints the closing "N passed, M failed" line.
 
 Every test script is run by ctest as
-    /usr/bin/python3 test_X.py --ckptfs BIN --shared SHARED_DIR --work WORK_DIR
+    /usr/bin/python3 test_X.py --ckptfs BIN --shared DATA_DIR --work WORK_DIR
+
+where DATA_DIR is the repository's tests/data (real fixtures under fixtures/real/, the same
+relative paths as the project's shared/ folder, so "shared:" fixture paths resolve there).
 """
 
 import argparse

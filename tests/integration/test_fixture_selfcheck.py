@@ -7,7 +7,7 @@ global index, which block holds it (the generator goes the other way, from rank 
 expected files are checked record by record against the reassembled tensors and the source
 records; the spec's own vectors (§1.3, §1.7, §3.2, §3.5, §4.5, appendix B) are checked too.
 
-    /usr/bin/python3 test_fixture_selfcheck.py --ckptfs BIN --shared DIR --work WORKDIR
+    /usr/bin/python3 test_fixture_selfcheck.py --ckptfs BIN --shared DATA_DIR --work WORKDIR
 """
 
 import importlib

@@ -1,7 +1,7 @@
 """End-to-end check of `ckptfs inspect` against Google's Python protobuf parser.
 
 Run by ctest as
-    /usr/bin/python3 test_inspect.py --ckptfs BIN --shared SHARED_DIR --work WORK_DIR
+    /usr/bin/python3 test_inspect.py --ckptfs BIN --shared DATA_DIR --work WORK_DIR
 
 For every real checkpoint fixture and the sources of two generator cases, proto/checkpoint.proto
 is compiled with protoc and the file is parsed with Google's runtime; `ckptfs inspect --json`

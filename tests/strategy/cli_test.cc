@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 namespace pb = mindspore::straspb;
 using ::testing::HasSubstr;
 
-const fs::path kRealStrategy = fs::path(CKPTFS_SHARED_DIR) /
+const fs::path kRealStrategy = fs::path(CKPTFS_TEST_DATA) /
                                "fixtures/real/strategy/"
                                "golden-stick_llama2-13b-2p_ckpt_strategy_rank_0.ckpt";
 

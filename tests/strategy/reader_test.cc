@@ -25,7 +25,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using namespace testsupport;
 
-const fs::path kRealStrategy = fs::path(CKPTFS_SHARED_DIR) /
+const fs::path kRealStrategy = fs::path(CKPTFS_TEST_DATA) /
                                "fixtures/real/strategy/"
                                "golden-stick_llama2-13b-2p_ckpt_strategy_rank_0.ckpt";
 
