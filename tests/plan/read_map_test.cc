@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <memory>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -78,6 +79,9 @@ struct Case {
   Shape target_shape;
   uint32_t element_size;
 };
+
+// Names the case in test listings (and ctest names) instead of dumping its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class ReadMapTest : public ::testing::TestWithParam<Case> {};
 
