@@ -219,6 +219,9 @@ int Tree::check_sources(std::span<const plan::Run> runs) const {
 }
 
 int Tree::check_source(uint32_t source) const {
+  // Once seen changed, always refused: putting the mtime (or even the bytes) back does not make
+  // the views planned from the old bytes right for whatever was read in between.
+  if (reported_[source].load(std::memory_order_relaxed)) return EIO;
   if (plan_.sources[source].file.unchanged()) return 0;
   report(source, "changed since it was mounted");
   return EIO;

@@ -28,6 +28,7 @@ Fingerprint from_stat(const struct stat& st) {
   fp.ino = static_cast<uint64_t>(st.st_ino);
   fp.size = static_cast<uint64_t>(st.st_size);
   fp.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  fp.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
   return fp;
 }
 
@@ -40,6 +41,7 @@ std::string Fingerprint::key() const {
   put_big_endian(out, ino);
   put_big_endian(out, size);
   put_big_endian(out, static_cast<uint64_t>(mtime_ns));
+  put_big_endian(out, static_cast<uint64_t>(ctime_ns));
   return out;
 }
 
@@ -50,6 +52,7 @@ std::optional<Fingerprint> Fingerprint::from_key(std::string_view key) {
   fp.ino = get_big_endian(key.substr(8, 8));
   fp.size = get_big_endian(key.substr(16, 8));
   fp.mtime_ns = static_cast<int64_t>(get_big_endian(key.substr(24, 8)));
+  fp.ctime_ns = static_cast<int64_t>(get_big_endian(key.substr(32, 8)));
   return fp;
 }
 
@@ -77,7 +80,9 @@ SourceFile SourceFile::open(const std::filesystem::path& path) {
 bool SourceFile::unchanged() const {
   struct stat st;
   if (!fd || ::fstat(fd.get(), &st) != 0) return false;
-  return from_stat(st) == fingerprint;
+  Fingerprint now = from_stat(st);
+  if (st.st_nlink == 0) now.ctime_ns = fingerprint.ctime_ns;
+  return now == fingerprint;
 }
 
 }  // namespace ckptfs::source

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "ckptfs/error.h"
+#include "support/test_support.h"
 #include "test_data.h"
 
 namespace ckptfs::fs {
@@ -353,6 +355,26 @@ TEST_F(TreeTest, ChangedSourceGivesEio) {
   EXPECT_EQ(tree_.check_file(7), 0);    // rank 5 does not
   read(7, 0, 1 << 20, &err);
   EXPECT_EQ(err, 0);
+}
+
+// A source changed and then put back (size and mtime restored) is not trusted again: the view
+// was planned from bytes that may have been different in between.
+TEST_F(TreeTest, ChangedSourceStaysRefusedWhenPutBack) {
+  const std::filesystem::path& path = data_.source_path(1);
+  struct stat before;
+  ASSERT_EQ(::stat(path.c_str(), &before), 0);
+  data_.change_source(1);
+  int err = 0;
+  EXPECT_EQ(read(3, 5000, 100, &err), "");
+  EXPECT_EQ(err, EIO);
+  ASSERT_EQ(::truncate(path.c_str(), before.st_size), 0);
+  testsupport::set_mtime(path, before.st_mtim.tv_sec, before.st_mtim.tv_nsec);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(read(3, 5000, 100, &err), "");
+    EXPECT_EQ(err, EIO);
+  }
+  EXPECT_EQ(tree_.check_file(3), EIO);
+  EXPECT_EQ(tree_.check_file(7), 0);
 }
 
 TEST(TreeReads, RunPastSourceEndGivesEio) {

@@ -1,5 +1,6 @@
-"""A source file modified or truncated after mounting: reads of the target files that use it
-fail with EIO and the log names the file; the other target files stay correct."""
+"""A source file modified or truncated after mounting (also with its mtime put back): reads of
+the target files that use it fail with EIO, until remount, and the log names the file; the
+other target files stay correct."""
 
 import errno
 import os
@@ -26,7 +27,7 @@ def read_or_errno(path):
 
 
 def check(args, how):
-    work = os.path.join(args.work, how)
+    work = os.path.join(args.work, how.replace(",", "").replace(" ", "_"))
     fx = ckpt_fixture.make(SPLIT_CASE, os.path.join(work, "fixture"))
     mnt = os.path.join(work, "mnt")
     log = os.path.join(work, "log")
@@ -43,10 +44,18 @@ def check(args, how):
         try:
             for t, (m, want, _) in files.items():
                 assert itest.read_file(m) == itest.read_file(want)
-            if how == "modified":
+            st = os.stat(victim)
+            if how in ("modified", "modified, mtime put back"):
+                time.sleep(0.02)  # past the ctime's clock tick
                 with open(victim, "r+b") as f:
                     f.seek(os.path.getsize(victim) // 2)
                     f.write(b"\x00changed\x00")
+                if how != "modified":  # as rsync -a --inplace or touch -r leave it
+                    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+            elif how == "touched, then put back":
+                os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+                assert read_or_errno(next(m for m, _, a in files.values() if a)) == errno.EIO
+                os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
             else:
                 with open(victim, "r+b") as f:
                     f.truncate(os.path.getsize(victim) // 2)
@@ -142,6 +151,9 @@ def main():
     checks = itest.Checks(args.only)
     checks.run("source modified after mount", check, args, "modified")
     checks.run("source truncated after mount", check, args, "truncated")
+    checks.run("source rewritten in place, mtime put back", check, args,
+               "modified, mtime put back")
+    checks.run("source touched, then its mtime put back", check, args, "touched, then put back")
     checks.run("source replaced by rename after mount", check_renamed_over, args)
     checks.run("source truncated while a reader streams", check_mid_stream, args, "truncated")
     checks.run("source modified while a reader streams", check_mid_stream, args, "modified")

@@ -36,21 +36,23 @@ class SourceFileTest : public ::testing::Test {
 };
 
 TEST(FingerprintKey, IsFixedWidthBigEndian) {
-  const Fingerprint fp{0x0102030405060708, 0x1112131415161718, 0x21, -1};
+  const Fingerprint fp{0x0102030405060708, 0x1112131415161718, 0x21, -1, 0x3132};
   const std::string key = fp.key();
   ASSERT_EQ(key.size(), Fingerprint::kKeySize);
   const std::string expected =
       std::string("\x01\x02\x03\x04\x05\x06\x07\x08\x11\x12\x13\x14\x15\x16\x17\x18", 16) +
-      std::string("\0\0\0\0\0\0\0\x21", 8) + std::string(8, '\xff');
+      std::string("\0\0\0\0\0\0\0\x21", 8) + std::string(8, '\xff') +
+      std::string("\0\0\0\0\0\0\x31\x32", 8);
   EXPECT_EQ(key, expected);
   EXPECT_EQ(Fingerprint::from_key(key), fp);
-  EXPECT_EQ(Fingerprint{}.key(), std::string(32, '\0'));
+  EXPECT_EQ(Fingerprint{}.key(), std::string(40, '\0'));
 }
 
 TEST(FingerprintKey, FromKeyRejectsOtherLengths) {
   EXPECT_FALSE(Fingerprint::from_key("").has_value());
-  EXPECT_FALSE(Fingerprint::from_key(std::string(31, 'x')).has_value());
-  EXPECT_FALSE(Fingerprint::from_key(std::string(33, 'x')).has_value());
+  EXPECT_FALSE(Fingerprint::from_key(std::string(32, 'x')).has_value());
+  EXPECT_FALSE(Fingerprint::from_key(std::string(39, 'x')).has_value());
+  EXPECT_FALSE(Fingerprint::from_key(std::string(41, 'x')).has_value());
 }
 
 TEST_F(SourceFileTest, OpenTakesTheStatIdentity) {
@@ -96,6 +98,23 @@ TEST_F(SourceFileTest, RewriteInPlaceWithTheSameSizeChangesTheMtime) {
   EXPECT_EQ(now.size, file.fingerprint.size);
   EXPECT_EQ(now.ino, file.fingerprint.ino);
   EXPECT_NE(now.mtime_ns, file.fingerprint.mtime_ns);
+  EXPECT_FALSE(file.unchanged());
+}
+
+// rsync -a --inplace and touch -r put the mtime back after a rewrite; only the ctime, which no
+// call can set, still tells.
+TEST_F(SourceFileTest, RewriteInPlaceWithTheMtimeRestoredChangesTheCtime) {
+  const SourceFile file = SourceFile::open(path_);
+  // Past the ctime's clock tick, so the rewrite cannot land on the same ctime.
+  ::usleep(20'000);
+  write_file(path_, "9876543210");
+  set_mtime(path_, 1'000'000'000, 123'456'789);
+  const Fingerprint now = SourceFile::open(path_).fingerprint;
+  EXPECT_EQ(now.size, file.fingerprint.size);
+  EXPECT_EQ(now.ino, file.fingerprint.ino);
+  EXPECT_EQ(now.mtime_ns, file.fingerprint.mtime_ns);
+  EXPECT_NE(now.ctime_ns, file.fingerprint.ctime_ns);
+  EXPECT_NE(now.key(), file.fingerprint.key());
   EXPECT_FALSE(file.unchanged());
 }
 

@@ -97,7 +97,8 @@ class Tree {
   // Logs one error line for a source the first time it fails, debug lines after that: a
   // changed file fails every read that touches it and must not flood the log.
   void report(uint32_t source, std::string_view what) const;
-  // 0, or EIO (reported) if source `source` (in range) no longer has its mount fingerprint.
+  // 0, or EIO (reported) if source `source` (in range) no longer has its mount fingerprint or
+  // was found changed once before (sticky until remount).
   int check_source(uint32_t source) const;
   // Sets `out` to each source `runs` read from, once, in the order first read. 0, or EIO
   // (logged) if a run names a source the plan does not have.

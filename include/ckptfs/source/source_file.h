@@ -14,16 +14,20 @@
 namespace ckptfs::source {
 
 // Identity of a file's contents as far as stat can tell: a rewrite in place moves the mtime (or
-// the size), a replacement by rename changes the inode.
+// the size) and the ctime, a replacement by rename changes the inode. The ctime catches a rewrite
+// whose mtime was put back (rsync -a --inplace, touch -r), since no call can set it; it also
+// moves on chmod, chown and link changes, which then count as changes too.
 struct Fingerprint {
   uint64_t dev = 0;
   uint64_t ino = 0;
   uint64_t size = 0;
   int64_t mtime_ns = 0;  // st_mtim in nanoseconds since the epoch
+  int64_t ctime_ns = 0;  // st_ctim likewise
   bool operator==(const Fingerprint&) const = default;
 
-  static constexpr size_t kKeySize = 32;
-  // dev, ino, size, mtime_ns as 8-byte big-endian words (mtime_ns two's complement): the LMDB key.
+  static constexpr size_t kKeySize = 40;
+  // dev, ino, size, mtime_ns, ctime_ns as 8-byte big-endian words (times two's complement): the
+  // LMDB key.
   std::string key() const;
   // The inverse of key(); nullopt unless `key` is kKeySize bytes.
   static std::optional<Fingerprint> from_key(std::string_view key);
@@ -42,7 +46,8 @@ struct SourceFile {
   static SourceFile open(const std::filesystem::path& path);
   // True while fstat of the open descriptor still gives the fingerprint taken at open; false if
   // fstat fails. A file replaced by rename still counts as unchanged: the descriptor keeps
-  // reading the bytes that were fingerprinted.
+  // reading the bytes that were fingerprinted. Losing its last name moves the ctime, so once
+  // the file has no name left (st_nlink 0) its ctime is not compared.
   bool unchanged() const;
 };
 
