@@ -493,6 +493,38 @@ void verify_crc(int fd, const std::string& name, uint64_t body_size, uint32_t ex
 
 }  // namespace
 
+std::string check_scan(const FileScan& scan, uint64_t file_size) {
+  if (scan.file_size != file_size)
+    return fmt::format("file size {} where the file has {}", scan.file_size, file_size);
+  if (scan.body_size > scan.file_size)
+    return fmt::format("body of {} bytes in a file of {}", scan.body_size, scan.file_size);
+  for (const Param& p : scan.params) {
+    for (const std::vector<Extent>* list : {&p.content, &p.records})
+      for (const Extent& e : *list)
+        if (e.offset > scan.body_size || e.length > scan.body_size - e.offset)
+          return fmt::format("parameter '{}' has bytes [{}, +{}) past the body's {} bytes", p.name,
+                             e.offset, e.length, scan.body_size);
+    if (p.kind != EntryKind::Tensor) continue;
+    const uint32_t size = element_size(p.dtype);
+    if (size == 0 || size != p.element_size)
+      return fmt::format("parameter '{}' of type {} has element size {}", p.name, p.dtype,
+                         p.element_size);
+    unsigned __int128 need = size;
+    for (int64_t d : p.shape) {
+      if (d < 0) return fmt::format("parameter '{}' has shape {}", p.name, shape_text(p.shape));
+      need *= static_cast<uint64_t>(d);
+      if (need > UINT64_MAX)
+        return fmt::format("parameter '{}' has shape {} past 64 bits", p.name, shape_text(p.shape));
+    }
+    unsigned __int128 have = 0;
+    for (const Extent& e : p.content) have += e.length;
+    if (have != need)
+      return fmt::format("parameter '{}' has {} content bytes for shape {}", p.name,
+                         static_cast<uint64_t>(have), shape_text(p.shape));
+  }
+  return "";
+}
+
 uint64_t Param::nbytes() const {
   uint64_t total = 0;
   for (const Extent& e : content) total += e.length;

@@ -12,6 +12,7 @@
 #include <set>
 #include <utility>
 
+#include "ckptfs/ckpt/crc32.h"
 #include "ckptfs/error.h"
 #include "ckptfs/index/lmdb.h"
 #include "index.pb.h"
@@ -72,6 +73,25 @@ bool from_proto(const google::protobuf::RepeatedField<uint64_t>& pairs,
   return true;
 }
 
+// An entry is the serialized ScannedFile followed by the CRC-32 of those bytes (big-endian), so
+// a damaged page or a stray write reads as a damaged entry rather than as other offsets.
+constexpr size_t kChecksumBytes = 4;
+
+uint32_t checksum(std::string_view bytes) {
+  return ckpt::crc32_update(
+      0, std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+}
+
+// The message bytes of a stored entry whose checksum holds; nullopt otherwise.
+std::optional<std::string_view> checked_message(std::string_view entry) {
+  if (entry.size() < kChecksumBytes) return std::nullopt;
+  const std::string_view message = entry.substr(0, entry.size() - kChecksumBytes);
+  uint32_t stored = 0;
+  for (char c : entry.substr(message.size())) stored = stored << 8 | static_cast<uint8_t>(c);
+  if (stored != checksum(message)) return std::nullopt;
+  return message;
+}
+
 std::string encode(const std::string& path, const ckpt::FileScan& scan) {
   indexpb::ScannedFile file;
   file.set_format_version(kFormatVersion);
@@ -92,18 +112,31 @@ std::string encode(const std::string& path, const ckpt::FileScan& scan) {
     to_proto(param.content, p->mutable_content());
     to_proto(param.records, p->mutable_records());
   }
-  return file.SerializeAsString();
+  std::string out = file.SerializeAsString();
+  const uint32_t crc = checksum(out);
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(crc >> shift));
+  return out;
 }
 
-// nullopt for anything that is not a current-version scan of a file of this size.
-std::optional<ckpt::FileScan> decode(std::string_view bytes, uint64_t file_size) {
+}  // namespace
+
+std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file_size,
+                                           std::string* why) {
+  const auto bad = [&](std::string what) -> std::optional<ckpt::FileScan> {
+    if (why) *why = std::move(what);
+    return std::nullopt;
+  };
+  const std::optional<std::string_view> bytes = checked_message(entry);
+  if (!bytes) return bad("its checksum does not match");
   // One arena for the whole message: thousands of small strings without a malloc each.
   google::protobuf::Arena arena;
   auto& file = *google::protobuf::Arena::CreateMessage<indexpb::ScannedFile>(&arena);
-  if (!file.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return std::nullopt;
-  if (file.format_version() != kFormatVersion || file.file_size() != file_size) return std::nullopt;
+  if (!file.ParseFromArray(bytes->data(), static_cast<int>(bytes->size())))
+    return bad("it does not decode");
+  if (file.format_version() != kFormatVersion) return bad("it is of another format version");
+  if (file.file_size() != file_size) return bad("it is of a file of another size");
   if (file.source_format() > static_cast<uint32_t>(ckpt::SourceFormat::Safetensors))
-    return std::nullopt;
+    return bad("it names an unknown source format");
   ckpt::FileScan scan;
   scan.format = static_cast<ckpt::SourceFormat>(file.source_format());
   scan.file_size = file.file_size();
@@ -111,7 +144,7 @@ std::optional<ckpt::FileScan> decode(std::string_view bytes, uint64_t file_size)
   scan.has_crc_trailer = file.has_crc_trailer();
   scan.params.reserve(file.params_size());
   for (const indexpb::ScannedParam& p : file.params()) {
-    if (p.kind() > static_cast<uint32_t>(ckpt::EntryKind::Opaque)) return std::nullopt;
+    if (p.kind() > static_cast<uint32_t>(ckpt::EntryKind::Opaque)) return bad("bad entry kind");
     ckpt::Param& param = scan.params.emplace_back();
     param.name = p.name();
     param.dtype = p.dtype();
@@ -120,10 +153,13 @@ std::optional<ckpt::FileScan> decode(std::string_view bytes, uint64_t file_size)
     param.kind = static_cast<ckpt::EntryKind>(p.kind());
     param.element_size = p.element_size();
     if (!from_proto(p.content(), param.content) || !from_proto(p.records(), param.records))
-      return std::nullopt;
+      return bad("an extent list is odd");
   }
+  if (std::string what = ckpt::check_scan(scan, file_size); !what.empty()) return bad(what);
   return scan;
 }
+
+namespace {
 
 // LMDB forbids opening one environment twice in a process (closing either would drop the
 // other's locks), so Store refuses instead of corrupting.
@@ -246,7 +282,12 @@ std::optional<ckpt::FileScan> Store::lookup(const source::Fingerprint& fingerpri
     if (!value) return std::nullopt;
     bytes.assign(*value);
   }
-  return decode(bytes, fingerprint.size);
+  std::string why;
+  std::optional<ckpt::FileScan> scan = decode_entry(bytes, fingerprint.size, &why);
+  if (!scan)
+    spdlog::warn("{}: an index entry is unusable ({}); scanning the file again", dir().string(),
+                 why);
+  return scan;
 }
 
 void Store::insert(std::span<const NewEntry> items) {
@@ -304,7 +345,9 @@ std::vector<Entry> Store::entries() const {
     indexpb::ScannedFile file;
     while (cursor.next(key, value)) {
       const std::optional<source::Fingerprint> fingerprint = source::Fingerprint::from_key(key);
-      if (!fingerprint || !file.ParseFromArray(value.data(), static_cast<int>(value.size())) ||
+      const std::optional<std::string_view> message = checked_message(value);
+      if (!fingerprint || !message ||
+          !file.ParseFromArray(message->data(), static_cast<int>(message->size())) ||
           file.format_version() != kFormatVersion) {
         continue;
       }

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 
+#include "ckptfs/ckpt/crc32.h"
 #include "ckptfs/error.h"
 #include "ckptfs/index/lmdb.h"
 #include "index.pb.h"
@@ -53,7 +54,7 @@ ckpt::FileScan full_scan() {
   ckpt::Param& w = scan.params.emplace_back();
   w.name = "model.layers.0.attention.wq.weight";
   w.dtype = "BFloat16";
-  w.shape = {4096, 4096};
+  w.shape = {16384, 32768};
   w.kind = ckpt::EntryKind::Tensor;
   w.element_size = 2;
   w.content = {{100, 536870912}, {536871100, 536870912}};
@@ -86,8 +87,8 @@ ckpt::FileScan full_scan() {
   opaque.dtype = "Int4";
   opaque.shape = {-1, 0, int64_t{1} << 62};
   opaque.kind = ckpt::EntryKind::Opaque;
-  opaque.content = {{~uint64_t{0} - 5, 5}};
-  opaque.records = {{~uint64_t{0} - 40, 40}};
+  opaque.content = {{(uint64_t{1} << 40) - 2005, 5}};
+  opaque.records = {{(uint64_t{1} << 40) - 2040, 40}};
   return scan;
 }
 
@@ -121,6 +122,21 @@ class StoreTest : public ::testing::Test {
     ASSERT_TRUE(txn->put(scans, fp.key(), bytes));
     ASSERT_TRUE(txn->commit());
   }
+  // Rewrites the stored message of `fp` with a checksum that matches, as a writer with other
+  // ideas (or a bug) would have.
+  void rewrite(const source::Fingerprint& fp,
+               const std::function<void(indexpb::ScannedFile&)>& change) {
+    tamper(fp, [&](std::string& bytes) {
+      ASSERT_GE(bytes.size(), 4u);
+      indexpb::ScannedFile file;
+      ASSERT_TRUE(file.ParseFromString(bytes.substr(0, bytes.size() - 4)));
+      change(file);
+      bytes = file.SerializeAsString();
+      const uint32_t crc = ckpt::crc32_update(
+          0, std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+      for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>(crc >> shift));
+    });
+  }
 
   testsupport::TempDir tmp_{"ckptfs-store"};
   fs::path root_ = tmp_.path();
@@ -148,7 +164,8 @@ TEST_F(StoreTest, AnyChangeOfTheFingerprintMisses) {
   for (auto change :
        {+[](source::Fingerprint& f) { f.dev += 1; }, +[](source::Fingerprint& f) { f.ino += 1; },
         +[](source::Fingerprint& f) { f.size -= 1; },
-        +[](source::Fingerprint& f) { f.mtime_ns += 1; }}) {
+        +[](source::Fingerprint& f) { f.mtime_ns += 1; },
+        +[](source::Fingerprint& f) { f.ctime_ns += 1; }}) {
     source::Fingerprint other = fp_;
     change(other);
     EXPECT_FALSE(store.lookup(other).has_value());
@@ -182,13 +199,10 @@ TEST_F(StoreTest, ReopenFindsWhatWasStored) {
 TEST_F(StoreTest, OtherFormatVersionReadsAsAbsent) {
   const ckpt::FileScan scan = full_scan();
   { Store(dir_).insert(std::vector<Store::NewEntry>{{"/a.ckpt", fp_, &scan}}); }
-  tamper(fp_, [](std::string& bytes) {
-    indexpb::ScannedFile file;
-    ASSERT_TRUE(file.ParseFromString(bytes));
+  rewrite(fp_, [](indexpb::ScannedFile& file) {
     EXPECT_EQ(file.format_version(), kFormatVersion);
     EXPECT_EQ(file.path(), "/a.ckpt");
     file.set_format_version(kFormatVersion + 1);
-    bytes = file.SerializeAsString();
   });
   Store store(dir_);
   EXPECT_FALSE(store.lookup(fp_).has_value());
@@ -204,6 +218,53 @@ TEST_F(StoreTest, UndecodableEntryReadsAsAbsent) {
   Store store(dir_);
   EXPECT_FALSE(store.lookup(fp_).has_value());
   EXPECT_TRUE(store.entries().empty());
+}
+
+// One flipped bit anywhere in an entry (here: in a content offset) must not become a view of
+// other bytes: the checksum refuses it, and the caller scans the file again.
+TEST_F(StoreTest, DamagedEntryReadsAsAbsent) {
+  const ckpt::FileScan scan = full_scan();
+  { Store(dir_).insert(std::vector<Store::NewEntry>{{"/a.ckpt", fp_, &scan}}); }
+  std::string good;
+  tamper(fp_, [&](std::string& bytes) { good = bytes; });
+  for (size_t at : {size_t{0}, good.size() / 2, good.size() - 5, good.size() - 1}) {
+    tamper(fp_, [&](std::string& bytes) { bytes = good, bytes[at] ^= 0x01; });
+    std::string why;
+    EXPECT_FALSE(decode_entry(good.substr(0, at) + char(good[at] ^ 1) + good.substr(at + 1),
+                              fp_.size, &why));
+    EXPECT_FALSE(Store(dir_).lookup(fp_).has_value()) << "flipped byte " << at;
+  }
+  tamper(fp_, [&](std::string& bytes) { bytes = good; });
+  EXPECT_TRUE(Store(dir_).lookup(fp_).has_value());
+}
+
+// Entries whose checksum holds but that no scan of the file could have produced.
+TEST_F(StoreTest, EntryInconsistentWithItsFileReadsAsAbsent) {
+  const ckpt::FileScan scan = full_scan();
+  const std::vector<std::pair<std::string, std::function<void(indexpb::ScannedFile&)>>> cases = {
+      {"content past the file",
+       [](indexpb::ScannedFile& f) { f.mutable_params(0)->set_content(0, uint64_t{1} << 41); }},
+      {"a 2^60-byte tensor",
+       [](indexpb::ScannedFile& f) {
+         f.mutable_params(0)->set_shape(0, int64_t{1} << 59);
+         f.mutable_params(0)->set_shape(1, 1);
+       }},
+      {"a shape product past 64 bits",
+       [](indexpb::ScannedFile& f) { f.mutable_params(0)->set_shape(0, int64_t{1} << 62); }},
+      {"a negative dim", [](indexpb::ScannedFile& f) { f.mutable_params(0)->set_shape(0, -1); }},
+      {"the wrong element size",
+       [](indexpb::ScannedFile& f) { f.mutable_params(0)->set_element_size(4); }},
+      {"a body past the file", [](indexpb::ScannedFile& f) { f.set_body_size(f.file_size() + 1); }},
+      {"a record past the body",
+       [](indexpb::ScannedFile& f) { f.mutable_params(3)->set_records(1, uint64_t{1} << 40); }},
+  };
+  for (const auto& [what, change] : cases) {
+    SCOPED_TRACE(what);
+    { Store(dir_).insert(std::vector<Store::NewEntry>{{"/a.ckpt", fp_, &scan}}); }
+    ASSERT_TRUE(Store(dir_).lookup(fp_).has_value());
+    rewrite(fp_, change);
+    EXPECT_FALSE(Store(dir_).lookup(fp_).has_value());
+  }
 }
 
 TEST_F(StoreTest, EntriesListPathFingerprintAndParamCount) {

@@ -60,6 +60,12 @@ FileScan scan_checkpoint(const std::string& path, const ScanOptions& options = {
 FileScan scan_checkpoint_fd(int fd, const std::string& display_name,
                             const ScanOptions& options = {});
 
+// Why `scan` could not have come from scan_checkpoint of a file of `file_size` bytes, or "" if it
+// could: every extent inside the body, the body inside the file, each tensor's element size that
+// of its dtype and its content as many bytes as its dims need (no dim negative, no product past
+// 64 bits). For scans read back from elsewhere (the index), which must never be served unchecked.
+std::string check_scan(const FileScan& scan, uint64_t file_size);
+
 // The parameters as MindSpore's loader sees them (spec §1.5, §7): a later non-adjacent record
 // with an existing name replaces that entry in place; a "name.__param_key__<n>" entry is renamed
 // to "name" and moved to the end. Takes the scan by value: move it in to avoid copying.

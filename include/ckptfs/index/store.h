@@ -30,7 +30,13 @@ inline constexpr size_t kDefaultMapSize = size_t{8} << 30;
 
 // Bumped whenever ckpt::FileScan or its stored form changes meaning: entries written with
 // another version read as absent, and the files are scanned again.
-inline constexpr uint32_t kFormatVersion = 3;
+inline constexpr uint32_t kFormatVersion = 4;
+
+// The scan stored in an index entry (a ScannedFile and its CRC-32) for a file of `file_size`
+// bytes, or nullopt with the reason in `why`: a damaged, foreign or stale entry, or one that
+// could not have come from scanning such a file (ckpt::check_scan), is never trusted.
+std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file_size,
+                                           std::string* why = nullptr);
 
 // $XDG_CACHE_HOME/ckptfs/index (if that is an absolute path), else $HOME/.cache/ckptfs/index.
 // Throws Error if neither variable is usable.
