@@ -67,8 +67,9 @@ Layout Layout::from(const ParamLayout& in, size_t tensor_rank, std::string_view 
   for (int64_t d : dev) {
     if (d <= 0)
       fail("parameter {}: dev_matrix [{}] has a non-positive axis", param, fmt::join(dev, ","));
-    if (devices > (int64_t{1} << 40) / d)
-      fail("parameter {}: dev_matrix [{}] has too many devices", param, fmt::join(dev, ","));
+    if (devices > kMaxRanks / d)
+      fail("parameter {}: dev_matrix [{}] spans more than {} devices", param, fmt::join(dev, ","),
+           kMaxRanks);
     devices *= d;
   }
   // MindSpore's transform ignores these and produces wrong data (§3.4), so refuse.
@@ -186,7 +187,10 @@ std::vector<int64_t> Layout::global_shape(std::span<const int64_t> slice_shape) 
     fail("slice shape [{}] has {} dimensions but the layout has {}", fmt::join(slice_shape, ","),
          slice_shape.size(), tensor_rank());
   std::vector<int64_t> global(slice_shape.size());
-  for (size_t j = 0; j < slice_shape.size(); ++j) global[j] = slice_shape[j] * splits_[j];
+  for (size_t j = 0; j < slice_shape.size(); ++j)
+    if (slice_shape[j] < 0 || __builtin_mul_overflow(slice_shape[j], splits_[j], &global[j]))
+      fail("slice shape [{}] split [{}] ways has no global shape within 64 bits",
+           fmt::join(slice_shape, ","), fmt::join(splits_, ","));
   return global;
 }
 

@@ -312,6 +312,9 @@ class Merger {
       fail("{}: pipeline strategy does not contain all stages: has stages [{}], expected 0..{}",
            out_.origin, fmt::join(stages, ","), *stages.rbegin());
     out_.num_stages = static_cast<uint32_t>(stages.size());
+    if (static_cast<int64_t>(stages.size()) > kMaxRanks / devices_)
+      fail("{}: {} stages of {} devices are more than the {} ranks ckptfs serves", out_.origin,
+           stages.size(), devices_, kMaxRanks);
     out_.devices_per_stage = devices_;
     return std::move(out_);
   }
@@ -325,9 +328,11 @@ class Merger {
       if (d <= 0)
         fail("{}: parameter {}: dev_matrix [{}] has a non-positive axis", file, name,
              fmt::join(layout.dev_matrix, ","));
-      if (product > (int64_t{1} << 40) / d)
-        fail("{}: parameter {}: dev_matrix [{}] has too many devices", file, name,
-             fmt::join(layout.dev_matrix, ","));
+      if (product > kMaxRanks / d)
+        fail(
+            "{}: parameter {}: dev_matrix [{}] spans more than {} devices, which ckptfs does "
+            "not serve; check that this is the right strategy file",
+            file, name, fmt::join(layout.dev_matrix, ","), kMaxRanks);
       product *= d;
     }
     if (ref_param_.empty()) {

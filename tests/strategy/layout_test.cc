@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -32,6 +33,16 @@ using Shape = std::vector<int64_t>;
 using namespace testsupport;
 
 Box box(Shape begin, Shape end) { return Box{std::move(begin), std::move(end)}; }
+
+template <typename Call>
+std::string error_of_call(const Call& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
 
 std::string error_of(const ParamLayout& layout, size_t rank, std::string_view param) {
   try {
@@ -220,6 +231,20 @@ TEST(Layout, ShapeErrorsNameParameterAndDimension) {
   EXPECT_THROW(l.slice_of(0, Shape{8}), Error);
   EXPECT_THROW(l.slice_of(8, Shape{8, 8}), Error);
   EXPECT_THROW(l.global_shape(Shape{4}), Error);
+}
+
+// A slice [0, 2^63-1] holds no bytes, so a scanner accepts it; split four ways its global shape
+// does not fit int64 (signed overflow before this was checked), nor does a negative dim make one.
+TEST(Layout, GlobalShapeOverflowIsAnError) {
+  const Layout l = make(classic({4}, {-1, 0}));
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  EXPECT_THAT(error_of_call([&] {
+                l.global_shape(Shape{0, max});
+              }),
+              AllOf(HasSubstr("0,9223372036854775807"), HasSubstr("64 bits")));
+  EXPECT_THROW(l.global_shape(Shape{0, max / 4 + 1}), Error);
+  EXPECT_EQ(l.global_shape(Shape{0, max / 4}), (Shape{0, max / 4 * 4}));
+  EXPECT_THROW(l.global_shape(Shape{-1, 2}), Error);
 }
 
 TEST(Layout, RefusalsNameTheParameter) {

@@ -401,6 +401,15 @@ TEST_F(StrategyFiles, FileRefusals) {
   EXPECT_THAT(error_of(write("nodev.ckpt", no_dev)),
               AllOf(HasSubstr("nodev.ckpt"), HasSubstr("w"), HasSubstr("dev_matrix")));
 
+  // An absurd device count is refused at once, naming the limit, before anything is planned.
+  const fs::path huge = write("huge.ckpt", message(0, {{"w", {1 << 20, 1 << 20}, {{0, -1}}}}));
+  EXPECT_THAT(error_of(huge),
+              AllOf(HasSubstr("huge.ckpt"), HasSubstr("w"), HasSubstr("more than 65536 devices")));
+  const fs::path just = write("just.ckpt", message(0, {{"w", {1 << 8, 1 << 8}, {{0, -1}}}}));
+  EXPECT_NO_THROW(read_strategy(just));
+  const fs::path over = write("over.ckpt", message(0, {{"w", {1 << 8, 1 << 8, 2}, {{0, -1}}}}));
+  EXPECT_THAT(error_of(over), HasSubstr("more than 65536 devices"));
+
   const fs::path twice =
       write("twice.ckpt", message(0, {{"0-w", {2}, {{0}}}, {"0-w", {2}, {{-1}}}}));
   EXPECT_THAT(error_of(twice), AllOf(HasSubstr("twice.ckpt"), HasSubstr("twice")));

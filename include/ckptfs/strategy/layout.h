@@ -33,7 +33,8 @@ class Layout {
   const std::vector<int64_t>& splits() const;
   // Block coordinates of a local rank (0 <= local_rank < devices()).
   std::vector<int64_t> block_of(int64_t local_rank) const;
-  // Global shape from a stored slice shape (throws Error if its rank differs).
+  // Global shape from a stored slice shape (throws Error if its rank differs, or a dimension is
+  // negative or overflows int64 once multiplied by its split).
   std::vector<int64_t> global_shape(std::span<const int64_t> slice_shape) const;
   // Stored slice shape of a global shape; throws Error naming `param` if a dimension does not
   // divide by its split.

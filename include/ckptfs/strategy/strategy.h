@@ -11,6 +11,11 @@
 
 namespace ckptfs::strategy {
 
+// The most ranks a strategy may span (devices per stage x stages). Today's largest jobs are far
+// below it; every target is planned at mount, and 2^20 of them would take gigabytes, so a count
+// past this is refused as a damaged or mistaken file.
+inline constexpr int64_t kMaxRanks = int64_t{1} << 16;
+
 // Device axes of one tensor dimension, in MindSpore's map convention (value a names device axis
 // len(dev_matrix)-1-a), most significant first. Empty = the dimension is not split.
 using DimAxes = std::vector<int32_t>;
@@ -57,7 +62,8 @@ struct Strategy {
 // stage of its first strategy item (0 for a single file without any); a layout name
 // "<digits>-<name>" carries its own stage (split at the first "-" only). Throws Error naming the
 // file for unreadable or empty input, a file without layouts, a layout whose device count
-// differs from the others (naming the parameter), or stages that are not exactly 0..S-1.
+// differs from the others (naming the parameter), stages that are not exactly 0..S-1, or more
+// than kMaxRanks ranks.
 Strategy read_strategy(const std::filesystem::path& path);
 
 }  // namespace ckptfs::strategy
