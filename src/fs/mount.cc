@@ -242,7 +242,9 @@ void log_to_file(const std::string& path) {
   auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path);
   auto logger = std::make_shared<spdlog::logger>("ckptfs", std::move(sink));
   logger->set_level(spdlog::get_level());
-  logger->flush_on(spdlog::level::warn);
+  // Every line as it happens: a log read while the mount serves (or after a kill -9) must be
+  // whole, and lines are rare (none per read unless something fails).
+  logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(std::move(logger));
 }
 

@@ -176,6 +176,16 @@ def libfuse_option(args):
         check_all_files(fx, mnt)
 
 
+def log_while_serving(args):
+    """--log-file holds the info lines as they happen, not only after unmount."""
+    work, fx, mnt, kwargs = setup(args, "log_now")
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, log_level="info", **kwargs):
+        check_all_files(fx, mnt)
+        with open(kwargs["log_file"]) as f:
+            text = f.read()
+        assert "fuse: protocol" in text, f"log while mounted: {text!r}"
+
+
 def bad_option_value(args):
     work, fx, mnt, kwargs = setup(args, "bad_value")
     os.makedirs(mnt, exist_ok=True)
@@ -224,6 +234,7 @@ def main():
     checks.run("-o splice=always serves long runs by splice", splice_always, args)
     checks.run("2 MiB pipes: -o splice for concurrent readers only", splice_when_busy, args)
     checks.run("-o allow_other goes to libfuse", libfuse_option, args)
+    checks.run("--log-file written while serving", log_while_serving, args)
     checks.run("bad -o value", bad_option_value, args)
     checks.run("-f serves until Ctrl-C", foreground, args)
     checks.finish()

@@ -1,0 +1,88 @@
+"""Limits a mount or an inspect meets on real machines: more source files than the soft limit on
+open files, and crafted inputs that claim huge sizes, refused quickly and with bounded memory
+(under an address-space limit of 1 GiB) by one line naming the file."""
+
+import os
+import subprocess
+import time
+
+import itest
+import ckpt_fixture
+from ckptfix import wire
+from ckptfix.builtins import case, lay, param, side
+from ckptfix.ckptio import encode_record, record_header
+
+SOURCES = 300
+MANY_SOURCES_CASE = case(
+    "many_sources", f"{SOURCES} source ranks -> 2", side(SOURCES), side(2),
+    [param("w", "Float32", [SOURCES * 2, 4], lay([SOURCES], [0, -1]), lay([2], [0, -1]))], [])
+
+
+def many_sources(args):
+    """300 sources mount and serve under a soft limit of 100 open files (hard 4096): ckptfs
+    raises its soft limit to the hard one."""
+    work = os.path.join(args.work, "many")
+    fx = ckpt_fixture.make(MANY_SOURCES_CASE, os.path.join(work, "fixture"))
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt, exist_ok=True)
+    cmd = ["prlimit", "--nofile=100:4096", "--"] + itest.mount_cmd(
+        args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+        dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index"))
+    proc = itest.run(cmd, timeout=300, check=False)
+    try:
+        assert proc.returncode == 0, f"mount failed ({proc.returncode}): {proc.stderr}"
+        problems = ckpt_fixture.compare_tree(fx, mnt)
+        assert not problems, "\n".join(problems)
+    finally:
+        itest.unmount(args.ckptfs, mnt)
+
+
+def record_claiming(tag, dims, tensor_type, content_length, content=b""):
+    return record_header(tag, dims, tensor_type, content_length) + content
+
+
+CRAFTED = {
+    # tensor_content's length prefix says 2^60 bytes; the file holds 16.
+    "content_2e60": record_claiming("w", [1 << 58], "Float32", 1 << 60, b"\0" * 16),
+    # A record whose own length prefix says 2^62 bytes.
+    "record_2e62": wire.len_field_header(1, 1 << 62) + b"\0" * 64,
+    # Shape [2^20, 2^20, 2^20] of Float32 (2^62 bytes) with 4 content bytes.
+    "dims_2e60": encode_record("w", [1 << 20] * 3, "Float32", b"\0" * 4),
+    # A shape whose byte count overflows 64 bits.
+    "dims_overflow": encode_record("w", [1 << 40, 1 << 40], "Float64", b"\0" * 8),
+    # A million dims of 1 next to a shape that does not match its 4 content bytes.
+    "million_dims": encode_record("w", [1] * 1_000_000 + [2], "Float32", b"\0" * 4),
+    # A tag whose length says 2^40 bytes.
+    "tag_2e40": wire.len_field_header(1, 40) + wire.len_field_header(1, 1 << 40) + b"w" * 30,
+}
+
+
+def crafted_huge_sizes(args):
+    work = os.path.join(args.work, "crafted")
+    os.makedirs(work, exist_ok=True)
+    for name, data in CRAFTED.items():
+        path = os.path.join(work, name + ".ckpt")
+        with open(path, "wb") as f:
+            f.write(data)
+        start = time.monotonic()
+        proc = subprocess.run(["prlimit", "--as=1073741824", "--", args.ckptfs, "inspect", path],
+                              capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - start
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1, f"{name}: exit {proc.returncode}: {proc.stderr[-2000:]}"
+        assert len(lines) == 1 and path in lines[0], f"{name}: {proc.stderr[-2000:]}"
+        assert "unexpected" not in lines[0], f"{name}: {lines[0]}"
+        assert took < 10, f"{name}: refused after {took:.1f}s"
+
+
+def main():
+    args = itest.parse_args()
+    checks = itest.Checks(args.only)
+    checks.run(f"{SOURCES} sources under a soft limit of 100 open files", many_sources, args)
+    checks.run("crafted huge sizes refused quickly under prlimit --as=1G", crafted_huge_sizes,
+               args)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
