@@ -45,7 +45,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import ckpt_fixture  # noqa: E402
-from ckptfix.builtins import TRAINING_EXTRAS, case, lay, param, side  # noqa: E402
+from ckptfix.builtins import TRAINING_EXTRAS, as_safetensors, case, lay, param, side  # noqa: E402,E501
 
 PYTHON = "/usr/bin/python3"  # Debian's: numpy + protobuf
 MIB = 1 << 20
@@ -269,9 +269,11 @@ def run(cmd, check=True, **kw):
     return subprocess.run(cmd, check=check, text=True, capture_output=True, **kw)
 
 
-def readbench(files, threads=1, split="range", evict=False, checksum=False, block=None):
-    """One readbench run -> (MB/s, seconds, {file: sum}, reader CPU seconds)."""
-    cmd = [Tools.readbench, "-t", str(threads), "-s", split]
+def readbench(files, threads=1, split="range", evict=False, checksum=False, block=None,
+              mapped=False):
+    """One readbench run -> (MB/s, seconds, {file: sum}, reader CPU seconds). mapped: read
+    through a shared mmap of each file instead of pread."""
+    cmd = [Tools.readbench, "-t", str(threads), "-s", split] + (["-m"] if mapped else [])
     if block:
         cmd += ["-b", block]
     if evict:
@@ -531,10 +533,12 @@ class Bench:
 
     # -- correctness
 
-    def verify(self, what, ds: Dataset, files, threads=1, split="range", evict=True):
+    def verify(self, what, ds: Dataset, files, threads=1, split="range", evict=True,
+               want_files=None, mapped=False):
         """One checksum read of `files` (on a mount) compared with the expected files."""
-        _, _, sums, _ = readbench(files, threads, split, evict=evict, checksum=True)
-        want = checksums(ds.expected_files())
+        _, _, sums, _ = readbench(files, threads, split, evict=evict, checksum=True,
+                                  mapped=mapped)
+        want = checksums(want_files or ds.expected_files())
         got = [sums[f] for f in files]
         bad = [f for f, a, b in zip(files, got, want) if a != b]
         if bad:
@@ -572,9 +576,10 @@ class Bench:
                  f"ratio {r.median:.3f} [{r.lo:.3f}..{r.hi:.3f}]{extra}")
         return s, r, a
 
-    def mount_read(self, files, threads, split, evict, block=None):
+    def mount_read(self, files, threads, split, evict, block=None, mapped=False):
         def go():
-            v, _, _, cpu = readbench(files, threads, split, evict=evict, block=block)
+            v, _, _, cpu = readbench(files, threads, split, evict=evict, block=block,
+                                     mapped=mapped)
             return v, cpu, sum(os.path.getsize(f) for f in files)
         return go
 
@@ -738,6 +743,45 @@ class Bench:
         self.mounts.umount(mnt)
         self.fig["reads_e"] = served_reads(log_file), None
 
+    def safetensors_reads(self, ds: Dataset, st_src: Dataset, runs):
+        """The .safetensors view of the main data in the default (direct_io) mount: read(),
+        first read through mmap, re-read through mmap, each paired with a hot read of the same
+        bytes (the expected .safetensors files); and the .ckpt view of safetensors sources."""
+        ref = [ds.fx.expected_safetensors_files()[t]
+               for t in sorted(ds.fx.expected_safetensors_files())]
+        warm(list(ds.source_files) + ref)
+        mnt = self.mnt("st")
+        _, pid, _ = self.mounts.mount(ds, mnt, self.index_dir)
+        files = [f[:-len(".ckpt")] + ".safetensors" for f in ds.mount_files(mnt)]
+        readbench(files)
+        self.verify("(s) safetensors view, read()", ds, files, want_files=ref)
+        self.verify("(s) safetensors view, mmap", ds, files, want_files=ref, mapped=True)
+        r, rr, _ = self.paired("(s1) safetensors view first read(), 1 reader",
+                               self.mount_read(files, 1, "range", True), ref, runs, pid)
+        m, mr, _ = self.paired("(s2) safetensors view first mmap read, 1 reader",
+                               self.mount_read(files, 1, "range", True, mapped=True), ref, runs,
+                               pid)
+        readbench(files, mapped=True)  # fill the page cache of the view
+        self.verify("(s) safetensors view, mmap re-read", ds, files, want_files=ref,
+                    evict=False, mapped=True)
+        h, hr, _ = self.paired("(s3) safetensors view mmap re-read, 1 reader",
+                               self.mount_read(files, 1, "range", False, mapped=True), ref, runs,
+                               pid)
+        self.fig.update({"s1": r, "s1/a": rr, "s2": m, "s2/a": mr, "s3": h, "s3/a": hr})
+        self.mounts.umount(mnt)
+
+        sref = st_src.expected_files()
+        warm(list(st_src.source_files) + sref)
+        mnt = self.mnt("stsrc")
+        _, pid, _ = self.mounts.mount(st_src, mnt, self.index_dir)
+        files = st_src.mount_files(mnt)
+        readbench(files)
+        self.verify("(s4) safetensors sources, .ckpt view", st_src, files)
+        c, cr, _ = self.paired("(s4) safetensors sources -> .ckpt view first read, 1 reader",
+                               self.mount_read(files, 1, "range", True), sref, runs, pid)
+        self.fig.update({"s4": c, "s4/a": cr})
+        self.mounts.umount(mnt)
+
     def merge_reads(self, ds: Dataset, runs, key="merge"):
         """A merge into one large file (8 -> 1, or the 64 -> 1 wide merge): 1 and 2 readers
         (stripes of the one file)."""
@@ -897,6 +941,18 @@ def report(bench: Bench, datasets, args):
         s = f[key]
         row(f"ratio {key}", fmt_ratio(s), f">= {tgt}", verdict(s.median >= tgt))
     row("ratio (page-cache first read)/a", fmt_ratio(f["b_cache/a"]))
+    row("(s1) .safetensors view, first read(), 1 reader", fmt_mbps(f["s1"]))
+    row("(s2) .safetensors view, first read through mmap", fmt_mbps(f["s2"]))
+    row("(s3) .safetensors view, re-read through mmap", fmt_mbps(f["s3"]))
+    row("(s4) safetensors sources -> .ckpt view, first read", fmt_mbps(f["s4"]))
+    # read() of the .safetensors view against the .ckpt view of the same data (b).
+    s1b = f["s1"].median / f["b"].median
+    row("ratio s1/b (.safetensors read() vs .ckpt read())", f"{s1b:.3f}", ">= 0.9",
+        verdict(s1b >= 0.9))
+    for key, tgt in (("s2/a", 0.25), ("s3/a", 0.5)):
+        s = f[key]
+        row(f"ratio {key}", fmt_ratio(s), f">= {tgt}", verdict(s.median >= tgt))
+    row("ratio s4/a (its own hot reference)", fmt_ratio(f["s4/a"]))
     for mode, label in (("static", "transport alone (constant buffer)"),
                         ("pread", "server over the expected files (pread)")):
         one, two = f[f"ceil_{mode}"]
@@ -1082,6 +1138,9 @@ def main(argv=None):
         "many": Dataset(data_root, f"many-{args.many_params}",
                         many_tensor_case(args.many_params), expected=args.many_params <= 4096),
         "base": Dataset(data_root, "baseline-demo", baseline_case()),
+        # The main layout with every source saved as safetensors.
+        "st_src": Dataset(data_root, f"st-tp4-{small_size:g}g",
+                          as_safetensors(transformer_case(small_size, "tp4"))),
     }
     if args.huge_params:
         datasets["huge"] = Dataset(data_root, f"many-{args.huge_params}",
@@ -1096,6 +1155,7 @@ def main(argv=None):
         bench.ceiling(datasets["main"], args.runs)
         bench.strided_reads(datasets["strided"], args.runs)
         bench.cache_reads(datasets["main"], args.runs)
+        bench.safetensors_reads(datasets["main"], datasets["st_src"], args.runs)
         bench.merge_reads(datasets["merge"], args.runs)
         bench.merge_reads(datasets["wide"], args.runs, "wide")
         bench.rss_at(datasets["rss"], "g_small")

@@ -401,6 +401,38 @@ TEST(TreeReads, OutOfRangeSourceIndexGivesEio) {
   EXPECT_EQ(tree.gather(runs, out), EIO);
 }
 
+TEST(TreeReads, SeveralFilesPerRankDirectory) {
+  TempDir dir;
+  TestData data(dir.path());
+  plan::Plan plan = data.make_plan_from({{0, {testing::Bytes{"ckpt"}}},
+                                         {0, {testing::Bytes{"safetensors"}}},
+                                         {1, {testing::Bytes{"one"}}}});
+  plan.targets[1].name = "checkpoint_0.safetensors";
+  plan.targets[1].page_cache = true;
+  const Tree tree(std::move(plan));
+  // In order: rank_0 (2), its two files (3, 4), rank_1 (5), its file (6).
+  EXPECT_EQ(tree.inode_count(), 6u);
+  EXPECT_EQ(tree.lookup(Tree::kRootIno, "rank_0"), 2u);
+  EXPECT_EQ(tree.lookup(2, "checkpoint_0.ckpt"), 3u);
+  EXPECT_EQ(tree.lookup(2, "checkpoint_0.safetensors"), 4u);
+  EXPECT_EQ(tree.lookup(Tree::kRootIno, "rank_1"), 5u);
+  EXPECT_EQ(tree.lookup(5, "checkpoint_1.ckpt"), 6u);
+  EXPECT_EQ(tree.lookup(5, "checkpoint_0.safetensors"), 0u);
+  const std::vector<Tree::DirEntry> entries = tree.list(2);
+  ASSERT_EQ(entries.size(), 4u);
+  EXPECT_EQ(entries[3].name, "checkpoint_0.safetensors");
+  EXPECT_FALSE(tree.target(3)->page_cache);
+  EXPECT_TRUE(tree.target(4)->page_cache);
+  EXPECT_EQ(tree.target(2), nullptr);
+  struct stat st;
+  ASSERT_TRUE(tree.stat(4, st));
+  EXPECT_EQ(st.st_size, 11);
+  std::string buf(11, '\0');
+  size_t got = 0;
+  ASSERT_EQ(tree.read_into(4, 0, std::span<char>(buf.data(), buf.size()), got), 0);
+  EXPECT_EQ(buf, "safetensors");
+}
+
 TEST(TreeReads, DuplicateRanksAreRejected) {
   TempDir dir;
   TestData data(dir.path());

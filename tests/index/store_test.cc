@@ -27,6 +27,7 @@ using ::testing::HasSubstr;
 using testsupport::unprivileged;
 
 void expect_same(const ckpt::FileScan& a, const ckpt::FileScan& b) {
+  EXPECT_EQ(a.format, b.format);
   EXPECT_EQ(a.file_size, b.file_size);
   EXPECT_EQ(a.body_size, b.body_size);
   EXPECT_EQ(a.has_crc_trailer, b.has_crc_trailer);
@@ -152,6 +153,18 @@ TEST_F(StoreTest, RoundTripKeepsEveryField) {
   store.insert(std::span(&item, 1));
   const std::optional<ckpt::FileScan> got = store.lookup(fp_);
   ASSERT_TRUE(got.has_value());
+  expect_same(*got, scan);
+}
+
+TEST_F(StoreTest, RoundTripKeepsTheSourceFormat) {
+  ckpt::FileScan scan = full_scan();
+  scan.format = ckpt::SourceFormat::Safetensors;
+  Store store(dir_);
+  const Store::NewEntry item{"/src/rank_0/net.safetensors", fp_, &scan};
+  store.insert(std::span(&item, 1));
+  const std::optional<ckpt::FileScan> got = store.lookup(fp_);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->format, ckpt::SourceFormat::Safetensors);
   expect_same(*got, scan);
 }
 
