@@ -262,7 +262,8 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_fil
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   guarded(req, "open", [&] {
     const Server& s = server(req);
-    if (s.tree->file(ino) == nullptr) {
+    const plan::TargetFile* target = s.tree->target(ino);
+    if (target == nullptr) {
       fuse_reply_err(req, not_a_file(*s.tree, ino));
       return;
     }
@@ -276,7 +277,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     }
     // Per file: a file that asks for the page cache (the .safetensors view, which loaders map)
     // gets it even in direct_io mode, where shared mmap would fail with ENODEV.
-    const bool cached = s.cache || s.tree->target(ino)->page_cache;
+    const bool cached = s.cache || target->page_cache;
     if (cached && !s.readahead_knob.empty())
       std::call_once(server(req).readahead_once, [&] { raise_readahead(s); });
     fi->direct_io = cached ? 0 : 1;

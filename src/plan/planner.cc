@@ -439,7 +439,7 @@ class Planner {
       const SourceSet::File* f = files_.file(stage * maps.src_devices() + r);
       const ckpt::Param* copy = f ? f->find(ref.id) : nullptr;
       if (!copy) continue;
-      if (copy->shape != slice || copy->dtype != p.dtype)
+      if (copy->shape != slice || copy->dtype != p.dtype || copy->kind != p.kind)
         fail(
             "parameter {}: {} holds a {} {} slice but {} {} was expected from the other ranks "
             "and the source strategy",
@@ -658,14 +658,16 @@ VirtualFile ckpt_view(const std::vector<Entry>& entries) {
 }
 
 // The .safetensors view: what MindSpore >= 2.7's transform writes with output_format=
-// "safetensors" (the reference writer's layout, {"format":"ms"}). Entries safetensors cannot
-// hold (strings, map tensors, Int4 and other opaque types) are left out and named in `left_out`.
+// "safetensors" (the reference writer's layout, {"format":"ms"}). Entries of a type safetensors
+// has no code for (strings, map tensors, a .ckpt's Int4 and other opaque types) are left out and
+// named in `left_out`; a safetensors source's Int4 tensors keep their stored type.
 VirtualFile safetensors_view(const std::vector<Entry>& entries, std::set<std::string>& left_out) {
   std::vector<safetensors::HeaderEntry> header;
   std::vector<const Entry*> from;
   for (const Entry& e : entries) {
+    const bool dense = e.kind == ckpt::EntryKind::Tensor || e.kind == ckpt::EntryKind::Opaque;
     const std::optional<safetensors::Dtype> d =
-        e.kind == ckpt::EntryKind::Tensor ? safetensors::dtype_by_mindspore(e.dtype) : std::nullopt;
+        dense ? safetensors::dtype_by_mindspore(e.dtype) : std::nullopt;
     if (!d) {
       left_out.emplace(e.name);
       continue;
@@ -778,7 +780,7 @@ Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strate
     const size_t shown = std::min<size_t>(names.size(), 10);
     plan.warnings.push_back(fmt::format(
         "the .safetensors files leave out {} entries safetensors cannot hold (strings, map "
-        "tensors, Int4); the .ckpt files keep them: {}{}",
+        "tensors, Int4 of .ckpt sources); the .ckpt files keep them: {}{}",
         names.size(), fmt::join(names.begin(), names.begin() + static_cast<ptrdiff_t>(shown), ", "),
         names.size() > shown ? fmt::format(" and {} more", names.size() - shown) : ""));
   }

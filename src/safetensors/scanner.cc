@@ -217,11 +217,13 @@ ckpt::FileScan scan_safetensors_fd(int fd, const std::string& display_name) {
     const Dtype d = *dtype_by_code(t.code);
     p.name = std::move(t.name);
     p.shape = std::move(t.shape);
+    p.dtype = d.mindspore;
     if (t.int4) {
-      p.dtype = kInt4Marker;
+      // Packed 4-bit values have no element grid to cut: copied whole, as the type they are
+      // stored as (MindSpore's transform, loading with safetensors' load_file, drops the
+      // marker too).
       p.kind = ckpt::EntryKind::Opaque;
     } else {
-      p.dtype = d.mindspore;
       p.element_size = d.size;
     }
     p.content.push_back({h.data_start() + t.begin, t.end - t.begin});

@@ -378,6 +378,52 @@ def check_unified(args):
     assert "omit --src-strategy" in line, line
 
 
+def rewrite_source(path, extra_entries, metadata):
+    """Rewrites a safetensors source with its entries plus `extra_entries` and `metadata`."""
+    from ckptfix import stio
+    _, entries, start = stio.read_header(path)
+    raw = itest.read_file(path)
+    items = [stio.Entry(n, stio.TYPE_OF[code], shape, e - b,
+                        (lambda blob=raw[start + b:start + e]: iter([blob])))
+             for n, (code, shape, b, e) in entries.items()]
+    stio.write(path, items + extra_entries, metadata)
+
+
+def check_int4(args):
+    """Int4-marked tensors: copied whole as their stored type into both views; refused when a
+    strategy splits them."""
+    from ckptfix import stio
+    work = os.path.join(args.work, "int4")
+    fx = ckpt_fixture.make_builtin("st_8to1_merge", os.path.join(work, "fixture"))
+    for g, path in fx.source_files.items():
+        blob = bytes((g * 16 + i) % 256 for i in range(8))
+        rewrite_source(path, [stio.Entry("q.int4", "Int8", [8], 8, lambda b=blob: iter([b]))],
+                       {"format": "ms", "q.int4": "Int4"})
+    mnt = os.path.join(work, "mnt")
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                       index_dir=os.path.join(work, "index")):
+        want = bytes(range(8))  # target 0 takes passthrough entries from source rank 0
+        _, tensors = parse_safetensors(itest.read_file(
+            os.path.join(mnt, "rank_0", "checkpoint_0.safetensors")))
+        got = {n: (code, shape, arr.tobytes()) for n, code, shape, arr in tensors}
+        assert got["q.int4"] == ("I8", [8], want), got["q.int4"]
+        ckpt = ckpt_tensors(work, itest.read_file(os.path.join(mnt, "rank_0",
+                                                               "checkpoint_0.ckpt")))
+        code, dims, arr = ckpt["q.int4"]
+        assert (code, dims, arr.tobytes()) == ("I8", [8], want), ckpt["q.int4"]
+        # Everything else is the expected view.
+        _, expected = parse_safetensors(itest.read_file(fx.expected_safetensors_files()[0]))
+        for n, code, shape, arr in expected:
+            assert got[n] == (code, shape, arr.tobytes()), n
+    # A strategy parameter marked Int4 cannot be split.
+    name = next(p.name for p in fx.case.params
+                if p.src and any(m != -1 for m in p.src.tensor_map))
+    for path in fx.source_files.values():
+        rewrite_source(path, [], {"format": "ms", name: "Int4"})
+    line = mount_error(args, fx.src_dir, os.path.join(work, "bad"), src_strategy=fx.src_strategy)
+    assert name in line and "cannot be resharded" in line, line
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
@@ -387,6 +433,7 @@ def main():
     checks.run("views and prefix", check_views_and_prefix, args)
     checks.run("bad input", check_bad_input, args)
     checks.run("unified_safetensors directory as a source", check_unified, args)
+    checks.run("Int4-marked tensors", check_int4, args)
     checks.finish()
 
 

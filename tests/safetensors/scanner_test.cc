@@ -66,7 +66,7 @@ TEST_F(ScannerTest, GoodFileGivesParamsInOffsetOrderWithAbsoluteExtents) {
   EXPECT_EQ(scan.params[0].dtype, "Int64");
   EXPECT_TRUE(scan.params[0].shape.empty());
   EXPECT_EQ(scan.params[1].name, "q");
-  EXPECT_EQ(scan.params[1].dtype, "Int4");
+  EXPECT_EQ(scan.params[1].dtype, "Int8");
   EXPECT_EQ(scan.params[1].kind, ckpt::EntryKind::Opaque);
   EXPECT_EQ(scan.params[1].content, (std::vector<ckpt::Extent>{{d + 8, 4}}));
   EXPECT_EQ(scan.params[2].name, "a");

@@ -39,8 +39,8 @@ struct Header {
 Header read_header(int fd, const std::string& display_name);
 
 // The same file as the scan records the index stores: one Param per tensor, dtype as its
-// MindSpore tensor_type (Int4-marked tensors as the opaque type "Int4"), content one absolute
-// extent. Params come in data-offset order, the order MindSpore's transform loads them in
+// MindSpore tensor_type (Int4-marked tensors: the type they are stored as, kind Opaque, so
+// they are copied whole and never split), content one absolute extent. Params come in data-offset order, the order MindSpore's transform loads them in
 // (safetensors.numpy.load_file iterates offset_keys() in the 0.7 release MindSpore is pinned to;
 // 0.4 iterated sorted names); format is SourceFormat::Safetensors.
 ckpt::FileScan scan_safetensors_fd(int fd, const std::string& display_name);
