@@ -44,6 +44,24 @@ struct MountArgs {
   std::string prefix = "checkpoint_";
 };
 
+constexpr std::string_view kByStage = "by_stage";
+
+std::vector<std::string> split_options(const std::string& list) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  for (size_t comma; (comma = list.find(',', begin)) != std::string::npos; begin = comma + 1)
+    out.push_back(list.substr(begin, comma - begin));
+  out.push_back(list.substr(begin));
+  return out;
+}
+
+bool has_option(const std::vector<std::string>& lists, std::string_view word) {
+  for (const std::string& list : lists)
+    for (const std::string& w : split_options(list))
+      if (w == word) return true;
+  return false;
+}
+
 plan::ViewOptions view_options(const MountArgs& args) {
   plan::ViewOptions out;
   out.ckpt = out.safetensors = false;
@@ -59,16 +77,22 @@ plan::ViewOptions view_options(const MountArgs& args) {
   if (args.prefix.find('/') != std::string::npos || args.prefix.find('\0') != std::string::npos)
     fail("--prefix {}: a file name prefix cannot hold '/'", args.prefix);
   out.prefix = args.prefix;
+  out.by_stage = has_option(args.options, kByStage);
   return out;
 }
 
-// The -o words go to fs::mount as they are: it takes out its own (cache, noreadahead, ...) and
-// hands the rest to libfuse.
+// The -o words go to fs::mount as they are (but by_stage, which chooses the files): it takes
+// out its own (cache, noreadahead, ...) and hands the rest to libfuse.
 fs::MountOptions mount_options(const MountArgs& args) {
   fs::MountOptions out;
   out.foreground = args.foreground;
   out.log_file = args.log_file;
-  out.fuse_options = args.options;
+  for (const std::string& list : args.options) {
+    std::string kept;
+    for (const std::string& word : split_options(list))
+      if (word != kByStage) kept += (kept.empty() ? "" : ",") + word;
+    if (!kept.empty()) out.fuse_options.push_back(kept);
+  }
   return out;
 }
 
@@ -251,7 +275,9 @@ void add_mount_commands(CLI::App& app) {
       ->add_option("-o", args->options,
                    "Mount options, comma-separated: cache (page-cache mode for mmap users; "
                    "default is direct I/O), noreadahead (no read-ahead thread for sequential "
-                   "readers), splice (splice long runs while several files are read; needs "
+                   "readers), by_stage (one _part<stage> file per source pipeline stage, as "
+                   "MindSpore's by-stage transform writes), splice (splice long runs while "
+                   "several files are read; needs "
                    "fs.pipe-max-size >= 2 MiB), splice=always, max_read=N, max_threads=N, or any "
                    "libfuse option such as allow_other")
       ->allow_extra_args(false);

@@ -230,12 +230,10 @@ struct ParamRef {
 
 class Planner {
  public:
+  // `ranks`: the rank each of plan.sources plays (plan.source_ranks, or stage-local ranks).
   Planner(Plan& plan, const strategy::Strategy* src, const strategy::Strategy* dst,
-          bool safetensors_rules)
-      : files_(plan.sources, plan.source_ranks),
-        src_(src),
-        dst_(dst),
-        safetensors_rules_(safetensors_rules) {}
+          bool safetensors_rules, const std::vector<int64_t>& ranks)
+      : files_(plan.sources, ranks), src_(src), dst_(dst), safetensors_rules_(safetensors_rules) {}
 
   // Safetensors sources saved in pipeline stages: MindSpore transforms each source stage on its
   // own and merges the results with dict.update in stage order, so an entry keeps the place the
@@ -715,6 +713,57 @@ bool safetensors_rules(const Sources& sources) {
 Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strategy* dst,
                 const ViewOptions& views, bool safetensors_rules);
 
+// Stage `stage` of a pipeline strategy as the one-stage file MindSpore saved for it.
+strategy::Strategy stage_strategy(const strategy::Strategy& src, uint32_t stage) {
+  strategy::Strategy out;
+  out.origin = fmt::format("{} (stage {})", src.origin, stage);
+  out.devices_per_stage = src.devices_per_stage;
+  out.num_stages = 1;
+  for (const auto& [name, param] : src.params) {
+    auto it = param.stages.find(stage);
+    if (it == param.stages.end()) continue;
+    out.params.emplace(name, strategy::StrategyParam{name, {{0, it->second}}});
+  }
+  return out;
+}
+
+// §4.7: each stage's sources (local ranks 0..N-1) against the destination restricted to the
+// stage's names; destination rank l's result is rank_<l>/<prefix><l>_part<stage>.ckpt.
+void plan_by_stage(Plan& plan, const strategy::Strategy* src, const strategy::Strategy* dst,
+                   bool safetensors_rules, const ViewOptions& views) {
+  if (!src || src->num_stages < 2 || !dst || dst->num_stages != 1)
+    fail(
+        "-o by_stage writes one _part<stage> file per stage of a pipeline source: it needs a "
+        "source strategy of several stages and a destination strategy of one stage (the source "
+        "has {} stage{}, the destination {})",
+        src ? src->num_stages : 1, src && src->num_stages != 1 ? "s" : "",
+        dst ? fmt::format("{} stage{}", dst->num_stages, dst->num_stages == 1 ? "" : "s") : "none");
+  const int64_t n_src = src->devices_per_stage;
+  std::vector<std::vector<Entry>> by_stage_and_rank;  // [stage * n_dst + l]
+  // Entries point into their planner and its strategies: all live until the files are built.
+  std::deque<strategy::Strategy> strategies;
+  std::deque<Planner> planners;
+  for (uint32_t stage = 0; stage < src->num_stages; ++stage) {
+    const strategy::Strategy& src_s = strategies.emplace_back(stage_strategy(*src, stage));
+    strategy::Strategy& dst_s = strategies.emplace_back(*dst);
+    std::erase_if(dst_s.params, [&](const auto& p) { return !src_s.params.count(p.first); });
+    // Other stages' files play no rank here (a negative one nobody asks for).
+    std::vector<int64_t> ranks;
+    for (size_t i = 0; i < plan.source_ranks.size(); ++i) {
+      const int64_t g = plan.source_ranks[i];
+      ranks.push_back(g / n_src == stage ? g % n_src : -1 - static_cast<int64_t>(i));
+    }
+    Planner& planner = planners.emplace_back(plan, &src_s, &dst_s, safetensors_rules, ranks);
+    for (int64_t l = 0; l < dst->devices_per_stage; ++l)
+      by_stage_and_rank.push_back(planner.plan_target(l));
+  }
+  for (int64_t l = 0; l < dst->devices_per_stage; ++l)
+    for (uint32_t stage = 0; stage < src->num_stages; ++stage)
+      plan.targets.push_back(
+          TargetFile{l, ckpt_view(by_stage_and_rank[stage * dst->devices_per_stage + l]),
+                     fmt::format("{}{}_part{}.ckpt", views.prefix, l, stage), false});
+}
+
 }  // namespace
 
 Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::Strategy* src,
@@ -763,7 +812,11 @@ namespace {
 
 Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strategy* dst,
                 const ViewOptions& views, bool safetensors_rules) {
-  Planner planner(plan, src, dst, safetensors_rules);
+  if (views.by_stage) {
+    plan_by_stage(plan, src, dst, safetensors_rules, views);
+    return plan;
+  }
+  Planner planner(plan, src, dst, safetensors_rules, plan.source_ranks);
   const int64_t targets = dst ? dst->devices_per_stage * dst->num_stages : 1;
   std::set<std::string> left_out;
   for (int64_t t = 0; t < targets; ++t) {

@@ -30,6 +30,11 @@ struct ViewOptions {
   bool ckpt = true;
   bool safetensors = true;
   std::string prefix = "checkpoint_";
+  // Instead: MindSpore >= 2.3's by-stage transform (spec mindspore-formats.md §4.7), called
+  // once per stage of a pipeline source with that stage's strategy: rank_<l>/<prefix><l>_part<s>
+  // .ckpt for every destination rank l and source stage s, for load_segmented_checkpoints. Needs
+  // a pipeline source strategy and a one-stage destination strategy; .ckpt files only.
+  bool by_stage = false;
 };
 
 struct Plan {
