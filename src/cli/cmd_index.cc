@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "ckptfs/index/store.h"
 #include "ckptfs/source/discover.h"
 #include "ckptfs/source/step_choice.h"
+#include "ckptfs/source/unified.h"
 #include "commands.h"
 
 namespace ckptfs::cli {
@@ -51,8 +53,11 @@ void clear(const IndexOptions& options) {
   fmt::print("removed {} entries from {}\n", removed, store.dir().string());
 }
 
-void build(const IndexOptions& options) {
-  // The files a mount with the default --step would serve.
+// The files a mount with the default --step would serve: every part of a unified_safetensors
+// directory, else each rank's chosen checkpoint.
+std::vector<fs::path> files_to_index(const IndexOptions& options) {
+  if (const std::optional<source::UnifiedDir> unified = source::read_unified(options.src_dir))
+    return unified->files;
   const source::Listing listing = source::list_sources(options.src_dir);
   const source::Choice choice = source::choose(listing, {});
   if (const std::string ignored = source::ignored_summary(listing); !ignored.empty())
@@ -61,6 +66,11 @@ void build(const IndexOptions& options) {
   std::vector<fs::path> paths;
   paths.reserve(choice.files.size());
   for (const auto& [rank, path] : choice.files) paths.push_back(path);
+  return paths;
+}
+
+void build(const IndexOptions& options) {
+  const std::vector<fs::path> paths = files_to_index(options);
 
   index::Store store(index_dir(options));
   const std::vector<index::IndexedSource> sources = index::index_sources(store, paths);

@@ -362,6 +362,10 @@ def check_unified(args):
                              if r["role"] == "reshard"}
                 tags = [v.tag for v in a.value if v.tag in resharded]
                 assert tags == [n for n in order if n in resharded], f"rank {t}: order {tags}"
+    # `index build` indexes every part.
+    out = itest.run([args.ckptfs, "index", "build", os.path.join(work, "unified0"),
+                     "--index-dir", os.path.join(work, "index-build")]).stdout
+    assert out.startswith("3 files,"), out
     # A map naming a parameter its file lacks, and --src-strategy on a unified directory.
     udir = os.path.join(work, "unified1")
     with open(os.path.join(udir, "param_name_map.json")) as f:
