@@ -22,9 +22,12 @@ std::string rank_dirs(const std::vector<int64_t>& ranks) {
   return out;
 }
 
-// MindFormers leaves these out of every save (its filter list), though strategies name them.
-bool never_saved(std::string_view name) {
-  return name.starts_with("accu_grads") || name.find("_cache") != std::string_view::npos ||
+// Names a strategy lists that a save may lack: MindFormers' filter list (accu_grads, *_cache*,
+// *expert_load*) and optimizer states, which saves of the network's weights alone leave out.
+bool may_be_unsaved(std::string_view name) {
+  for (std::string_view prefix : {"accu_grads", "adam_m.", "adam_v.", "moment1.", "moment2."})
+    if (name.starts_with(prefix)) return true;
+  return name.find("_cache") != std::string_view::npos ||
          name.find("expert_load") != std::string_view::npos;
 }
 
@@ -81,7 +84,7 @@ void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sourc
   for (uint32_t stage = 0; stage < src.num_stages; ++stage) {
     std::vector<std::string_view> missing;
     for (const auto& [name, param] : src.params)
-      if (param.stages.count(stage) && !never_saved(name) && !held[stage].count(name))
+      if (param.stages.count(stage) && !may_be_unsaved(name) && !held[stage].count(name))
         missing.push_back(name);
     if (missing.empty()) continue;
     std::string names;

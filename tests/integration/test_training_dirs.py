@@ -215,6 +215,28 @@ def missing_stage(args):
                 f"the directory of every stage's file)")
 
 
+def weights_only_save(args):
+    """A save without optimizer states under a training strategy that lists them mounts (and
+    serves what it has); the same save lacking a weight is refused."""
+    from ckptfix import negative
+    work, fx = fixture(args, "weights_only", "pipeline_src_dir")
+    for g in range(4):
+        negative.drop_record(fx.outdir, g, "adam_m.layers.0.wq")
+    mnt = os.path.join(work, "mnt")
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                       dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index")):
+        names = [r.tag for r in ckpt_fixture.read_records(
+            os.path.join(mnt, "rank_0", "checkpoint_0.ckpt"))]
+        assert "adam_m.layers.0.wq" not in names and "layers.0.wq" in names, names
+    for g in range(4):
+        negative.drop_record(fx.outdir, g, "layers.0.wo")
+    line = refusal(args, work, fx.src_dir, (), fx.src_strategy, fx.dst_strategy)
+    expect_line(line,
+                f"ckptfs: the source strategy {fx.src_strategy} names 1 parameter of stage 0 that "
+                f"no source file of that stage (rank_0/ .. rank_3/) holds: layers.0.wo; give the "
+                f"strategy these checkpoints were saved with")
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
@@ -229,6 +251,7 @@ def main():
     checks.run("fewer rank directories refused", fewer_rank_dirs, args)
     checks.run("strategy of another model refused", strategy_of_another_model, args)
     checks.run("missing pipeline stage refused", missing_stage, args)
+    checks.run("weights-only save; a missing weight refused", weights_only_save, args)
     checks.finish()
 
 

@@ -20,7 +20,8 @@ void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strateg
                       const std::string& src_dir);
 
 // Every parameter the source strategy lists for a stage must be in some file of that stage,
-// except those training never saves (accu_grads*, *_cache*, *expert_load*). Throws Error naming
+// except those a save may lack (accu_grads*, *_cache*, *expert_load*, and the optimizer states
+// adam_m.*, adam_v.*, moment1.*, moment2.*). Throws Error naming
 // the strategy, the stage, the first missing parameters and how many there are.
 void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sources,
                             const strategy::Strategy& src);
