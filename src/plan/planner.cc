@@ -666,7 +666,8 @@ VirtualFile safetensors_view(const std::vector<Entry>& entries, std::set<std::st
     const bool dense = e.kind == ckpt::EntryKind::Tensor || e.kind == ckpt::EntryKind::Opaque;
     const std::optional<safetensors::Dtype> d =
         dense ? safetensors::dtype_by_mindspore(e.dtype) : std::nullopt;
-    if (!d) {
+    // The header's own key: a .ckpt parameter of that name has no place in it.
+    if (!d || e.name == safetensors::kMetadataKey) {
       left_out.emplace(e.name);
       continue;
     }

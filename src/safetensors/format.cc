@@ -96,7 +96,8 @@ std::string encode_header(std::span<const HeaderEntry> entries,
                           std::span<const std::pair<std::string, std::string>> metadata) {
   std::string json = "{";
   if (!metadata.empty()) {
-    json += "\"__metadata__\":{";
+    append_json_string(json, kMetadataKey);
+    json += ":{";
     for (size_t i = 0; i < metadata.size(); ++i) {
       if (i > 0) json += ',';
       append_json_string(json, metadata[i].first);

@@ -25,7 +25,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-constexpr std::string_view kMetadataKey = "__metadata__";
 constexpr std::string_view kInt4Marker = "Int4";
 
 // A non-negative integer that fits int64_t (shapes) or uint64_t (offsets).

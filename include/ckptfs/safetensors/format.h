@@ -15,6 +15,8 @@ namespace ckptfs::safetensors {
 
 // A file is the 8-byte little-endian header length, the JSON header, then the data section.
 inline constexpr uint64_t kLengthBytes = 8;
+// The header key of the metadata map; no tensor may have this name.
+inline constexpr std::string_view kMetadataKey = "__metadata__";
 // The reference reader refuses longer headers ("header too large"), and so do we.
 inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
