@@ -13,7 +13,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
-sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+sys.path.append(os.path.join(REPO, "tests", "integration"))
 
 # MindSpore logs every C++ warning (e.g. no GPU plugin) unless told otherwise.
 os.environ.setdefault("GLOG_v", "3")

@@ -13,7 +13,7 @@ from msconf import ckpt_fixture, ms
 # Generator cases that are not plain transform cases, and where each is tested instead.
 NOT_TRANSFORMABLE = {
     "crc_oldscalars": "string entries crash MindSpore's transform: test_string_entries",
-    "4to6": "MindSpore refuses non-multiple device counts: test_nonmultiple.py",
+    "4to6": "MindSpore refuses non-multiple device counts: test_ms_nonmultiple.py",
 }
 BUILTIN_CASES = [n for n in ckpt_fixture.SMALL_BUILTINS if n not in NOT_TRANSFORMABLE]
 
