@@ -5,6 +5,7 @@ Imported by conftest.py and the test modules; MindSpore is imported once per pyt
 """
 
 import contextlib
+import gc
 import os
 import shutil
 import sys
@@ -66,10 +67,22 @@ def chosen_files_only(fx, workdir):
     return root
 
 
-def transform(src_dir, out_dir, src_strategy, dst_strategy):
+def transform(src_dir, out_dir, src_strategy, dst_strategy, output_format="ckpt"):
     shutil.rmtree(out_dir, ignore_errors=True)
-    ms.transform_checkpoints(src_dir, out_dir, "checkpoint_", src_strategy, dst_strategy)
+    ms.transform_checkpoints(src_dir, out_dir, "checkpoint_", src_strategy, dst_strategy,
+                             output_format=output_format)
     return out_dir
+
+
+def ckpt_to_safetensors(ckpt_root, out_root):
+    """MindSpore's own conversion of each `.ckpt` below `ckpt_root` (its transform writes no
+    safetensors from `.ckpt` sources): `save_checkpoint(load_checkpoint(f), format="safetensors")`.
+    """
+    for rel in tree_files(ckpt_root):
+        out_dir = os.path.join(out_root, os.path.dirname(rel))
+        os.makedirs(out_dir, exist_ok=True)
+        ms.ckpt_to_safetensors(os.path.join(ckpt_root, rel), out_dir)
+    return out_root
 
 
 def tree_files(root):
@@ -87,9 +100,12 @@ def assert_same_file(reference, mounted):
         raise AssertionError(f"{mounted} differs from {reference}: {why}")
 
 
-def assert_same_tree(reference_root, mount_root):
-    files = tree_files(reference_root)
-    assert tree_files(mount_root) == files, "the mount and the transform output list other files"
+def assert_same_tree(reference_root, mount_root, only=""):
+    """Every file of the reference tree (those ending in `only`) is in the mount, byte for byte,
+    and the mount has no other such file."""
+    files = [f for f in tree_files(reference_root) if f.endswith(only)]
+    assert [f for f in tree_files(mount_root) if f.endswith(only)] == files, \
+        f"the mount and {reference_root} list other{' ' + only if only else ''} files"
     for rel in files:
         assert_same_file(os.path.join(reference_root, rel), os.path.join(mount_root, rel))
     return files
@@ -125,3 +141,29 @@ def assert_loads_as_expected(mounted_file, expected_file):
         assert list(value.shape) == rec.dims, f"{rec.tag}: shape {value.shape}, dims {rec.dims}"
         assert raw_bytes(value) == rec.content, f"{rec.tag}: values differ"
     return len(records)
+
+
+def assert_safetensors_as_expected(view, expected_file):
+    """A mounted .safetensors view read by `load_checkpoint(format="safetensors")` and by the
+    reference `safetensors` package (which maps the file) holds every entry of the generator's
+    expected file that safetensors can hold (not strings), with its dtype, shape and values."""
+    from safetensors.numpy import load_file
+
+    records = [r for r in ckptio.join_chunks(ckptio.read_records(expected_file))
+               if r.tensor_type != ckptio.STRING_TYPE]
+    loaded = ms.load_checkpoint(view, format="safetensors")
+    mapped = load_file(view)
+    names = sorted(r.tag for r in records)
+    assert sorted(loaded) == names and sorted(mapped) == names, f"{view}: other entries"
+    for rec in records:
+        value = loaded[rec.tag]
+        assert str(value.dtype) == rec.tensor_type, f"{rec.tag}: dtype {value.dtype}"
+        assert list(value.shape) == rec.dims, f"{rec.tag}: shape {value.shape}"
+        assert raw_bytes(value) == rec.content, f"{rec.tag}: load_checkpoint values differ"
+        array = mapped[rec.tag]
+        assert list(array.shape) == rec.dims, f"{rec.tag}: mapped shape {array.shape}"
+        assert np.ascontiguousarray(array).tobytes() == rec.content, \
+            f"{rec.tag}: values read through mmap differ"
+    # MindSpore's reader keeps the file mapped while its tensors live; the mount must go.
+    del loaded, mapped, value, array
+    gc.collect()

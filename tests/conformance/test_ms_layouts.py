@@ -26,6 +26,8 @@ def without_strings(name):
 
 
 def check_transform_equals_mount(ckptfs, fx, workdir):
+    """The .ckpt view is MindSpore's transform; the .safetensors view is MindSpore's conversion of
+    that transform to safetensors; both load with the generator's values."""
     src = msconf.strategy_for_mindspore(fx.src_strategy, workdir, "src")
     dst = msconf.strategy_for_mindspore(fx.dst_strategy, workdir, "dst")
     out = msconf.transform(msconf.chosen_files_only(fx, workdir),
@@ -33,15 +35,20 @@ def check_transform_equals_mount(ckptfs, fx, workdir):
     expected = fx.expected_files()
     assert msconf.tree_files(out) == sorted(
         f"rank_{t}/checkpoint_{t}.ckpt" for t in expected), "MindSpore wrote other files"
+    converted = msconf.ckpt_to_safetensors(out, os.path.join(workdir, "converted"))
     with msconf.mounted(ckptfs, fx.src_dir, workdir, fx.src_strategy, fx.dst_strategy) as mnt:
-        msconf.assert_same_tree(out, mnt)
+        assert msconf.tree_files(mnt) == sorted(msconf.tree_files(out) +
+                                                msconf.tree_files(converted))
+        msconf.assert_same_tree(out, mnt, only=".ckpt")
+        msconf.assert_same_tree(converted, mnt, only=".safetensors")
         for t, path in expected.items():
-            msconf.assert_loads_as_expected(os.path.join(mnt, f"rank_{t}", f"checkpoint_{t}.ckpt"),
-                                            path)
+            view = os.path.join(mnt, f"rank_{t}", f"checkpoint_{t}")
+            msconf.assert_loads_as_expected(view + ".ckpt", path)
+            msconf.assert_safetensors_as_expected(view + ".safetensors", path)
     if (src, dst) != (fx.src_strategy, fx.dst_strategy):
         # The files MindSpore's merge_pipeline_strategys wrote mount to the same bytes.
         with msconf.mounted(ckptfs, fx.src_dir, os.path.join(workdir, "merged"), src, dst) as mnt:
-            msconf.assert_same_tree(out, mnt)
+            msconf.assert_same_tree(out, mnt, only=".ckpt")
 
 
 @pytest.mark.parametrize("name", BUILTIN_CASES)
@@ -69,6 +76,8 @@ def test_string_entries(ckptfs, tmp_path):
             mounted = os.path.join(mnt, f"rank_{t}", f"checkpoint_{t}.ckpt")
             msconf.assert_loads_as_expected(mounted, path)
             assert isinstance(ms.load_checkpoint(mounted)["note"], str)
+            # The safetensors view leaves the strings out and holds everything else.
+            msconf.assert_safetensors_as_expected(mounted[:-len(".ckpt")] + ".safetensors", path)
 
 
 # -- seeded random layouts -----------------------------------------------------------------------

@@ -32,7 +32,8 @@ def nonmultiple_case(n_src, n_dst):
             "extras": [{"name": "global_step", "dtype": "Int64", "value": 7}]}
 
 
-CASES = {"4to6": "4to6", "2to3": nonmultiple_case(2, 3), "4to3": nonmultiple_case(4, 3)}
+CASES = {"4to6": "4to6", "2to3": nonmultiple_case(2, 3), "4to3": nonmultiple_case(4, 3),
+         "st_4to6": "st_4to6"}
 
 
 def as_merged(full, tensor_type):
@@ -70,6 +71,7 @@ def test_nonmultiple(ckptfs, tmp_path, name):
         for t, path in sorted(fx.expected_files().items()):
             mounted = f"{mnt}/rank_{t}/checkpoint_{t}.ckpt"
             msconf.assert_loads_as_expected(mounted, path)
+            msconf.assert_safetensors_as_expected(mounted[:-len(".ckpt")] + ".safetensors", path)
             loaded[t] = ms.load_checkpoint(mounted)
     assert sorted(loaded) == list(range(n_dst))
     for param in case.params:

@@ -1,6 +1,7 @@
 """A real training run as the source: a tiny network trained by `Model.train` with
 `ModelCheckpoint` (PyNative, CPU) leaves twelve checkpoints in one rank directory; the mount of
-that directory equals MindSpore's transform of the one file ckptfs is documented to choose."""
+that directory equals MindSpore's transform of the one file ckptfs is documented to choose.
+Run once saving `.ckpt` and once saving `.safetensors` (CheckpointConfig(format=...))."""
 
 import os
 import re
@@ -25,11 +26,12 @@ def ckptfs_chosen_checkpoint(names):
     beats `net-9_2.ckpt` (MindSpore's own `.ckpt` transform takes the last name in string order,
     `net-9_2.ckpt`). When the rule changes, only this function changes.
     """
-    def step(name):
-        epoch, step_in_epoch = re.search(r"(\d+)_(\d+)\.ckpt$", name).groups()
-        return int(epoch), int(step_in_epoch)
+    return max(names, key=step_of)
 
-    return max((n for n in names if n.endswith(".ckpt")), key=step)
+
+def step_of(name):
+    epoch, step_in_epoch = re.search(r"(\d+)_(\d+)\.(ckpt|safetensors)$", name).groups()[:2]
+    return int(epoch), int(step_in_epoch)
 
 
 class TinyNet(ms.nn.Cell):
@@ -68,8 +70,8 @@ DST_MAPS = {"fc1.weight": [0, -1], "fc1.bias": [0], "fc2.weight": [-1, 0], "fc2.
             "moment1.fc1.weight": [-1, 0]}
 
 
-def write_dst_strategy(checkpoint, outdir):
-    loaded = ms.load_checkpoint(checkpoint)
+def write_dst_strategy(checkpoint, file_format, outdir):
+    loaded = ms.load_checkpoint(checkpoint, format=file_format)
     params = [{"name": name, "dtype": str(loaded[name].dtype), "shape": list(loaded[name].shape),
                "src": None, "dst": {"dev_matrix": [2], "tensor_map": tmap}}
               for name, tmap in DST_MAPS.items()]
@@ -78,66 +80,82 @@ def write_dst_strategy(checkpoint, outdir):
     return strategy.write_side(case, "dst", outdir)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """One training run per session: its source tree and a target strategy for it."""
-    root = tmp_path_factory.mktemp("training")
+@pytest.fixture(scope="module", params=["ckpt", "safetensors"])
+def run(request, tmp_path_factory):
+    """One training run per format: its source tree and a target strategy for it."""
+    fmt = request.param
+    root = tmp_path_factory.mktemp(f"training_{fmt}")
     rank0 = root / "src" / "rank_0"
-    train(str(rank0))
+    train(str(rank0), fmt)
     names = sorted(os.listdir(rank0))
-    dst = write_dst_strategy(str(rank0 / "net-12_2.ckpt"), str(root))
-    return {"root": root, "src": str(root / "src"), "names": names, "dst": dst}
+    dst = write_dst_strategy(str(rank0 / f"net-12_2.{fmt}"), fmt, str(root))
+    return {"format": fmt, "src": str(root / "src"), "names": names, "dst": dst}
 
 
-def transform_of_one(run, name, workdir):
-    """MindSpore's transform of a source tree holding only `name` in rank_0."""
-    only = os.path.join(workdir, f"only_{name}", "rank_0")
-    os.makedirs(only)
-    shutil.copy2(os.path.join(run["src"], "rank_0", name), only)
-    return msconf.transform(os.path.dirname(only), os.path.join(workdir, f"out_{name}"), None,
-                            run["dst"])
+def views_of_one(run, name, workdir):
+    """MindSpore's files for a source tree holding only `name` in rank_0: its transform to .ckpt,
+    and to safetensors (from .ckpt sources, its conversion of that .ckpt output)."""
+    only = os.path.join(workdir, f"only_{name}")
+    os.makedirs(os.path.join(only, "rank_0"))
+    shutil.copy2(os.path.join(run["src"], "rank_0", name), os.path.join(only, "rank_0"))
+    as_ckpt = msconf.transform(only, os.path.join(workdir, f"ckpt_{name}"), None, run["dst"])
+    if run["format"] == "ckpt":
+        as_st = msconf.ckpt_to_safetensors(as_ckpt, os.path.join(workdir, f"st_{name}"))
+    else:
+        as_st = msconf.transform(only, os.path.join(workdir, f"st_{name}"), None, run["dst"],
+                                 output_format="safetensors")
+    return as_ckpt, as_st
 
 
-def epoch_of(name):
-    return int(re.fullmatch(r"net-(\d+)_2\.ckpt", name).group(1))
+def assert_mount_is(views, mnt):
+    as_ckpt, as_st = views
+    assert msconf.tree_files(mnt) == sorted(msconf.tree_files(as_ckpt) +
+                                            msconf.tree_files(as_st))
+    msconf.assert_same_tree(as_ckpt, mnt, only=".ckpt")
+    msconf.assert_same_tree(as_st, mnt, only=".safetensors")
 
 
 def test_training_leaves_twelve_checkpoints(run):
-    """Model.train + ModelCheckpoint leaves net-1_2.ckpt ... net-12_2.ckpt"""
-    assert sorted(run["names"], key=epoch_of) == [f"net-{e}_2.ckpt" for e in range(1, 13)]
-    first = ms.load_checkpoint(os.path.join(run["src"], "rank_0", "net-1_2.ckpt"))
-    last = ms.load_checkpoint(os.path.join(run["src"], "rank_0", "net-12_2.ckpt"))
+    """Model.train + ModelCheckpoint leaves net-1_2 ... net-12_2"""
+    fmt = run["format"]
+    assert sorted(run["names"], key=step_of) == [f"net-{e}_2.{fmt}" for e in range(1, 13)]
+    first = ms.load_checkpoint(os.path.join(run["src"], "rank_0", f"net-1_2.{fmt}"), format=fmt)
+    last = ms.load_checkpoint(os.path.join(run["src"], "rank_0", f"net-12_2.{fmt}"), format=fmt)
     assert msconf.raw_bytes(first["fc1.weight"]) != msconf.raw_bytes(last["fc1.weight"]), \
         "training did not change the weights, so steps cannot be told apart"
 
 
 def test_training_mount_equals_transform_of_chosen(ckptfs, run, tmp_path):
-    """mount of a ModelCheckpoint directory == transform_checkpoints of the file ckptfs chooses"""
+    """mount of a ModelCheckpoint directory == MindSpore's files for the file ckptfs chooses"""
     chosen = ckptfs_chosen_checkpoint(run["names"])
-    out = transform_of_one(run, chosen, str(tmp_path))
+    views = views_of_one(run, chosen, str(tmp_path))
     with msconf.mounted(ckptfs, run["src"], str(tmp_path), None, run["dst"]) as mnt:
-        files = msconf.assert_same_tree(out, mnt)
-        assert files == ["rank_0/checkpoint_0.ckpt", "rank_1/checkpoint_1.ckpt"]
-        halves = [ms.load_checkpoint(os.path.join(mnt, f)) for f in files]
-    full = ms.load_checkpoint(os.path.join(run["src"], "rank_0", chosen))
+        assert_mount_is(views, mnt)
+        halves = [ms.load_checkpoint(os.path.join(mnt, f"rank_{t}", f"checkpoint_{t}.ckpt"))
+                  for t in (0, 1)]
+    full = ms.load_checkpoint(os.path.join(run["src"], "rank_0", chosen), format=run["format"])
     rows = np.concatenate([h["fc1.weight"].asnumpy() for h in halves])
     assert rows.tobytes() == full["fc1.weight"].asnumpy().tobytes()
 
 
-def test_mindspore_transform_takes_string_order(run, tmp_path):
-    """MindSpore's .ckpt transform of the whole directory takes net-9_2.ckpt (string order)"""
+def test_mindspore_transform_file_choice(run, tmp_path):
+    """MindSpore's transform of the whole directory takes net-9_2 for .ckpt (string order), net-12_2 for safetensors"""
+    fmt = run["format"]
+    takes, not_this = ("net-9_2", "net-12_2") if fmt == "ckpt" else ("net-12_2", "net-9_2")
     whole = msconf.transform(run["src"], str(tmp_path / "whole"), None, run["dst"])
-    net9 = transform_of_one(run, "net-9_2.ckpt", str(tmp_path))
-    net12 = transform_of_one(run, "net-12_2.ckpt", str(tmp_path))
-    files = msconf.assert_same_tree(net9, whole)
-    assert any(open(os.path.join(net12, f), "rb").read() != open(os.path.join(whole, f),
+    files = msconf.assert_same_tree(views_of_one(run, f"{takes}.{fmt}", str(tmp_path))[0], whole)
+    other = views_of_one(run, f"{not_this}.{fmt}", str(tmp_path))[0]
+    assert any(open(os.path.join(other, f), "rb").read() != open(os.path.join(whole, f),
                                                                  "rb").read() for f in files)
 
 
-@pytest.mark.parametrize("step, name", [("9_2", "net-9_2.ckpt"), ("net-5_*.ckpt", "net-5_2.ckpt")])
-def test_training_step_option(ckptfs, run, tmp_path, step, name):
-    """mount --step == transform_checkpoints of that step's file alone"""
-    out = transform_of_one(run, name, str(tmp_path))
+@pytest.mark.parametrize("step, epoch", [("9_2", 9), ("net-5_*", 5)])
+def test_training_step_option(ckptfs, run, tmp_path, step, epoch):
+    """mount --step == MindSpore's files for that step's file alone"""
+    fmt = run["format"]
+    if "*" in step:
+        step += "." + fmt
+    views = views_of_one(run, f"net-{epoch}_2.{fmt}", str(tmp_path))
     with msconf.mounted(ckptfs, run["src"], str(tmp_path), None, run["dst"],
                         args=["--step", step]) as mnt:
-        msconf.assert_same_tree(out, mnt)
+        assert_mount_is(views, mnt)
