@@ -159,3 +159,14 @@ def test_training_step_option(ckptfs, run, tmp_path, step, epoch):
     with msconf.mounted(ckptfs, run["src"], str(tmp_path), None, run["dst"],
                         args=["--step", step]) as mnt:
         assert_mount_is(views, mnt)
+
+
+def test_training_steps_tree(ckptfs, run, tmp_path):
+    """mount's steps/<epoch>_<step>/ == MindSpore's files for that step's file alone"""
+    fmt = run["format"]
+    with msconf.mounted(ckptfs, run["src"], str(tmp_path), None, run["dst"]) as mnt:
+        assert sorted(os.listdir(os.path.join(mnt, "steps")), key=lambda s: step_of(s + ".ckpt")) \
+            == [f"{e}_2" for e in range(1, 13)]
+        for epoch in (1, 9, 10, 12):
+            views = views_of_one(run, f"net-{epoch}_2.{fmt}", str(tmp_path))
+            assert_mount_is(views, os.path.join(mnt, "steps", f"{epoch}_2"))
