@@ -6,6 +6,7 @@ Imported by conftest.py and the test modules; MindSpore is imported once per pyt
 
 import contextlib
 import gc
+import multiprocessing
 import os
 import shutil
 import sys
@@ -67,10 +68,42 @@ def chosen_files_only(fx, workdir):
     return root
 
 
+class _JoinedAtStart(multiprocessing.Process):
+    def start(self):
+        super().start()
+        self.join()
+
+
+class _StagesInOrder:
+    """`multiprocessing` for MindSpore's safetensors transform, with each process run to its
+    end before the next starts."""
+    Process = _JoinedAtStart
+
+    def __getattr__(self, name):
+        return getattr(multiprocessing, name)
+
+
+@contextlib.contextmanager
+def pipeline_stages_in_order():
+    """MindSpore 2.7.2 transforms each pipeline stage of safetensors sources in a process of its
+    own, all at once, and merges their results in the order they finish: the record order of its
+    `.ckpt` output, and which stage's value an entry of several stages keeps, change from run to
+    run (docs/CONFORMANCE.md). Here its own code runs the stages one after the other, in stage
+    order, which is also what it does most of the time."""
+    from mindspore.parallel import transform_safetensors
+    saved = transform_safetensors.mp
+    transform_safetensors.mp = _StagesInOrder()
+    try:
+        yield
+    finally:
+        transform_safetensors.mp = saved
+
+
 def transform(src_dir, out_dir, src_strategy, dst_strategy, output_format="ckpt"):
     shutil.rmtree(out_dir, ignore_errors=True)
-    ms.transform_checkpoints(src_dir, out_dir, "checkpoint_", src_strategy, dst_strategy,
-                             output_format=output_format)
+    with pipeline_stages_in_order():
+        ms.transform_checkpoints(src_dir, out_dir, "checkpoint_", src_strategy, dst_strategy,
+                                 output_format=output_format)
     return out_dir
 
 

@@ -10,19 +10,10 @@ import pytest
 import msconf
 from msconf import ckpt_fixture
 
-# A divergence found by this lane, kept visible until ckptfs follows MindSpore (strict: the
-# case fails once it passes, so the mark must go then). For pipeline safetensors sources
-# MindSpore 2.7.2 takes an entry that every stage holds (learning_rate) from the LAST stage's
-# rank (target t: source rank t + 4 here), and orders the .ckpt output stage by stage (each
-# stage's resharded parameters, then its passthrough entries, each in data-offset order);
-# ckptfs takes stage 0's rank and orders by first appearance over the rank list.
-KNOWN_DIVERGENCES = {
-    "st_pipeline_src_dir": "pipeline safetensors sources: passthrough rank and .ckpt order",
-}
-# st_4to6 is in test_ms_nonmultiple.py: MindSpore refuses non-multiple device counts.
-CASES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DIVERGENCES[n]))
-         if n in KNOWN_DIVERGENCES else n
-         for n in ckpt_fixture.SAFETENSORS_BUILTINS if n != "st_4to6"]
+# st_4to6 is in test_ms_nonmultiple.py: MindSpore refuses non-multiple device counts. Pipeline
+# sources (st_pipeline_src_*) are transformed with their stages in stage order
+# (msconf.pipeline_stages_in_order).
+CASES = [n for n in ckpt_fixture.SAFETENSORS_BUILTINS if n != "st_4to6"]
 
 
 @pytest.mark.parametrize("name", CASES)
