@@ -34,11 +34,12 @@ class TrainingTree:
     breakpoints: Dict[int, str] = field(default_factory=dict)        # rank -> breakpoint file
     layout: str = "mindspore"
     prefix: str = "net"
+    suffix: str = ".ckpt"              # ".safetensors" for format="safetensors" saves
 
     def file_name(self, rank: int, step: Step, breakpoint: bool = False) -> str:
         tail = "_breakpoint" if breakpoint else ""
         stem = f"{self.prefix}_rank_{rank}" if self.layout == "mindformers" else self.prefix
-        return f"{stem}-{step[0]}_{step[1]}{tail}.ckpt"
+        return f"{stem}-{step[0]}_{step[1]}{tail}{self.suffix}"
 
     def expected(self, step: Step) -> Fixture:
         return self.steps[step]
@@ -114,6 +115,8 @@ def make_training(case: dict, outdir: str, steps: List[Step], layout: str = "min
     for d in rank_dirs.values():
         os.makedirs(d, exist_ok=True)
     tree = TrainingTree(outdir, src_dir, rank_dirs, None, None, layout=layout)
+    if case.get("options", {}).get("source_format") == "safetensors":
+        tree.suffix = ".safetensors"
 
     for i, step in enumerate(steps):
         save_step(tree, case, i, step, expected=step in expected_steps)

@@ -74,6 +74,17 @@ def twelve_saves(args):
                 f"(--step breakpoint serves them)")
 
 
+def twelve_safetensors_saves(args):
+    case = training.twelve_saves_case()
+    case["options"]["source_format"] = "safetensors"
+    work = os.path.join(args.work, "twelve_st")
+    tr = training.make_training(case, os.path.join(work, "t"), TWELVE, expected_steps=[(12, 2)])
+    err = mount_and_compare(args, work, tr, (12, 2))
+    expect_line(err.strip(),
+                f"ckptfs: {tr.src_dir}: epoch 12 step 2 on all 2 ranks; 11 older checkpoints "
+                f"ignored")
+
+
 def newest_on_some_ranks(args):
     work, tr = tree(args, "partial_step", steps=[(1, 2), (2, 2), (3, 2)],
                     expected_steps=[(2, 2)])
@@ -116,9 +127,13 @@ def mixed_steps_refused(args):
     assert os.path.isdir(r0) and os.path.isdir(r1)
 
 
-def counters_disagree(args):
+def counters_disagree(args, fmt="ckpt"):
     """A file named as step 2 that holds step 1's counters (a copy gone wrong)."""
-    work, tr = tree(args, "counters", steps=[(1, 2), (2, 2)])
+    case = training.twelve_saves_case()
+    if fmt == "safetensors":
+        case["options"]["source_format"] = "safetensors"
+    work = os.path.join(args.work, f"counters_{fmt}")
+    tr = training.make_training(case, os.path.join(work, "t"), [(1, 2), (2, 2)])
     shutil.copyfile(tr.files[(1, 2)][1], tr.files[(2, 2)][1])
     line = refusal(args, work, tr.src_dir, (), tr.src_strategy)
     f0, f1 = tr.files[(2, 2)][0], tr.files[(2, 2)][1]
@@ -245,6 +260,8 @@ def main():
     checks.run("breakpoint only when asked", breakpoint_when_asked, args)
     checks.run("mixed steps refused, allowed when named", mixed_steps_refused, args)
     checks.run("step counters disagree", counters_disagree, args)
+    checks.run("step counters disagree (safetensors)", counters_disagree, args, "safetensors")
+    checks.run("12 safetensors saves", twelve_safetensors_saves, args)
     checks.run("MindFormers output/ directory", mindformers_output, args)
     checks.run("unrelated files: one summary line", unrelated_files_one_line, args)
     checks.run("swapped strategies refused", swapped_strategies, args)
