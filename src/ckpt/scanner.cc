@@ -493,6 +493,27 @@ void verify_crc(int fd, const std::string& name, uint64_t body_size, uint32_t ex
 
 }  // namespace
 
+// A torch.save view: one storage extent, and every element it reaches inside it.
+std::string check_view(const Param& p) {
+  if (p.content.size() != 1 || p.strides.size() != p.shape.size() ||
+      (p.element_size != 1 && p.element_size != 2 && p.element_size != 4 &&
+       p.element_size != 8 && p.element_size != 16))
+    return fmt::format("parameter '{}' is a malformed view", p.name);
+  unsigned __int128 last = p.storage_offset, numel = 1;
+  for (size_t k = 0; k < p.shape.size(); ++k) {
+    if (p.shape[k] < 0 || p.strides[k] < 0)
+      return fmt::format("parameter '{}' has shape {}", p.name, shape_text(p.shape));
+    numel *= static_cast<uint64_t>(p.shape[k]);
+    if (numel > (uint64_t{1} << 62))
+      return fmt::format("parameter '{}' has shape {} past 64 bits", p.name, shape_text(p.shape));
+    if (p.shape[k] > 0)
+      last += static_cast<unsigned __int128>(p.shape[k] - 1) * static_cast<uint64_t>(p.strides[k]);
+  }
+  if (numel > 0 && (last + 1) * p.element_size > p.content[0].length)
+    return fmt::format("parameter '{}' reaches past its storage", p.name);
+  return "";
+}
+
 std::string check_scan(const FileScan& scan, uint64_t file_size) {
   if (scan.file_size != file_size)
     return fmt::format("file size {} where the file has {}", scan.file_size, file_size);
@@ -505,6 +526,10 @@ std::string check_scan(const FileScan& scan, uint64_t file_size) {
           return fmt::format("parameter '{}' has bytes [{}, +{}) past the body's {} bytes", p.name,
                              e.offset, e.length, scan.body_size);
     if (p.kind != EntryKind::Tensor) continue;
+    if (p.view) {
+      if (std::string what = check_view(p); !what.empty()) return what;
+      continue;
+    }
     const uint32_t size = element_size(p.dtype);
     if (size == 0 || size != p.element_size)
       return fmt::format("parameter '{}' of type {} has element size {}", p.name, p.dtype,
@@ -526,6 +551,7 @@ std::string check_scan(const FileScan& scan, uint64_t file_size) {
 }
 
 uint64_t Param::nbytes() const {
+  if (view) return elements() * element_size;
   uint64_t total = 0;
   for (const Extent& e : content) total += e.length;
   return total;

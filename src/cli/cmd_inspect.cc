@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -20,6 +21,7 @@
 #include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/error.h"
 #include "ckptfs/safetensors/scanner.h"
+#include "ckptfs/torchzip/torch_file.h"
 #include "ckptfs/util/fd.h"
 #include "commands.h"
 
@@ -75,6 +77,60 @@ void print_json(const ckpt::FileScan& scan) {
     });
   }
   fmt::print("{}\n", out.dump(2));
+}
+
+// Non-tensor values of a torch.save object, one "path = value" line per leaf, in order.
+void print_values(const nlohmann::json& node, const std::string& path) {
+  auto child = [&](const std::string& key) { return path.empty() ? key : path + "/" + key; };
+  auto key_text = [](const nlohmann::json& key) {
+    return key.is_string() ? key.get<std::string>() : key.dump();
+  };
+  if (node.is_object() && node.contains("$dict")) {
+    for (const auto& pair : node["$dict"]) print_values(pair[1], child(key_text(pair[0])));
+  } else if (node.is_array() || (node.is_object() && node.contains("$tuple"))) {
+    const nlohmann::json& items = node.is_array() ? node : node["$tuple"];
+    for (size_t i = 0; i < items.size(); ++i) print_values(items[i], child(std::to_string(i)));
+  } else if (!(node.is_object() && node.contains("$tensor"))) {
+    fmt::print("{} = {}\n", path.empty() ? "(object)" : path, node.dump());
+  }
+}
+
+void print_torch(const ckpt::FileScan& scan, bool json) {
+  if (json) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const ckpt::Param& p : scan.params)
+      tensors.push_back({{"name", p.name},
+                         {"dtype", p.dtype},
+                         {"shape", p.shape},
+                         {"stride", p.strides},
+                         {"storage_offset", p.storage_offset},
+                         {"nbytes", p.nbytes()},
+                         {"storage", extents_json(p.content)}});
+    fmt::print("{}\n", nlohmann::json{{"format", "torch.save"},
+                                      {"tensors", tensors},
+                                      {"object", nlohmann::json::parse(scan.tree)}}
+                           .dump(2));
+    return;
+  }
+  std::vector<std::vector<std::string>> rows{
+      {"NAME", "DTYPE", "SHAPE", "STRIDE", "OFFSET", "BYTES", "STORAGE"}};
+  uint64_t bytes = 0;
+  for (const ckpt::Param& p : scan.params) {
+    bytes += p.nbytes();
+    rows.push_back({p.name, p.dtype, fmt::format("[{}]", fmt::join(p.shape, ",")),
+                    fmt::format("[{}]", fmt::join(p.strides, ",")),
+                    std::to_string(p.storage_offset), std::to_string(p.nbytes()),
+                    extents_text(p.content)});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  for (const auto& r : rows)
+    fmt::print("{:<{}}  {:<{}}  {:<{}}  {:<{}}  {:>{}}  {:>{}}  {}\n", r[0], width[0], r[1],
+               width[1], r[2], width[2], r[3], width[3], r[4], width[4], r[5], width[5], r[6]);
+  fmt::print("{} tensors, {} tensor bytes; file {} bytes (torch.save)\n", scan.params.size(), bytes,
+             scan.file_size);
+  print_values(nlohmann::json::parse(scan.tree), "");
 }
 
 void print_table(const ckpt::FileScan& scan, const InspectOptions& options) {
@@ -158,6 +214,12 @@ void inspect_safetensors(const InspectOptions& options) {
              meta.empty() ? "none" : fmt::format("{}", fmt::join(meta, ", ")));
 }
 
+bool is_torch_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[4] = {};
+  return in.read(head, sizeof head) && torchzip::looks_like_torch(std::string_view(head, 4));
+}
+
 }  // namespace
 
 void add_inspect_command(CLI::App& app) {
@@ -165,9 +227,10 @@ void add_inspect_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "inspect",
       "List the parameters of a MindSpore .ckpt file (name, dtype, shape, content bytes and the "
-      "file offset+length of each content chunk) or the tensors and metadata of a .safetensors "
-      "file. Fails on a malformed, truncated or encrypted file with the byte offset of the "
-      "problem");
+      "file offset+length of each content chunk), the tensors and metadata of a .safetensors "
+      "file, or the tensors and values of a torch.save .pt file (name, dtype, shape, stride, "
+      "storage offset, and its storage record). Fails on a malformed, truncated or encrypted "
+      "file with the byte offset of the problem");
   command->add_option("FILE", options->file, "The checkpoint file")->required();
   command->add_flag("--json", options->json,
                     "Print a JSON array of {name, dtype, shape, nbytes, offsets: [[offset, "
@@ -178,6 +241,10 @@ void add_inspect_command(CLI::App& app) {
                     "If the file ends with a CRC trailer, check it against the CRC-32 of the body "
                     "(reads the whole file)");
   command->callback([options] {
+    if (is_torch_file(options->file)) {
+      print_torch(torchzip::scan_torch(options->file), options->json);
+      return;
+    }
     if (safetensors::is_safetensors_name(options->file)) {
       inspect_safetensors(*options);
       return;

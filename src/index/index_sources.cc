@@ -1,4 +1,5 @@
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +11,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/safetensors/scanner.h"
+#include "ckptfs/torchzip/torch_file.h"
 
 namespace ckptfs::index {
 
@@ -56,6 +58,17 @@ size_t parallel_in_order(size_t count, std::exception_ptr& error, const Work& wo
   return error_at;
 }
 
+// A torch.save file is told by its first bytes (whatever its name: .pt, .pth, .bin); a
+// safetensors file by its name, as MindSpore tells it.
+ckpt::FileScan scan_source(int fd, const std::string& name) {
+  char head[4] = {};
+  const ssize_t got = ::pread(fd, head, sizeof head, 0);
+  if (got == sizeof head && torchzip::looks_like_torch(std::string_view(head, sizeof head)))
+    return torchzip::scan_torch_fd(fd, name);
+  return safetensors::is_safetensors_name(name) ? safetensors::scan_safetensors_fd(fd, name)
+                                                : ckpt::scan_checkpoint_fd(fd, name);
+}
+
 // Scans sources[i] for every i in `misses`; returns how many of `misses` (a prefix) were
 // scanned, with the first failure in `error`.
 size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>& misses,
@@ -63,9 +76,7 @@ size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>
   return parallel_in_order(misses.size(), error, [&](size_t k) {
     IndexedSource& source = sources[misses[k]];
     const std::string name = source.file.path.string();
-    source.scan = safetensors::is_safetensors_name(name)
-                      ? safetensors::scan_safetensors_fd(source.file.fd.get(), name)
-                      : ckpt::scan_checkpoint_fd(source.file.fd.get(), name);
+    source.scan = scan_source(source.file.fd.get(), name);
     // A file still being written would leave a scan of a prefix in the index for good.
     if (source::fingerprint_of(source.file.fd.get(), name) != source.file.fingerprint) {
       fail("{}: changed while being indexed; index it again once it is complete", name);

@@ -100,6 +100,7 @@ std::string encode(const std::string& path, const ckpt::FileScan& scan) {
   file.set_body_size(scan.body_size);
   file.set_has_crc_trailer(scan.has_crc_trailer);
   file.set_source_format(static_cast<uint32_t>(scan.format));
+  file.set_tree(scan.tree);
   file.mutable_params()->Reserve(static_cast<int>(scan.params.size()));
   for (const ckpt::Param& param : scan.params) {
     indexpb::ScannedParam* p = file.add_params();
@@ -111,6 +112,11 @@ std::string encode(const std::string& path, const ckpt::FileScan& scan) {
     p->set_element_size(param.element_size);
     to_proto(param.content, p->mutable_content());
     to_proto(param.records, p->mutable_records());
+    if (param.view) {
+      p->set_view(true);
+      p->set_storage_offset(param.storage_offset);
+      for (int64_t s : param.strides) p->add_strides(s);
+    }
   }
   std::string out = file.SerializeAsString();
   const uint32_t crc = checksum(out);
@@ -135,13 +141,14 @@ std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file
     return bad("it does not decode");
   if (file.format_version() != kFormatVersion) return bad("it is of another format version");
   if (file.file_size() != file_size) return bad("it is of a file of another size");
-  if (file.source_format() > static_cast<uint32_t>(ckpt::SourceFormat::Safetensors))
+  if (file.source_format() > static_cast<uint32_t>(ckpt::SourceFormat::TorchZip))
     return bad("it names an unknown source format");
   ckpt::FileScan scan;
   scan.format = static_cast<ckpt::SourceFormat>(file.source_format());
   scan.file_size = file.file_size();
   scan.body_size = file.body_size();
   scan.has_crc_trailer = file.has_crc_trailer();
+  scan.tree = file.tree();
   scan.params.reserve(file.params_size());
   for (const indexpb::ScannedParam& p : file.params()) {
     if (p.kind() > static_cast<uint32_t>(ckpt::EntryKind::Opaque)) return bad("bad entry kind");
@@ -154,6 +161,9 @@ std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file
     param.element_size = p.element_size();
     if (!from_proto(p.content(), param.content) || !from_proto(p.records(), param.records))
       return bad("an extent list is odd");
+    param.view = p.view();
+    param.storage_offset = p.storage_offset();
+    param.strides.assign(p.strides().begin(), p.strides().end());
   }
   if (std::string what = ckpt::check_scan(scan, file_size); !what.empty()) return bad(what);
   return scan;

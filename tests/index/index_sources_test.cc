@@ -187,3 +187,40 @@ TEST_F(IndexSourcesTest, MalformedFileIsAnErrorAndTheGoodOnesBeforeItAreKept) {
 
 }  // namespace
 }  // namespace ckptfs::index
+
+namespace ckptfs::index {
+namespace {
+
+// A torch.save file goes through the same index: scanned by its magic, not its name, and read
+// back from LMDB with its views and object tree intact.
+TEST(IndexTorchFiles, ScannedThenReadBackWithViewsAndTree) {
+  testsupport::TempDir tmp{"ckptfs-torch-index"};
+  const fs::path data = fs::path(CKPTFS_SOURCE_DIR) / "tests/data/hfai/hfai_t113_n4/PART_000.pt";
+  const fs::path copy = tmp.path() / "renamed.bin";
+  fs::copy_file(data, copy);
+  Store store(tmp.path() / "index");
+  const std::vector<IndexedSource> first = index_sources(store, {copy});
+  const std::vector<IndexedSource> second = index_sources(store, {copy});
+  ASSERT_FALSE(first[0].from_index);
+  ASSERT_TRUE(second[0].from_index);
+  const ckpt::FileScan& a = first[0].scan;
+  const ckpt::FileScan& b = second[0].scan;
+  EXPECT_EQ(a.format, ckpt::SourceFormat::TorchZip);
+  EXPECT_EQ(b.format, ckpt::SourceFormat::TorchZip);
+  EXPECT_EQ(a.tree, b.tree);
+  EXPECT_NE(a.tree.find("\"__nshards__\",4"), std::string::npos);
+  ASSERT_EQ(a.params.size(), b.params.size());
+  bool strided = false;
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    EXPECT_EQ(a.params[i].name, b.params[i].name);
+    EXPECT_EQ(a.params[i].content, b.params[i].content);
+    EXPECT_TRUE(b.params[i].view);
+    EXPECT_EQ(a.params[i].strides, b.params[i].strides);
+    EXPECT_EQ(a.params[i].storage_offset, b.params[i].storage_offset);
+    strided |= b.params[i].storage_offset != 0;
+  }
+  EXPECT_TRUE(strided);  // bn.running_var and pos_ids sit at offsets in shared storages
+}
+
+}  // namespace
+}  // namespace ckptfs::index

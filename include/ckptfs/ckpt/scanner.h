@@ -32,8 +32,14 @@ struct Param {
   uint32_t element_size = 0;    // 0 unless kind == Tensor
   std::vector<Extent> content;  // tensor_content of each record, in order
   std::vector<Extent> records;  // each whole top-level record (0x0A, length, Value)
+  // A strided view (torch.save tensors): content is the one whole storage record, and element
+  // (i0, ..., in) of the tensor is element storage_offset + sum(ik * strides[k]) of it. Without
+  // a view, content holds the tensor in C order.
+  bool view = false;
+  uint64_t storage_offset = 0;   // elements
+  std::vector<int64_t> strides;  // elements, one per dimension
 
-  uint64_t nbytes() const;    // total content bytes
+  uint64_t nbytes() const;    // the tensor's bytes: content bytes, or elements x size for a view
   uint64_t elements() const;  // product of shape (1 for a scalar)
 };
 
@@ -41,9 +47,14 @@ struct ScanOptions {
   bool verify_crc = false;  // compare the CRC trailer (if any) with a CRC-32 of the body
 };
 
-// Whose loader's rules the parameters follow: the order MindSpore sees them in and what its
-// transform does with them differ between the two (mindspore-safetensors.md §2.2).
-enum class SourceFormat : uint8_t { Ckpt = 0, Safetensors = 1 };
+// Which reader made a scan. .ckpt and .safetensors files follow different loaders' rules: the
+// order MindSpore sees them in and what its transform does with them differ
+// (mindspore-safetensors.md §2.2). A torch.save scan holds views and a tree.
+enum class SourceFormat : uint8_t {
+  Ckpt = 0,
+  Safetensors = 1,
+  TorchZip = 2,  // a torch.save zip: params are views, `tree` holds the rest of the object
+};
 
 struct FileScan {
   SourceFormat format = SourceFormat::Ckpt;
@@ -51,6 +62,9 @@ struct FileScan {
   uint64_t body_size = 0;  // bytes before the CRC trailer (== file_size without one)
   bool has_crc_trailer = false;
   std::vector<Param> params;  // in file order, exactly as recorded
+  // TorchZip: the unpickled object as JSON, each tensor occurrence {"$tensor": i} for params[i]
+  // (torchzip/pickle.h gives the encoding). Empty for .ckpt files.
+  std::string tree;
 };
 
 // Scans a checkpoint. Throws Error naming `path` and the byte offset for truncated or malformed

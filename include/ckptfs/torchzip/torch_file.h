@@ -1,0 +1,29 @@
+// A torch.save file (spec §2, §3) read into the same FileScan the .ckpt scanner produces: one
+// Param per tensor occurrence, a strided view into its storage record (dtype as a safetensors
+// code, shape, strides, storage offset, and the record's absolute byte range), and the rest of
+// the object as JSON in FileScan::tree. Only the zip directory, data.pkl and the small
+// version/byteorder records are read; tensor bytes never are. Stateless; thread-safe.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "ckptfs/ckpt/scanner.h"
+
+namespace ckptfs::torchzip {
+
+// Limit of spec §2.7.
+inline constexpr uint64_t kMaxPickleBytes = uint64_t{1} << 30;
+
+// True if `head` (the first bytes of a file, 4 or more) starts like a torch.save file of any
+// era (zip, or the legacy pickle stream, which scan_torch_fd then refuses clearly).
+bool looks_like_torch(std::string_view head);
+
+// Throws Error naming `display_name` (and the record, byte offset or global) for: another
+// container, a TorchScript archive, a missing or unsupported version record, big-endian
+// storages, a missing data.pkl, anything the pickle machine refuses, and tensors outside
+// their storage records.
+ckpt::FileScan scan_torch_fd(int fd, const std::string& display_name);
+ckpt::FileScan scan_torch(const std::string& path);
+
+}  // namespace ckptfs::torchzip
