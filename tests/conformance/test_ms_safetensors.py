@@ -1,14 +1,16 @@
 """Safetensors sources (MindSpore >= 2.7 `save_checkpoint(..., format="safetensors")`, the
 generator's st_* cases): MindSpore's transform of them to `.ckpt` and to safetensors
 (`output_format="safetensors"`, with safetensors 0.7.0) writes exactly the two views of the
-mount, and both views load with the generator's values."""
+mount, and both views load with the generator's values. A `unified_safetensors` directory of
+them, mounted as a full source, holds the same tensors."""
 
+import gc
 import os
 
 import pytest
 
 import msconf
-from msconf import ckpt_fixture
+from msconf import ckpt_fixture, ms
 
 # st_4to6 is in test_ms_nonmultiple.py: MindSpore refuses non-multiple device counts. Pipeline
 # sources (st_pipeline_src_*) are transformed with their stages in stage order
@@ -35,3 +37,40 @@ def test_safetensors_source(ckptfs, tmp_path, name):
             view = os.path.join(mnt, f"rank_{t}", f"checkpoint_{t}")
             msconf.assert_loads_as_expected(view + ".ckpt", path)
             msconf.assert_safetensors_as_expected(view + ".safetensors", path)
+
+
+UNIFIED_CASES = ["st_demo", "st_8to4_dtypes", "st_opt_src"]
+
+
+def entries(view):
+    """The entries of a .ckpt or .safetensors file as MindSpore loads them: name -> raw bytes."""
+    fmt = "safetensors" if view.endswith(".safetensors") else "ckpt"
+    return {name: msconf.raw_bytes(value)
+            for name, value in ms.load_checkpoint(view, format=fmt).items()}
+
+
+@pytest.mark.parametrize("name", UNIFIED_CASES)
+def test_unified_safetensors_source(ckptfs, tmp_path, name):
+    """unified_safetensors output mounted as a full source == transform_checkpoints of the shards"""
+    workdir = str(tmp_path)
+    fx = msconf.make_fixture(name, os.path.join(workdir, "fixture"))
+    unified = os.path.join(workdir, "unified")
+    ms.unified_safetensors(fx.src_dir, fx.src_strategy, unified)
+    # Entries outside the strategy: MindSpore keeps one copy (rank 0's) in hyper_param.
+    hyper = entries(os.path.join(unified, "hyper_param.safetensors"))
+    refs = {".ckpt": msconf.transform(fx.src_dir, os.path.join(workdir, "to_ckpt"),
+                                      fx.src_strategy, fx.dst_strategy),
+            ".safetensors": msconf.transform(fx.src_dir, os.path.join(workdir, "to_st"),
+                                             fx.src_strategy, fx.dst_strategy,
+                                             output_format="safetensors")}
+    with msconf.mounted(ckptfs, unified, workdir, None, fx.dst_strategy) as mnt:
+        for ext, ref in refs.items():
+            files = msconf.tree_files(ref)
+            assert [f for f in msconf.tree_files(mnt) if f.endswith(ext)] == files
+            for rel in files:
+                got, want = entries(os.path.join(mnt, rel)), entries(os.path.join(ref, rel))
+                assert sorted(got) == sorted(want), f"{rel}: other entries"
+                for key, value in want.items():
+                    assert got[key] == hyper.get(key, value), f"{rel}: {key} differs"
+                del got
+        gc.collect()  # MindSpore's safetensors reader maps the file while its tensors live
