@@ -1,6 +1,6 @@
 // Refusals of sources that do not fit the source strategy, each in one line naming what is
 // wrong and what to do. Checked before planning, so that a wrong strategy is not served as
-// tensors of the wrong shape.
+// tensors of the wrong shape. Stateless; safe from any thread.
 #pragma once
 
 #include <cstdint>

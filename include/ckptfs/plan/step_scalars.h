@@ -1,6 +1,6 @@
 // The step counters a training run saves in every rank's checkpoint (global_step, epoch_num,
 // step_num) must agree across the files a mount combines: files of different steps would give
-// tensors that never coexisted.
+// tensors that never coexisted. Stateless; safe from any thread (pread only).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 // Source discovery: the rank directories of SRC_DIR (spec §4.6 step 1) and every checkpoint in
 // each, with the step its name gives. Which of them a mount serves is step_choice.h's job.
+// Stateless: each call lists the directory anew; safe from any thread.
 #pragma once
 
 #include <compare>

@@ -1,5 +1,5 @@
 // Which checkpoint of each rank a mount serves (--step), and which steps every rank has.
-// Pure functions of a Listing: nothing here touches the filesystem.
+// Pure functions of a Listing: nothing here touches the filesystem; safe from any thread.
 #pragma once
 
 #include <cstdint>
