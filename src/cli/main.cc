@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   ckptfs::cli::add_strategy_command(app);
   ckptfs::cli::add_ranks_command(app);
   ckptfs::cli::add_mount_commands(app);
+  ckptfs::cli::add_materialize_command(app);
 
   try {
     app.parse(argc, argv);

@@ -47,7 +47,47 @@ Tree::Tree(plan::Plan plan)
     total_bytes_ += target.file.size();
   }
   for (size_t i = 0; i < plan_.sources.size(); ++i) reported_[i].store(false);
+  set_mtimes();
   mapped_ = std::make_unique<MappedSources>(plan_.sources);
+}
+
+namespace {
+
+bool later(const struct timespec& a, const struct timespec& b) {
+  return a.tv_sec != b.tv_sec ? a.tv_sec > b.tv_sec : a.tv_nsec > b.tv_nsec;
+}
+
+}  // namespace
+
+void Tree::set_mtimes() {
+  file_mtimes_.assign(plan_.targets.size(), time_);
+  for (size_t i = 0; i < plan_.targets.size(); ++i) {
+    bool found = false;
+    for (uint32_t s : plan_.targets[i].file.sources()) {
+      if (s >= plan_.sources.size()) continue;
+      const int64_t ns = plan_.sources[s].file.fingerprint.mtime_ns;
+      const struct timespec t {
+        static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)
+      };
+      if (!found || later(t, file_mtimes_[i])) file_mtimes_[i] = t;
+      found = true;
+    }
+  }
+  dir_mtimes_.assign(dirs_.size(), time_);
+  root_mtime_ = time_;
+  for (size_t d = 0; d < dirs_.size(); ++d) {
+    for (size_t k = 0; k < dirs_[d].files.size(); ++k) {
+      const struct timespec& t = file_mtimes_[dirs_[d].files[k]];
+      if (k == 0 || later(t, dir_mtimes_[d])) dir_mtimes_[d] = t;
+    }
+    if (d == 0 || later(dir_mtimes_[d], root_mtime_)) root_mtime_ = dir_mtimes_[d];
+  }
+}
+
+struct timespec Tree::mtime(uint64_t ino) const {
+  const Node* n = node(ino);
+  if (n == nullptr) return root_mtime_;
+  return n->is_dir ? dir_mtimes_[n->index] : file_mtimes_[n->index];
 }
 
 Tree::Tree(Tree&&) noexcept = default;
@@ -134,7 +174,8 @@ bool Tree::stat(uint64_t ino, struct stat& st) const {
   st.st_uid = uid_;
   st.st_gid = gid_;
   st.st_blksize = kBlockSize;
-  st.st_atim = st.st_mtim = st.st_ctim = time_;
+  st.st_atim = st.st_mtim = mtime(ino);
+  st.st_ctim = time_;
   return true;
 }
 

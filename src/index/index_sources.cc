@@ -94,15 +94,20 @@ std::string absolute_name(const fs::path& path) {
 }  // namespace
 
 std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::path>& paths) {
+  return index_sources(&store, paths);
+}
+
+std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::path>& paths) {
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
   std::exception_ptr lookup_error;
-  parallel_in_order(sources.size(), lookup_error, [&](size_t i) {
-    if (std::optional<ckpt::FileScan> scan = store.lookup(sources[i].file.fingerprint)) {
-      sources[i].scan = std::move(*scan);
-      sources[i].from_index = true;
-    }
-  });
+  if (store != nullptr)
+    parallel_in_order(sources.size(), lookup_error, [&](size_t i) {
+      if (std::optional<ckpt::FileScan> scan = store->lookup(sources[i].file.fingerprint)) {
+        sources[i].scan = std::move(*scan);
+        sources[i].from_index = true;
+      }
+    });
   if (lookup_error) std::rethrow_exception(lookup_error);
   std::vector<size_t> misses;
   for (size_t i = 0; i < sources.size(); ++i)
@@ -121,7 +126,7 @@ std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::pat
     items.push_back({absolute_name(source.file.path), source.file.fingerprint, &source.scan});
   }
   try {
-    store.insert(items);
+    if (store != nullptr) store->insert(items);
   } catch (const Error& e) {
     // The scans are good; only the next mount loses the head start.
     spdlog::warn("{}; the new scans are not recorded", e.what());

@@ -40,6 +40,21 @@ void expect_windows_match(const Tree& tree, const std::string& want, size_t step
   }
 }
 
+// The newest mtime, by stat(2) of the paths, of the sources target i reads; false if it reads
+// none.
+bool newest_source_mtime(const Tree& tree, size_t i, struct timespec& out) {
+  bool found = false;
+  for (uint32_t s : tree.plan().targets[i].file.sources()) {
+    struct stat st;
+    if (::stat(tree.plan().sources[s].file.path.c_str(), &st) != 0) continue;
+    if (!found || st.st_mtim.tv_sec > out.tv_sec ||
+        (st.st_mtim.tv_sec == out.tv_sec && st.st_mtim.tv_nsec > out.tv_nsec))
+      out = st.st_mtim;
+    found = true;
+  }
+  return found;
+}
+
 class TreeTest : public ::testing::Test {
  protected:
   TreeTest() : data_(dir_.path()), tree_(data_.make_plan()) {}
@@ -113,9 +128,16 @@ TEST_F(TreeTest, StatGivesModesSizesAndOwner) {
     EXPECT_EQ(static_cast<uint64_t>(st.st_size), data_.expected(i).size()) << i;
     EXPECT_EQ(static_cast<uint64_t>(st.st_blocks), (data_.expected(i).size() + 511) / 512);
     EXPECT_EQ(st.st_ino, 3 + 2 * i);
-    // Stable for the life of the mount: the same instant on every inode.
-    EXPECT_EQ(st.st_mtim.tv_sec, mtime.tv_sec);
-    EXPECT_EQ(st.st_mtim.tv_nsec, mtime.tv_nsec);
+    // The newest mtime of the file's sources, the same on its directory; none is newer than
+    // the root's.
+    EXPECT_LE(st.st_mtim.tv_sec, mtime.tv_sec);
+    struct timespec want {};
+    if (!newest_source_mtime(tree_, i, want)) continue;
+    EXPECT_EQ(st.st_mtim.tv_sec, want.tv_sec) << i;
+    EXPECT_EQ(st.st_mtim.tv_nsec, want.tv_nsec) << i;
+    struct stat dir;
+    ASSERT_TRUE(tree_.stat(2 + 2 * i, dir));
+    EXPECT_EQ(dir.st_mtim.tv_nsec, want.tv_nsec) << i;
   }
   ASSERT_EQ(data_.expected(3).size(), 0u) << "the test data should hold one empty file";
   EXPECT_FALSE(tree_.stat(0, st));

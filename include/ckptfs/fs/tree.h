@@ -39,9 +39,12 @@ class Tree {
   // splicing (their runs index this tree's sources).
   static bool in_steps(uint64_t ino) { return ino >= kStepsIno; }
 
-  // Takes the uid/gid of the calling user and the current time as every inode's owner and
-  // mtime/ctime/atime: the content is fixed for the life of the mount. Maps every source file
-  // read-only (address space only: pages are touched by reads and let go again).
+  // Takes the uid/gid of the calling user as every inode's owner. A file's mtime and atime are
+  // the newest mtime of the sources it reads (so `rsync -a` of an unchanged view transfers
+  // nothing after a remount), a rank directory's the newest of its files', the root's the
+  // newest of all; ctime is the mount time. All are fixed for the life of the mount. Maps
+  // every source file read-only (address space only: pages are touched by reads and let go
+  // again).
   // Throws Error if two targets have the same rank or a source cannot be mapped.
   explicit Tree(plan::Plan plan);
   Tree(Tree&&) noexcept;
@@ -73,6 +76,10 @@ class Tree {
   // File inodes plus directories, and the bytes of all files (for statfs).
   uint64_t inode_count() const { return 1 + nodes_.size(); }
   uint64_t total_bytes() const { return total_bytes_; }
+  // The inode of plan().targets[i].
+  uint64_t target_ino(size_t i) const { return file_ino_[i]; }
+  // The mtime stat gives `ino` (see the constructor).
+  struct timespec mtime(uint64_t ino) const;
 
   // 0, or EIO (after logging which source changed) if a source `runs` read differs from its
   // fingerprint at mount.
@@ -114,6 +121,7 @@ class Tree {
     uint64_t ino = 0;
     std::vector<size_t> files;  // indexes into plan_.targets
   };
+  void set_mtimes();  // at construction, once the nodes are laid out
   // Null for the root and for inodes that do not exist.
   const Node* node(uint64_t ino) const;
 
@@ -136,6 +144,9 @@ class Tree {
   uid_t uid_ = 0;
   gid_t gid_ = 0;
   struct timespec time_ {};
+  std::vector<struct timespec> file_mtimes_;  // by target
+  std::vector<struct timespec> dir_mtimes_;   // by dir
+  struct timespec root_mtime_ {};
   std::unique_ptr<std::atomic<bool>[]> reported_;  // per source
   std::unique_ptr<MappedSources> mapped_;
 };

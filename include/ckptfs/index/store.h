@@ -86,12 +86,15 @@ struct IndexedSource {
   bool from_index = false;
 };
 
-// Opens every path (*.safetensors files are read as safetensors, every other as .ckpt), takes scans from the store where the fingerprint matches and scans the
-// rest (header only, two files at a time), then records the new scans in one transaction under
-// the absolute paths. Results are in the order of `paths`. A file that changes while it is
-// scanned is an Error, as is any open or scan failure; failing to record the new scans is only
-// logged, since the index is a cache.
+// Opens every path (*.safetensors files are read as safetensors, every other as .ckpt), takes scans
+// from the store where the fingerprint matches and scans the rest (header only, two files at a
+// time), then records the new scans in one transaction under the absolute paths. Results are in the
+// order of `paths`. A file that changes while it is scanned is an Error, as is any open or scan
+// failure; failing to record the new scans is only logged, since the index is a cache.
 std::vector<IndexedSource> index_sources(Store& store,
+                                         const std::vector<std::filesystem::path>& paths);
+// The same without a persistent index (null `store`): every file is scanned.
+std::vector<IndexedSource> index_sources(Store* store,
                                          const std::vector<std::filesystem::path>& paths);
 
 }  // namespace ckptfs::index

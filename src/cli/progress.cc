@@ -1,0 +1,116 @@
+#include "progress.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace ckptfs::cli {
+
+std::string human_bytes(double bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  size_t unit = 0;
+  while (bytes >= 1024 && unit + 1 < std::size(kUnits)) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, kUnits[unit]);
+}
+
+namespace {
+
+std::string duration_text(double seconds) {
+  if (seconds < 60) return fmt::format("{:.0f}s", seconds);
+  const auto s = static_cast<uint64_t>(seconds);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}h{:02}m", s / 3600, s / 60 % 60);
+}
+
+}  // namespace
+
+Progress::Mode Progress::mode_for(bool quiet) {
+  if (quiet) return Mode::kQuiet;
+  return ::isatty(STDERR_FILENO) ? Mode::kBar : Mode::kPlain;
+}
+
+Progress::Progress(std::string what, std::string unit, Mode mode,
+                   std::chrono::milliseconds plain_every)
+    : what_(std::move(what)), unit_(std::move(unit)), mode_(mode), plain_every_(plain_every) {}
+
+Progress::~Progress() { finish(); }
+
+void Progress::start(uint64_t total_bytes, uint64_t total_items) {
+  total_bytes_ = total_bytes;
+  total_items_ = total_items;
+  started_ = std::chrono::steady_clock::now();
+  started_flag_ = true;
+  if (mode_ != Mode::kQuiet) thread_ = std::thread([this] { run(); });
+}
+
+std::string Progress::line(bool final) const {
+  const uint64_t bytes = done_bytes_.load(std::memory_order_relaxed);
+  const uint64_t items = done_items_.load(std::memory_order_relaxed);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  const double rate = seconds > 0 ? static_cast<double>(bytes) / seconds : 0;
+  const double fraction =
+      total_bytes_ == 0 ? 1.0 : static_cast<double>(bytes) / static_cast<double>(total_bytes_);
+  std::string out;
+  if (mode_ == Mode::kBar && !final) {
+    constexpr int kWidth = 24;
+    const int filled = static_cast<int>(fraction * kWidth);
+    out = fmt::format("{}: [{}{}] ", what_, std::string(static_cast<size_t>(filled), '#'),
+                      std::string(static_cast<size_t>(kWidth - filled), '.'));
+  } else {
+    out = fmt::format("{}: ", what_);
+  }
+  out +=
+      fmt::format("{} of {} ({:.0f}%), {} of {} {}, {}/s", human_bytes(static_cast<double>(bytes)),
+                  human_bytes(static_cast<double>(total_bytes_)), fraction * 100, items,
+                  total_items_, unit_, human_bytes(rate));
+  if (final) {
+    out += fmt::format(", {:.1f}s", seconds);
+  } else if (rate > 0 && bytes < total_bytes_) {
+    out += fmt::format(", ETA {}", duration_text(static_cast<double>(total_bytes_ - bytes) / rate));
+  }
+  return out;
+}
+
+void Progress::run() {
+  const auto every = mode_ == Mode::kBar ? std::chrono::milliseconds(200) : plain_every_;
+  std::unique_lock lock(mu_);
+  while (!wake_.wait_for(lock, every, [this] { return stop_; })) {
+    const std::string text = line(false);
+    if (mode_ == Mode::kBar) {
+      const size_t pad = last_width_ > text.size() ? last_width_ - text.size() : 0;
+      std::fprintf(stderr, "\r%s%s", text.c_str(), std::string(pad, ' ').c_str());
+      last_width_ = text.size();
+    } else {
+      std::fprintf(stderr, "%s\n", text.c_str());
+    }
+    std::fflush(stderr);
+  }
+}
+
+void Progress::finish(const std::string& note) {
+  {
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (mode_ == Mode::kQuiet || !started_flag_) return;
+  std::string text = line(true);
+  if (!note.empty()) text += "; " + note;
+  if (mode_ == Mode::kBar) {
+    const size_t pad = last_width_ > text.size() ? last_width_ - text.size() : 0;
+    std::fprintf(stderr, "\r%s%s\n", text.c_str(), std::string(pad, ' ').c_str());
+  } else {
+    std::fprintf(stderr, "%s\n", text.c_str());
+  }
+  std::fflush(stderr);
+}
+
+}  // namespace ckptfs::cli

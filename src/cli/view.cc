@@ -1,0 +1,216 @@
+#include "view.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <vector>
+
+#include "ckptfs/error.h"
+#include "ckptfs/fs/steps.h"
+#include "ckptfs/index/store.h"
+#include "ckptfs/plan/source_fit.h"
+#include "ckptfs/plan/step_scalars.h"
+#include "ckptfs/source/step_choice.h"
+#include "ckptfs/source/unified.h"
+#include "ckptfs/strategy/strategy.h"
+
+namespace ckptfs::cli {
+
+void add_view_options(CLI::App* command, ViewArgs& args) {
+  command
+      ->add_option("SRC_DIR", args.src_dir,
+                   "Directory holding rank_<N>/*.ckpt or *.safetensors, or a MindFormers "
+                   "output/ directory")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  command->add_option("--src-strategy", args.src_strategy,
+                      "Strategy the sources were saved with: protobuf file, .json file, or a "
+                      "directory of per-stage files (omit: a MindFormers output/strategy/ if "
+                      "SRC_DIR is such an output/, else rank_0 holds one full checkpoint)");
+  command->add_option("--dst-strategy", args.dst_strategy,
+                      "Strategy to present (omit: one merged checkpoint, rank_0)");
+  command
+      ->add_option("--step", args.step,
+                   "Which checkpoint of each rank: latest (the newest step saved on every rank), "
+                   "EPOCH_STEP such as 10_100, breakpoint, or a file-name glob")
+      ->capture_default_str();
+  command->add_flag("--allow-mixed-steps", args.allow_mixed_steps,
+                    "With --step FILE-GLOB: serve the named files even if they are of different "
+                    "steps");
+  command
+      ->add_option("--view", args.views,
+                   "Which files each rank directory shows, comma-separated: ckpt, safetensors "
+                   "(default both)")
+      ->delimiter(',');
+  command->add_option("--prefix", args.prefix,
+                      "File name prefix of the shown files, as transform_checkpoints' "
+                      "ckpt_prefix (default checkpoint_)");
+  command->add_flag("--by-stage", args.by_stage,
+                    "One _part<stage> file per source pipeline stage, as MindSpore's by-stage "
+                    "transform writes");
+  command->add_option("--index-dir", args.index_dir,
+                      "Where the LMDB index lives (default $XDG_CACHE_HOME/ckptfs/index or "
+                      "~/.cache/ckptfs/index)");
+}
+
+void ViewNotes::say() const {
+  // The choice is news at the default level, but not a warning.
+  if (spdlog::should_log(spdlog::level::warn)) fmt::print(stderr, "ckptfs: {}\n", chosen);
+  spdlog::info("{}", chosen);
+  if (!ignored.empty()) spdlog::warn("{}", ignored);
+  for (const std::string& line : plan_warnings) spdlog::warn("{}", line);
+  for (const std::string& line : detail) spdlog::debug("{}", line);
+}
+
+namespace {
+
+plan::ViewOptions view_options(const ViewArgs& args) {
+  plan::ViewOptions out;
+  out.ckpt = out.safetensors = false;
+  for (const std::string& view : args.views) {
+    if (view == "ckpt")
+      out.ckpt = true;
+    else if (view == "safetensors")
+      out.safetensors = true;
+    else
+      fail("--view {}: expected ckpt, safetensors or ckpt,safetensors", view);
+  }
+  // It becomes part of a file name in every rank directory.
+  if (args.prefix.find('/') != std::string::npos || args.prefix.find('\0') != std::string::npos)
+    fail("--prefix {}: a file name prefix cannot hold '/'", args.prefix);
+  out.prefix = args.prefix;
+  out.by_stage = args.by_stage;
+  return out;
+}
+
+// The index only saves the next scan: a location that cannot hold it (read-only, full, no
+// HOME) costs one warning, never the command.
+std::unique_ptr<index::Store> open_index(const std::optional<std::filesystem::path>& dir) {
+  static std::atomic<bool> warned{false};
+  try {
+    return std::make_unique<index::Store>(dir ? *dir : index::default_dir());
+  } catch (const Error& e) {
+    if (!warned.exchange(true))
+      spdlog::warn("{}; going on without a persistent index (every source is scanned)", e.what());
+    return nullptr;
+  }
+}
+
+std::vector<index::IndexedSource> index_files(const std::optional<std::filesystem::path>& dir,
+                                              const std::vector<std::filesystem::path>& paths) {
+  // The LMDB environment is closed before a mount's daemon forks.
+  std::unique_ptr<index::Store> store = open_index(dir);
+  return index::index_sources(store.get(), paths);
+}
+
+std::optional<std::filesystem::path> index_dir(const ViewArgs& args) {
+  if (args.index_dir.empty()) return std::nullopt;
+  return std::filesystem::path(args.index_dir);
+}
+
+// What planning any step needs: the strategies and where the index lives.
+struct Planning {
+  std::shared_ptr<const strategy::Strategy> src, dst;
+  std::optional<std::filesystem::path> index_dir;
+  std::string root;  // the directory holding rank_<N>/, for messages
+  plan::ViewOptions views;
+
+  plan::Plan plan(const std::map<int64_t, std::filesystem::path>& files, bool mixed_allowed) const {
+    std::vector<std::filesystem::path> paths;
+    std::vector<int64_t> ranks;
+    for (const auto& [rank, path] : files) {
+      ranks.push_back(rank);
+      paths.push_back(path);
+    }
+    // Before indexing: a wrong strategy is refused without scanning every file first.
+    plan::check_rank_count(ranks, src.get(), root);
+    std::vector<index::IndexedSource> indexed = index_files(index_dir, paths);
+    std::map<int64_t, index::IndexedSource> sources;
+    for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
+    if (!mixed_allowed) plan::check_step_scalars(sources);
+    return plan::make_plan(std::move(sources), src.get(), dst.get(), views);
+  }
+};
+
+// A unified_safetensors directory: one full checkpoint in several files.
+std::unique_ptr<fs::Tree> build_unified_tree(const ViewArgs& args,
+                                             const source::UnifiedDir& unified, ViewNotes& notes) {
+  if (!args.src_strategy.empty())
+    fail(
+        "{}: a unified_safetensors directory ({} beside part*.safetensors) is one full "
+        "checkpoint; omit --src-strategy",
+        args.src_dir, source::kParamNameMap);
+  notes.chosen =
+      fmt::format("{}: a unified checkpoint of {} files", args.src_dir, unified.files.size());
+  std::optional<strategy::Strategy> dst;
+  if (!args.dst_strategy.empty()) dst = strategy::read_strategy(args.dst_strategy);
+  std::vector<index::IndexedSource> parts = index_files(index_dir(args), unified.files);
+  // The map must agree with the files, or a parameter would silently come from nowhere.
+  std::map<std::string, std::set<std::string_view>> held;
+  for (const index::IndexedSource& part : parts)
+    for (const ckpt::Param& p : part.scan.params)
+      held[part.file.path.filename().string()].insert(p.name);
+  for (const auto& [name, file] : unified.weight_map)
+    if (!held[file].count(name))
+      fail("{}: {} names parameter {} in {}, which does not hold it", args.src_dir,
+           source::kParamNameMap, name, file);
+  return std::make_unique<fs::Tree>(
+      plan::make_unified_plan(std::move(parts), dst ? &*dst : nullptr, view_options(args)));
+}
+
+std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes, bool steps) {
+  if (const std::optional<source::UnifiedDir> unified = source::read_unified(args.src_dir))
+    return build_unified_tree(args, *unified, notes);
+  const source::Listing listing = source::list_sources(args.src_dir);
+  const source::Choice choice =
+      source::choose(listing, source::StepRequest::parse(args.step, args.allow_mixed_steps));
+  notes.chosen = fmt::format("{}: {}", listing.root.string(), choice.summary);
+  notes.ignored = source::ignored_summary(listing);
+  for (const source::Ignored& entry : listing.ignored)
+    notes.detail.push_back(fmt::format("{}: ignored, {}", entry.path.string(), entry.why));
+
+  std::string src_strategy = args.src_strategy;
+  if (src_strategy.empty() && listing.mindformers_strategy) {
+    src_strategy = listing.mindformers_strategy->string();
+    notes.chosen += fmt::format(
+        "; source strategy {} (a MindFormers output directory; --src-strategy overrides it)",
+        src_strategy);
+  }
+  auto planning = std::make_shared<Planning>();
+  if (!src_strategy.empty())
+    planning->src = std::make_shared<strategy::Strategy>(strategy::read_strategy(src_strategy));
+  if (!args.dst_strategy.empty())
+    planning->dst =
+        std::make_shared<strategy::Strategy>(strategy::read_strategy(args.dst_strategy));
+  planning->index_dir = index_dir(args);
+  planning->root = listing.root.string();
+  planning->views = view_options(args);
+
+  auto tree = std::make_unique<fs::Tree>(planning->plan(choice.files, choice.mixed_allowed));
+  // Every step is offered, planned only when looked up: nothing more is read now.
+  if (steps && !source::complete_steps(listing).empty()) {
+    tree->set_steps(std::make_shared<fs::Steps>(
+        args.src_dir, [planning](const std::map<int64_t, std::filesystem::path>& files) {
+          return planning->plan(files, false);
+        }));
+  }
+  return tree;
+}
+
+}  // namespace
+
+std::unique_ptr<fs::Tree> build_tree(const ViewArgs& args, ViewNotes& notes, bool steps) {
+  std::unique_ptr<fs::Tree> tree = build_step_tree(args, notes, steps);
+  notes.plan_warnings = tree->plan().warnings;
+  return tree;
+}
+
+}  // namespace ckptfs::cli

@@ -1,0 +1,51 @@
+// The options that choose a view (sources, step, strategies, files shown, index) and the plan
+// they give. mount, materialize and verify all take them from here, so they always agree on
+// what a view is.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckptfs/fs/tree.h"
+
+namespace CLI {
+class App;
+}
+
+namespace ckptfs::cli {
+
+struct ViewArgs {
+  std::string src_dir;
+  std::string src_strategy;
+  std::string dst_strategy;
+  std::string index_dir;
+  std::string step = "latest";
+  bool allow_mixed_steps = false;
+  std::vector<std::string> views{"ckpt", "safetensors"};
+  std::string prefix = "checkpoint_";
+  bool by_stage = false;
+};
+
+// Adds the SRC_DIR positional (first, so the caller's positionals follow it), --src-strategy,
+// --dst-strategy, --step, --allow-mixed-steps, --view, --prefix, --by-stage and --index-dir to
+// `command`.
+void add_view_options(CLI::App* command, ViewArgs& args);
+
+// What a command says about its view once it is sure to use it: said only then, so that a
+// refusal stays one line.
+struct ViewNotes {
+  std::string chosen;               // which checkpoints, in one line
+  std::string ignored;              // entries that are not checkpoints, in one line or ""
+  std::vector<std::string> detail;  // one debug line per ignored entry
+  std::vector<std::string> plan_warnings;
+  void say() const;
+};
+
+// Discovers, indexes and plans every target rank of the chosen step (or of a unified_safetensors
+// directory) and fills `notes`. With `steps`, the tree also offers "/steps" (every step, planned
+// when first looked up). Throws Error naming the file or parameter. The index is only a cache:
+// if its directory cannot be used, one warning is logged and the sources are scanned without it.
+std::unique_ptr<fs::Tree> build_tree(const ViewArgs& args, ViewNotes& notes, bool steps);
+
+}  // namespace ckptfs::cli
