@@ -16,6 +16,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/fs/steps.h"
 #include "ckptfs/index/store.h"
+#include "ckptfs/mindformers/metadata.h"
 #include "ckptfs/plan/source_fit.h"
 #include "ckptfs/plan/step_scalars.h"
 #include "ckptfs/source/step_choice.h"
@@ -27,8 +28,9 @@ namespace ckptfs::cli {
 void add_view_options(CLI::App* command, ViewArgs& args) {
   command
       ->add_option("SRC_DIR", args.src_dir,
-                   "Directory holding rank_<N>/*.ckpt or *.safetensors, or a MindFormers "
-                   "output/ directory")
+                   "Directory holding rank_<N>/*.ckpt or *.safetensors, a MindFormers "
+                   "output/ directory, or a MindFormers metadata checkpoint (the directory of "
+                   "latest_checkpointed_iteration.txt, or one iteration_<N>/)")
       ->required()
       ->check(CLI::ExistingDirectory);
   command->add_option("--src-strategy", args.src_strategy,
@@ -40,7 +42,8 @@ void add_view_options(CLI::App* command, ViewArgs& args) {
   command
       ->add_option("--step", args.step,
                    "Which checkpoint of each rank: latest (the newest step saved on every rank), "
-                   "EPOCH_STEP such as 10_100, breakpoint, or a file-name glob")
+                   "EPOCH_STEP such as 10_100, breakpoint, or a file-name glob; for a MindFormers "
+                   "metadata checkpoint, latest or an iteration number")
       ->capture_default_str();
   command->add_flag("--allow-mixed-steps", args.allow_mixed_steps,
                     "With --step FILE-GLOB: serve the named files even if they are of different "
@@ -166,7 +169,40 @@ std::unique_ptr<fs::Tree> build_unified_tree(const ViewArgs& args,
       plan::make_unified_plan(std::move(parts), dst ? &*dst : nullptr, view_options(args)));
 }
 
+// A MindFormers metadata checkpoint: metadata.json gives the layouts and the storing files.
+std::unique_ptr<fs::Tree> build_metadata_tree(const ViewArgs& args,
+                                              const std::filesystem::path& dir, ViewNotes& notes) {
+  if (!args.src_strategy.empty())
+    fail("{}: a MindFormers metadata checkpoint carries its layouts in {}; omit --src-strategy",
+         dir.string(), mindformers::kMetadataFile);
+  const mindformers::Iteration it = mindformers::read_iteration(dir);
+  notes.chosen =
+      fmt::format("{}: a MindFormers metadata checkpoint of {} files, {} ranks", dir.string(),
+                  it.files.size(), it.strategy.devices_per_stage * it.strategy.num_stages);
+  // A deduplicated save leaves optimizer files holding only global_step: normal, so not a warning.
+  for (const std::string& name : it.unnamed)
+    notes.detail.push_back(fmt::format("{}: ignored, {} names no block in it",
+                                       (dir / name).string(), mindformers::kMetadataFile));
+  std::optional<strategy::Strategy> dst;
+  if (!args.dst_strategy.empty()) dst = strategy::read_strategy(args.dst_strategy);
+  std::vector<std::filesystem::path> paths;
+  std::vector<int64_t> ranks;
+  for (const mindformers::StoredFile& f : it.files) {
+    paths.push_back(f.path);
+    ranks.push_back(f.rank);
+  }
+  std::vector<index::IndexedSource> files = index_files(index_dir(args), paths);
+  mindformers::validate(it, files);
+  plan::ViewOptions views = view_options(args);
+  for (const mindformers::Scalar& s : it.scalars)
+    views.ckpt_trailing.push_back({s.name, s.dtype, s.bytes});
+  return std::make_unique<fs::Tree>(
+      plan::make_located_plan(std::move(files), ranks, it.strategy, dst ? &*dst : nullptr, views));
+}
+
 std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes, bool steps) {
+  if (const auto iteration = mindformers::find_iteration(args.src_dir, args.step))
+    return build_metadata_tree(args, *iteration, notes);
   if (const std::optional<source::UnifiedDir> unified = source::read_unified(args.src_dir))
     return build_unified_tree(args, *unified, notes);
   const source::Listing listing = source::list_sources(args.src_dir);

@@ -231,9 +231,21 @@ struct ParamRef {
 class Planner {
  public:
   // `ranks`: the rank each of plan.sources plays (plan.source_ranks, or stage-local ranks).
+  // `located`: make_located_plan's sources (every file loaded, any holder as good as another).
   Planner(Plan& plan, const strategy::Strategy* src, const strategy::Strategy* dst,
-          bool safetensors_rules, const std::vector<int64_t>& ranks)
-      : files_(plan.sources, ranks), src_(src), dst_(dst), safetensors_rules_(safetensors_rules) {}
+          bool safetensors_rules, const std::vector<int64_t>& ranks, bool located = false)
+      : files_(plan.sources, ranks),
+        src_(src),
+        dst_(dst),
+        safetensors_rules_(safetensors_rules),
+        located_(located) {
+    if (located_) {
+      std::set<int64_t> distinct;
+      for (int64_t g : ranks)
+        if (g >= 0) distinct.insert(g);
+      every_rank_.assign(distinct.rbegin(), distinct.rend());
+    }
+  }
 
   // Safetensors sources saved in pipeline stages: MindSpore transforms each source stage on its
   // own and merges the results with dict.update in stage order, so an entry keeps the place the
@@ -397,6 +409,8 @@ class Planner {
   // Global source ranks loaded for target t, descending (spec §4.5, §4.6).
   std::vector<int64_t> load_order_for(const TargetMaps& maps) {
     if (!src_) return {0};
+    // No rank's file lists every name when only some ranks store a block.
+    if (located_) return every_rank_;
     std::set<int64_t> locals;
     std::set<uint32_t> stages;
     for (const auto& [name, param] : src_->params) {
@@ -483,7 +497,7 @@ class Planner {
     const std::vector<int64_t>& preferred = needed.ranks;
     // The same files MindSpore would insist on, so a view never silently depends on which
     // replicas happen to be present.
-    for (int64_t local : needed.required ? preferred : std::vector<int64_t>{}) {
+    for (int64_t local : needed.required && !located_ ? preferred : std::vector<int64_t>{}) {
       const int64_t g = stage * maps.src_devices() + local;
       if (!files_.file(g)) missing_rank(g, t, p.name);
     }
@@ -608,6 +622,8 @@ class Planner {
   const strategy::Strategy* src_;
   const strategy::Strategy* dst_;
   bool safetensors_rules_;
+  bool located_;
+  std::vector<int64_t> every_rank_;  // located_: the ranks with files, descending
   LayoutCache layouts_;
   std::map<std::vector<int64_t>, std::vector<ParamRef>> orders_;  // by load order
   std::map<int64_t, std::vector<uint32_t>> stage_orders_;         // name ids, by stage
@@ -630,7 +646,8 @@ void add_content(VirtualFile::Builder& builder, const Entry& e, uint64_t begin, 
 
 // The .ckpt view: one record per entry, re-serialized with ≥2.3 conventions, one record per
 // 512 MiB of content (≥2.3 byte chunking), each header followed by its bytes.
-VirtualFile ckpt_view(const std::vector<Entry>& entries) {
+VirtualFile ckpt_view(const std::vector<Entry>& entries,
+                      const std::vector<TrailingScalar>& trailing = {}) {
   VirtualFile::Builder builder;
   for (const Entry& e : entries) {
     if (e.copy && e.kind == ckpt::EntryKind::MapTensor) {
@@ -651,6 +668,13 @@ VirtualFile ckpt_view(const std::vector<Entry>& entries) {
       add_content(builder, e, begin, end);
       begin = end;
     } while (begin < nbytes);
+  }
+  for (const TrailingScalar& scalar : trailing) {
+    if (std::any_of(entries.begin(), entries.end(),
+                    [&](const Entry& e) { return e.name == scalar.name; }))
+      continue;
+    builder.add_bytes(ckpt::record_header(scalar.name, {}, scalar.dtype, scalar.bytes.size()));
+    builder.add_bytes(scalar.bytes);
   }
   return builder.finish();
 }
@@ -712,7 +736,7 @@ bool safetensors_rules(const Sources& sources) {
 }
 
 Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strategy* dst,
-                const ViewOptions& views, bool safetensors_rules);
+                const ViewOptions& views, bool safetensors_rules, bool located = false);
 
 // Stage `stage` of a pipeline strategy as the one-stage file MindSpore saved for it.
 strategy::Strategy stage_strategy(const strategy::Strategy& src, uint32_t stage) {
@@ -731,7 +755,7 @@ strategy::Strategy stage_strategy(const strategy::Strategy& src, uint32_t stage)
 // §4.7: each stage's sources (local ranks 0..N-1) against the destination restricted to the
 // stage's names; destination rank l's result is rank_<l>/<prefix><l>_part<stage>.ckpt.
 void plan_by_stage(Plan& plan, const strategy::Strategy* src, const strategy::Strategy* dst,
-                   bool safetensors_rules, const ViewOptions& views) {
+                   bool safetensors_rules, const ViewOptions& views, bool located) {
   if (!src || src->num_stages < 2 || !dst || dst->num_stages != 1)
     fail(
         "-o by_stage writes one _part<stage> file per stage of a pipeline source: it needs a "
@@ -754,15 +778,16 @@ void plan_by_stage(Plan& plan, const strategy::Strategy* src, const strategy::St
       const int64_t g = plan.source_ranks[i];
       ranks.push_back(g / n_src == stage ? g % n_src : -1 - static_cast<int64_t>(i));
     }
-    Planner& planner = planners.emplace_back(plan, &src_s, &dst_s, safetensors_rules, ranks);
+    Planner& planner =
+        planners.emplace_back(plan, &src_s, &dst_s, safetensors_rules, ranks, located);
     for (int64_t l = 0; l < dst->devices_per_stage; ++l)
       by_stage_and_rank.push_back(planner.plan_target(l));
   }
   for (int64_t l = 0; l < dst->devices_per_stage; ++l)
     for (uint32_t stage = 0; stage < src->num_stages; ++stage)
-      plan.targets.push_back(
-          TargetFile{l, ckpt_view(by_stage_and_rank[stage * dst->devices_per_stage + l]),
-                     fmt::format("{}{}_part{}.ckpt", views.prefix, l, stage), false});
+      plan.targets.push_back(TargetFile{
+          l, ckpt_view(by_stage_and_rank[stage * dst->devices_per_stage + l], views.ckpt_trailing),
+          fmt::format("{}{}_part{}.ckpt", views.prefix, l, stage), false});
 }
 
 }  // namespace
@@ -793,6 +818,25 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
   return plan_views(std::move(plan), src, dst, views, st_rules);
 }
 
+Plan make_located_plan(std::vector<index::IndexedSource> files, const std::vector<int64_t>& ranks,
+                       const strategy::Strategy& src, const strategy::Strategy* dst,
+                       const ViewOptions& views) {
+  if (files.empty()) fail("no source file found");
+  if (files.size() != ranks.size())
+    fail("make_located_plan: {} files for {} ranks", files.size(), ranks.size());
+  if (!views.ckpt && !views.safetensors) fail("no view chosen: give ckpt, safetensors or both");
+  std::vector<std::pair<int64_t, index::IndexedSource>> ranked;
+  for (size_t i = 0; i < files.size(); ++i) ranked.emplace_back(ranks[i], std::move(files[i]));
+  const bool st_rules = safetensors_rules(ranked);
+  Plan plan;
+  for (auto& [rank, source] : ranked) {
+    if (!st_rules) source.scan.params = ckpt::loaded_params(std::move(source.scan));
+    plan.source_ranks.push_back(rank);
+    plan.sources.push_back(std::move(source));
+  }
+  return plan_views(std::move(plan), &src, dst, views, st_rules, true);
+}
+
 Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::Strategy* dst,
                        const ViewOptions& views) {
   if (!dst) fail("give --dst-strategy: a unified checkpoint is already one full checkpoint");
@@ -812,19 +856,19 @@ Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::
 namespace {
 
 Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strategy* dst,
-                const ViewOptions& views, bool safetensors_rules) {
+                const ViewOptions& views, bool safetensors_rules, bool located) {
   if (views.by_stage) {
-    plan_by_stage(plan, src, dst, safetensors_rules, views);
+    plan_by_stage(plan, src, dst, safetensors_rules, views, located);
     return plan;
   }
-  Planner planner(plan, src, dst, safetensors_rules, plan.source_ranks);
+  Planner planner(plan, src, dst, safetensors_rules, plan.source_ranks, located);
   const int64_t targets = dst ? dst->devices_per_stage * dst->num_stages : 1;
   std::set<std::string> left_out;
   for (int64_t t = 0; t < targets; ++t) {
     const std::vector<Entry> entries = planner.plan_target(t);
     if (views.ckpt)
-      plan.targets.push_back(
-          TargetFile{t, ckpt_view(entries), fmt::format("{}{}.ckpt", views.prefix, t), false});
+      plan.targets.push_back(TargetFile{t, ckpt_view(entries, views.ckpt_trailing),
+                                        fmt::format("{}{}.ckpt", views.prefix, t), false});
     if (views.safetensors)
       plan.targets.push_back(TargetFile{t, safetensors_view(entries, left_out),
                                         fmt::format("{}{}.safetensors", views.prefix, t), true});

@@ -26,6 +26,14 @@ struct TargetFile {
 // Which files every target rank shows: "<prefix><rank>.ckpt" (MindSpore's record order) and
 // "<prefix><rank>.safetensors" (what MindSpore >= 2.7's transform writes with
 // output_format="safetensors", without strings, map tensors and Int4 entries).
+// A scalar record the .ckpt view ends with (MindFormers' common.json counters), unless a planned
+// entry has its name.
+struct TrailingScalar {
+  std::string name;
+  std::string dtype;  // MindSpore's tensor_type
+  std::string bytes;  // the value, little-endian
+};
+
 struct ViewOptions {
   bool ckpt = true;
   bool safetensors = true;
@@ -35,6 +43,7 @@ struct ViewOptions {
   // .ckpt for every destination rank l and source stage s, for load_segmented_checkpoints. Needs
   // a pipeline source strategy and a one-stage destination strategy; .ckpt files only.
   bool by_stage = false;
+  std::vector<TrailingScalar> ckpt_trailing;
 };
 
 struct Plan {
@@ -52,6 +61,14 @@ struct Plan {
 // disagree across ranks, a map that does not fit the tensor, and so on.
 Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::Strategy* src,
                const strategy::Strategy* dst, const ViewOptions& views = {});
+
+// Files that say themselves where every block is (MindFormers' metadata checkpoints): `ranks[i]`
+// is the rank of `src` whose blocks files[i] holds. A rank may have several files (one file to
+// the planner, in the order given) or none; any file holding a block serves it, and every file
+// is loaded for every target (record order: first appearance over the files, ranks descending).
+Plan make_located_plan(std::vector<index::IndexedSource> files, const std::vector<int64_t>& ranks,
+                       const strategy::Strategy& src, const strategy::Strategy* dst,
+                       const ViewOptions& views = {});
 
 // A full checkpoint kept in several files (MindSpore's unified_safetensors output: the parts,
 // then hyper_param.safetensors), resharded to `dst` as if it were one unsharded rank_0 file
