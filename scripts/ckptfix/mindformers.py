@@ -12,7 +12,8 @@ each slice goes to its least-loaded holder (MindFormers' balanced rule: slices b
 
 The expected views are cut from the same full tensors by the destination layout:
   * .safetensors: every tensor of the target (global_step too), reference writer's layout;
-  * .ckpt: the metadata parameters in the files' name order, then global_step, then common.json's
+  * .ckpt: stage by stage, the metadata parameters in the files' name order (model file, then
+    optimizer file), global_step after the first stage with optimizer states; then common.json's
     counters no file holds (epoch_num, step_num, global_batch_size as Int64 scalars, loss_scale
     as a Float32 scalar: what MindSpore's Tensor() of the Python values is in a legacy save).
 """
@@ -104,20 +105,26 @@ class Tree:
             os.makedirs(d, exist_ok=True)
             st = os.path.join(d, f"{prefix}{t}.safetensors")
             stio.write(st, entries, {"format": "ms"})
-            # .ckpt: the files' name order (model file, then optimizer file), global_step after
-            # the resharded ones, then the counters.
-            opt_names = {p.name for p in self.params if p.opt}
-            model = stio.writer_order([e for e in entries[:-1] if e.name not in opt_names])
-            opt = stio.writer_order([e for e in entries[:-1] if e.name in opt_names])
+            # .ckpt: stage by stage (MindSpore merges a pipeline source's stages in stage order); the
+            # optimizer files of the first stage that has optimizer states give global_step.
+            order, step_at = [], None
+            for stage in range(self.stages):
+                of_stage = {p.name: p for p in self.params if p.stage == stage}
+                mine = [e for e in entries[:-1] if e.name in of_stage]
+                order += stio.writer_order([e for e in mine if not of_stage[e.name].opt])
+                order += stio.writer_order([e for e in mine if of_stage[e.name].opt])
+                if step_at is None and any(of_stage[e.name].opt for e in mine):
+                    step_at = len(order)
+                    order.append(entries[-1])
+            if step_at is None:
+                order.append(entries[-1])
             with open(os.path.join(d, f"{prefix}{t}.ckpt"), "wb") as f:
-                for e in model + opt:
+                for e in order:
                     if e.nbytes == 0:
                         continue
-                    dims = e.shape
-                    f.write(ckptio.record_header(e.name, dims, e.tensor_type, e.nbytes))
+                    f.write(ckptio.record_header(e.name, e.shape, e.tensor_type, e.nbytes))
                     for chunk in e.chunks():
                         f.write(chunk)
-                f.write(ckptio.encode_record(GLOBAL_STEP, [1], "Int32", gstep))
                 for key, dtype, fmt in (("epoch_num", "Int64", "<q"), ("step_num", "Int64", "<q"),
                                         ("loss_scale", "Float32", "<f"),
                                         ("global_batch_size", "Int64", "<q")):

@@ -104,6 +104,26 @@ def case_compact_dedup(args):
         compare_views(mnt, os.path.join(work, "expected"), files, ckpt_order=False)
 
 
+def case_pipeline(args, dst):
+    """Two pipeline stages (rank_list 0-1 and 2-3): merged, or to one stage of 4 devices."""
+    name = f"pipeline_{'dst' if dst else 'merged'}"
+    work = os.path.join(args.work, name)
+    params = [mf.Param("s0.w", [4, 8], "Float32", [0, -1], stage=0),
+              mf.Param("s0.b", [6], "Float16", [-1], stage=0),
+              mf.Param("s1.w", [4, 8], "Float32", [-1, 0], stage=1),
+              mf.Param("adam_m.s1.w", [4, 8], "Float32", [-1, 0], opt=True, stage=1)]
+    tree = mf.write_tree(os.path.join(work, "src"), params, [2], stages=2)
+    kw = mount_args(args, name)
+    if dst:
+        maps = dst_maps(params)
+        kw["dst_strategy"] = strategy_json(os.path.join(work, "dst.json"), DST_DEV, maps)
+        files = tree.expected(os.path.join(work, "expected"), dst=maps, dst_dev=DST_DEV)
+    else:
+        files = tree.expected(os.path.join(work, "expected"))
+    with itest.mounted(args.ckptfs, tree.root, os.path.join(work, "mnt"), **kw) as mnt:
+        compare_views(mnt, os.path.join(work, "expected"), files)
+
+
 def case_iterations(args):
     """ROOT serves latest_checkpointed_iteration.txt's iteration, --step ITER another one, and an
     iteration directory serves itself."""
@@ -219,6 +239,8 @@ def main():
     checks.run("resharded", case_resharded, args, False)
     checks.run("resharded_dedup", case_resharded, args, True)
     checks.run("compact_dedup", case_compact_dedup, args)
+    checks.run("pipeline_merged", case_pipeline, args, False)
+    checks.run("pipeline_dst", case_pipeline, args, True)
     checks.run("iterations", case_iterations, args)
     checks.run("bad_inputs", case_bad_inputs, args)
     checks.finish()
