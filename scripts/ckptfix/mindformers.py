@@ -14,8 +14,8 @@ The expected views are cut from the same full tensors by the destination layout:
   * .safetensors: every tensor of the target (global_step too), reference writer's layout;
   * .ckpt: stage by stage, the metadata parameters in the files' name order (model file, then
     optimizer file), global_step after the first stage with optimizer states; then common.json's
-    counters no file holds (epoch_num, step_num, global_batch_size as Int64 scalars, loss_scale
-    as a Float32 scalar: what MindSpore's Tensor() of the Python values is in a legacy save).
+    counters no file holds (epoch_num, step_num, global_step, global_batch_size as Int64 scalars,
+    loss_scale as a Float32 scalar: what MindSpore's Tensor() of the Python values is in a legacy save).
 """
 
 import json
@@ -100,23 +100,26 @@ class Tree:
                 else:
                     box = tuple((0, d) for d in p.shape)
                 entries.append(tensor_entry(p.name, data, box, p.dtype))
-            entries.append(bytes_entry(GLOBAL_STEP, "Int32", [1], gstep))
+            with_step = any(p.opt for p in self.params)
+            if with_step:
+                entries.append(bytes_entry(GLOBAL_STEP, "Int32", [1], gstep))
             d = os.path.join(outdir, f"rank_{t}")
             os.makedirs(d, exist_ok=True)
             st = os.path.join(d, f"{prefix}{t}.safetensors")
             stio.write(st, entries, {"format": "ms"})
             # .ckpt: stage by stage (MindSpore merges a pipeline source's stages in stage order); the
             # optimizer files of the first stage that has optimizer states give global_step.
+            tensors = entries[:-1] if with_step else entries
             order, step_at = [], None
             for stage in range(self.stages):
                 of_stage = {p.name: p for p in self.params if p.stage == stage}
-                mine = [e for e in entries[:-1] if e.name in of_stage]
+                mine = [e for e in tensors if e.name in of_stage]
                 order += stio.writer_order([e for e in mine if not of_stage[e.name].opt])
                 order += stio.writer_order([e for e in mine if of_stage[e.name].opt])
                 if step_at is None and any(of_stage[e.name].opt for e in mine):
                     step_at = len(order)
                     order.append(entries[-1])
-            if step_at is None:
+            if step_at is None and with_step:
                 order.append(entries[-1])
             with open(os.path.join(d, f"{prefix}{t}.ckpt"), "wb") as f:
                 for e in order:
@@ -126,8 +129,11 @@ class Tree:
                     for chunk in e.chunks():
                         f.write(chunk)
                 for key, dtype, fmt in (("epoch_num", "Int64", "<q"), ("step_num", "Int64", "<q"),
+                                        ("global_step", "Int64", "<q"),
                                         ("loss_scale", "Float32", "<f"),
                                         ("global_batch_size", "Int64", "<q")):
+                    if key == GLOBAL_STEP and with_step:
+                        continue  # the optimizer files' own
                     if self.common.get(key) is not None:
                         f.write(ckptio.encode_record(key, [], dtype,
                                                      struct.pack(fmt, self.common[key])))
@@ -194,7 +200,8 @@ def write_tree(root, params: List[Param], dev_matrix, iteration=1000, dedup=Fals
                     continue
                 entries.append(tensor_entry(p.name, tensors[p.name],
                                             box_of(layouts[p.name], local, p.shape), p.dtype))
-            if kind == "opt":
+            # A save without optimizer states writes no optimizer files.
+            if kind == "opt" and any(p.opt for p in params):
                 entries.append(bytes_entry(GLOBAL_STEP, "Int32", [1], gstep))
             if entries:
                 stio.write(os.path.join(it_dir, file_name(kind, r)), entries, {"format": "ms"})

@@ -124,6 +124,24 @@ def case_pipeline(args, dst):
         compare_views(mnt, os.path.join(work, "expected"), files)
 
 
+def case_weights_only(args):
+    """No optimizer states: no optimizer files, so global_step is common.json's (Int64 scalar,
+    .ckpt view only), and a null counter is left out."""
+    work = os.path.join(args.work, "weights_only")
+    params = [p for p in mf.demo_params() if not p.opt]
+    tree = mf.write_tree(os.path.join(work, "src"), params, [2, 2],
+                         common={"epoch_num": 1, "step_num": 7, "global_step": 7,
+                                 "loss_scale": None, "global_batch_size": 32,
+                                 "consumed_samples": 224, "ckpt_status": None})
+    assert not any(n.startswith("opt-") for n in os.listdir(tree.iteration_dir))
+    files = tree.expected(os.path.join(work, "expected"))
+    with itest.mounted(args.ckptfs, tree.root, os.path.join(work, "mnt"),
+                       **mount_args(args, "weights_only")) as mnt:
+        compare_views(mnt, os.path.join(work, "expected"), files)
+        tags = [r.tag for r in ckptio.read_records(os.path.join(mnt, "rank_0/checkpoint_0.ckpt"))]
+        assert tags[-4:] == ["epoch_num", "step_num", "global_step", "global_batch_size"], tags
+
+
 def case_iterations(args):
     """ROOT serves latest_checkpointed_iteration.txt's iteration, --step ITER another one, and an
     iteration directory serves itself."""
@@ -241,6 +259,7 @@ def main():
     checks.run("compact_dedup", case_compact_dedup, args)
     checks.run("pipeline_merged", case_pipeline, args, False)
     checks.run("pipeline_dst", case_pipeline, args, True)
+    checks.run("weights_only", case_weights_only, args)
     checks.run("iterations", case_iterations, args)
     checks.run("bad_inputs", case_bad_inputs, args)
     checks.finish()
