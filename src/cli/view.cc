@@ -196,8 +196,14 @@ std::unique_ptr<fs::Tree> build_metadata_tree(const ViewArgs& args,
   plan::ViewOptions views = view_options(args);
   for (const mindformers::Scalar& s : it.scalars)
     views.ckpt_trailing.push_back({s.name, s.dtype, s.bytes});
-  return std::make_unique<fs::Tree>(
-      plan::make_located_plan(std::move(files), ranks, it.strategy, dst ? &*dst : nullptr, views));
+  plan::Plan plan =
+      plan::make_located_plan(std::move(files), ranks, it.strategy, dst ? &*dst : nullptr, views);
+  if (it.unhealthy)
+    plan.warnings.push_back(fmt::format(
+        "{}: {} marks this checkpoint unhealthy (ckpt_status 1); MindFormers' resume would skip "
+        "it for an older healthy iteration (--step ITERATION)",
+        dir.string(), mindformers::kCommonFile));
+  return std::make_unique<fs::Tree>(std::move(plan));
 }
 
 std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes, bool steps) {

@@ -155,13 +155,15 @@ std::string le_bytes(T value) {
 
 // common.json's counters as the legacy (append_info) save writes them: Python ints become Int64
 // scalars and the float loss_scale a Float32 scalar (MindSpore's Tensor() of each).
-std::vector<Scalar> read_common(const fs::path& path) {
+std::vector<Scalar> read_common(const fs::path& path, bool& unhealthy) {
   std::vector<Scalar> out;
   std::error_code ec;
   if (!fs::exists(path, ec)) return out;
   const std::string file = path.string();
   const Json doc = parse_json(path);
   if (!doc.is_object()) fail("{}: expected a JSON object", file);
+  if (auto status = doc.find("ckpt_status"); status != doc.end() && status->is_number_integer())
+    unhealthy = status->get<int64_t>() == 1;
   for (std::string_view key :
        {"epoch_num", "step_num", "global_step", "loss_scale", "global_batch_size"}) {
     auto it = doc.find(key);
@@ -250,6 +252,11 @@ Iteration read_iteration(const fs::path& dir) {
       pl.dev_matrix =
           ints_of(member(layout, "device_matrix", file, at.what), at, 1, strategy::kMaxRanks);
       pl.tensor_map = tensor_map_of(member(layout, "tensor_map", file, at.what), at);
+      // An interleaved layout cuts a dimension into more pieces than its device axes (the
+      // virtual "interleaved_parallel" axis): blocks are no longer one per device coordinate.
+      if (auto i = layout.find("interleaved_parallel");
+          i != layout.end() && i->is_boolean() && i->get<bool>())
+        bad(at, "has an interleaved_parallel layout, which ckptfs does not read");
       if (auto r = layout.find("rank_list"); r != layout.end() && !r->is_null())
         rank_list = ints_of(*r, at, 0, strategy::kMaxRanks - 1);
     }
@@ -399,7 +406,7 @@ Iteration read_iteration(const fs::path& dir) {
   }
   if (ec) fail("{}: cannot list it: {}", dir.string(), ec.message());
   std::sort(it.unnamed.begin(), it.unnamed.end());
-  it.scalars = read_common(dir / kCommonFile);
+  it.scalars = read_common(dir / kCommonFile, it.unhealthy);
   return it;
 }
 

@@ -142,6 +142,24 @@ def case_weights_only(args):
         assert tags[-4:] == ["epoch_num", "step_num", "global_step", "global_batch_size"], tags
 
 
+def case_unhealthy(args):
+    """common.json's ckpt_status 1 (ABNORMAL) mounts with one warning saying so."""
+    work = os.path.join(args.work, "unhealthy")
+    tree = mf.write_tree(os.path.join(work, "src"), mf.demo_params(), [2, 2],
+                         common={"epoch_num": 1, "step_num": 7, "global_step": 7,
+                                 "loss_scale": 1.0, "global_batch_size": 32, "ckpt_status": 1})
+    files = tree.expected(os.path.join(work, "expected"))
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    proc = itest.run(itest.mount_cmd(args.ckptfs, tree.root, mnt,
+                                     index_dir=os.path.join(args.work, "index")))
+    try:
+        assert "unhealthy (ckpt_status 1)" in proc.stderr, proc.stderr
+        compare_views(mnt, os.path.join(work, "expected"), files)
+    finally:
+        itest.unmount(args.ckptfs, mnt)
+
+
 def case_iterations(args):
     """ROOT serves latest_checkpointed_iteration.txt's iteration, --step ITER another one, and an
     iteration directory serves itself."""
@@ -243,6 +261,11 @@ def case_bad_inputs(args):
         local_shape=[4, 6]))
     refused(args, t.root, "layer.w", "[4,6]")
 
+    t = bad_tree(args, "interleaved")
+    edit_metadata(t, lambda d: d["state_dict_metadata"]["layer.w"]["layout"].update(
+        interleaved_parallel=True))
+    refused(args, t.root, "metadata.json", "layer.w", "interleaved_parallel")
+
     t = bad_tree(args, "bad_latest")
     with open(os.path.join(t.root, "latest_checkpointed_iteration.txt"), "w") as f:
         f.write("ten")
@@ -260,6 +283,7 @@ def main():
     checks.run("pipeline_merged", case_pipeline, args, False)
     checks.run("pipeline_dst", case_pipeline, args, True)
     checks.run("weights_only", case_weights_only, args)
+    checks.run("unhealthy", case_unhealthy, args)
     checks.run("iterations", case_iterations, args)
     checks.run("bad_inputs", case_bad_inputs, args)
     checks.finish()

@@ -63,6 +63,8 @@ struct Iteration {
   // *.safetensors of the directory that metadata.json names for no block (not served).
   std::vector<std::string> unnamed;
   std::vector<Scalar> scalars;  // epoch_num, step_num, global_step, loss_scale, global_batch_size
+  // common.json's ckpt_status is 1 (ABNORMAL): MindFormers' resume looks for another iteration.
+  bool unhealthy = false;
 };
 
 // Reads metadata.json and common.json (optional) of an iteration directory. Throws Error
