@@ -21,6 +21,7 @@
 #include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/error.h"
 #include "ckptfs/safetensors/scanner.h"
+#include "ckptfs/strategy/strategy.h"
 #include "ckptfs/torchzip/torch_file.h"
 #include "ckptfs/util/fd.h"
 #include "commands.h"
@@ -249,8 +250,25 @@ void add_inspect_command(CLI::App& app) {
       inspect_safetensors(*options);
       return;
     }
-    const ckpt::FileScan scan =
-        ckpt::scan_checkpoint(options->file, ckpt::ScanOptions{.verify_crc = options->verify_crc});
+    ckpt::FileScan scan;
+    try {
+      scan = ckpt::scan_checkpoint(options->file,
+                                   ckpt::ScanOptions{.verify_crc = options->verify_crc});
+    } catch (const Error&) {
+      // A strategy file is protobuf too, and a common thing to pass here by mistake.
+      bool is_strategy = false;
+      try {
+        strategy::read_strategy(options->file);
+        is_strategy = true;
+      } catch (const Error&) {
+      }
+      if (is_strategy)
+        fail(
+            "{}: a parallel strategy file, not a checkpoint; show it with: ckptfs strategy "
+            "show {}",
+            options->file, options->file);
+      throw;
+    }
     if (options->json)
       print_json(scan);
     else

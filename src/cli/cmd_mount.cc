@@ -60,9 +60,8 @@ fs::MountOptions mount_options(const MountArgs& args) {
 }
 
 void run_mount(MountArgs& args) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(args.mountpoint, ec))
-    fail("mountpoint {} is not a directory", args.mountpoint);
+  // Before the sources are read: a mountpoint that cannot be used is refused at once.
+  fs::prepare_mountpoint(args.mountpoint, has_option(args.options, "nonempty"));
   if (has_option(args.options, kByStage)) args.view.by_stage = true;
   ViewNotes notes;
   std::unique_ptr<fs::Tree> tree = build_tree(args.view, notes, /*steps=*/true);
@@ -86,7 +85,10 @@ void add_mount_commands(CLI::App& app) {
       "rank_N/checkpoint_N.ckpt and rank_N/checkpoint_N.safetensors files resharded from the "
       "source strategy to the destination strategy, synthesized on read");
   add_view_options(mount, args->view);
-  mount->add_option("MOUNTPOINT", args->mountpoint, "Empty directory to mount on")->required();
+  mount
+      ->add_option("MOUNTPOINT", args->mountpoint,
+                   "Empty directory to mount on (created if missing)")
+      ->required();
   mount->add_flag("-f,--foreground", args->foreground, "Stay in the foreground until unmounted");
   mount
       ->add_option("-o", args->options,
@@ -102,10 +104,17 @@ void add_mount_commands(CLI::App& app) {
                     "Log file of the mounted daemon (default: none once detached)");
   mount->callback([args] { run_mount(*args); });
 
-  auto mountpoint = std::make_shared<std::string>();
+  struct UmountArgs {
+    std::string mountpoint;
+    bool lazy = false;
+  };
+  auto umount_args = std::make_shared<UmountArgs>();
   CLI::App* umount = app.add_subcommand("umount", "Unmount a ckptfs mount");
-  umount->add_option("MOUNTPOINT", *mountpoint, "Where ckptfs is mounted")->required();
-  umount->callback([mountpoint] { fs::unmount(*mountpoint); });
+  umount->add_option("MOUNTPOINT", umount_args->mountpoint, "Where ckptfs is mounted")->required();
+  umount->add_flag("-z,--lazy", umount_args->lazy,
+                   "Detach now, even while files are open; the mount goes once they are closed "
+                   "(also what to do after the daemon was killed)");
+  umount->callback([umount_args] { fs::unmount(umount_args->mountpoint, umount_args->lazy); });
 }
 
 }  // namespace ckptfs::cli

@@ -14,5 +14,6 @@ void add_ranks_command(CLI::App& app);
 void add_mount_commands(CLI::App& app);  // mount, umount
 void add_index_command(CLI::App& app);
 void add_materialize_command(CLI::App& app);
+void add_verify_command(CLI::App& app);
 
 }  // namespace ckptfs::cli

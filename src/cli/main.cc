@@ -4,12 +4,20 @@
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <new>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "ckptfs/error.h"
 #include "commands.h"
+#include "mount_helper.h"
+
+#ifndef CKPTFS_VERSION
+#define CKPTFS_VERSION "unknown"
+#endif
 
 namespace {
 
@@ -23,6 +31,107 @@ void raise_open_file_limit() {
   }
 }
 
+// --log-level is global, but is accepted anywhere on the line (before "--"): it is taken out
+// here, so that each subcommand need not know it.
+std::string take_log_level(std::vector<std::string>& args) {
+  std::string level = "warn";
+  for (size_t i = 1; i < args.size();) {
+    if (args[i] == "--") break;
+    if (args[i] == "--log-level" && i + 1 < args.size()) {
+      level = args[i + 1];
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i),
+                 args.begin() + static_cast<std::ptrdiff_t>(i + 2));
+    } else if (args[i].starts_with("--log-level=")) {
+      level = args[i].substr(12);
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  return level;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// For an argument CLI11 did not expect: the nearest option or subcommand name of the command
+// being parsed, as "; did you mean --x?", or "" if nothing is close.
+std::string nearest(const CLI::App& app, std::string_view word) {
+  const CLI::App* command = &app;
+  while (!command->get_subcommands().empty()) command = command->get_subcommands().front();
+  std::vector<std::string> names;
+  for (const CLI::App* c = command; c != nullptr; c = c->get_parent())
+    for (const CLI::Option* option : c->get_options()) {
+      for (const std::string& n : option->get_lnames()) names.push_back("--" + n);
+      for (const std::string& n : option->get_snames()) names.push_back("-" + n);
+    }
+  names.push_back("--log-level");
+  if (!word.starts_with("-"))
+    for (const CLI::App* sub : command->get_subcommands({})) names.push_back(sub->get_name());
+  std::string best;
+  size_t best_distance = word.size() / 3 + 2;  // closer than this or no suggestion
+  const std::string_view bare = word.substr(0, word.find('='));
+  for (const std::string& name : names) {
+    const size_t d = edit_distance(bare, name);
+    if (d < best_distance) {
+      best_distance = d;
+      best = name;
+    }
+  }
+  return best.empty() ? std::string() : "; did you mean " + best + "?";
+}
+
+// CLI11's "The following argument(s) (was|were) not expected: a b" as one line per argument,
+// each with the nearest valid name.
+int report_unexpected(const CLI::App& app, const CLI::ParseError& e) {
+  std::string message = e.what();
+  const size_t colon = message.find(": ");
+  std::string words = colon == std::string::npos ? message : message.substr(colon + 2);
+  size_t begin = 0;
+  while (begin < words.size()) {
+    size_t end = words.find(' ', begin);
+    if (end == std::string::npos) end = words.size();
+    const std::string word = words.substr(begin, end - begin);
+    if (!word.empty())
+      std::fprintf(stderr, "ckptfs: unexpected argument %s%s (see --help)\n", word.c_str(),
+                   nearest(app, word).c_str());
+    begin = end + 1;
+  }
+  return e.get_exit_code();
+}
+
+// "A subcommand is required" after a misspelt one: CLI11 took the word for an extra
+// argument. Names the word and the nearest subcommand.
+int report_missing_subcommand(const CLI::App& app, const CLI::ParseError& e,
+                              const std::vector<std::string>& args) {
+  const CLI::App* command = &app;
+  while (!command->get_subcommands().empty()) command = command->get_subcommands().front();
+  std::string word;
+  if (command == &app) {
+    for (size_t i = 1; i < args.size() && word.empty(); ++i)
+      if (!args[i].starts_with("-")) word = args[i];
+  } else {
+    for (size_t i = 1; i + 1 < args.size() && word.empty(); ++i)
+      if (args[i] == command->get_name()) word = args[i + 1];
+  }
+  if (word.empty() || word.starts_with("-")) return app.exit(e);
+  std::fprintf(stderr, "ckptfs: unknown subcommand %s%s (see --help)\n", word.c_str(),
+               nearest(app, word).c_str());
+  return e.get_exit_code();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -30,12 +139,34 @@ int main(int argc, char** argv) {
   // Logs go to stderr so they never mix with a command's output.
   spdlog::set_default_logger(spdlog::stderr_logger_mt("ckptfs"));
   spdlog::set_pattern("ckptfs: %l: %v");
-  CLI::App app{"ckptfs: MindSpore checkpoints resharded on read, through a FUSE mount"};
+  std::vector<std::string> args(argv, argv + argc);
+  try {
+    if (argc > 0 && ckptfs::cli::is_mount_helper(argv[0])) {
+      bool fake = false;
+      args = ckptfs::cli::mount_helper_args(args, fake);
+      if (fake) return 0;
+    }
+  } catch (const ckptfs::Error& e) {
+    std::fprintf(stderr, "ckptfs: %s\n", e.what());
+    return 1;
+  }
+  const std::string log_level = take_log_level(args);
+  const spdlog::level::level_enum level = spdlog::level::from_str(log_level);
+  if (level == spdlog::level::off && log_level != "off") {
+    std::fprintf(stderr,
+                 "ckptfs: --log-level %s: expected trace, debug, info, warn, error or off\n",
+                 log_level.c_str());
+    return 1;
+  }
+  spdlog::set_level(level);
+
+  CLI::App app{"ckptfs: MindSpore checkpoints resharded on read, through a FUSE mount", "ckptfs"};
   app.require_subcommand(1);
-  std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
+  app.set_version_flag("--version", "ckptfs " CKPTFS_VERSION);
+  std::string unused_level = log_level;  // parsed above; listed here for --help
+  app.add_option("--log-level", unused_level,
+                 "trace, debug, info, warn, error or off (also accepted after the subcommand)")
       ->capture_default_str();
-  app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(log_level)); });
 
   // Subcommands register here, one line each.
   ckptfs::cli::add_inspect_command(app);
@@ -44,9 +175,17 @@ int main(int argc, char** argv) {
   ckptfs::cli::add_ranks_command(app);
   ckptfs::cli::add_mount_commands(app);
   ckptfs::cli::add_materialize_command(app);
+  ckptfs::cli::add_verify_command(app);
 
+  std::vector<const char*> cargs;
+  for (const std::string& a : args) cargs.push_back(a.c_str());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(cargs.size()), cargs.data());
+  } catch (const CLI::ExtrasError& e) {
+    return report_unexpected(app, e);
+  } catch (const CLI::RequiredError& e) {
+    if (std::string_view(e.what()).find("subcommand") == std::string_view::npos) return app.exit(e);
+    return report_missing_subcommand(app, e, args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const ckptfs::Error& e) {

@@ -130,6 +130,7 @@ struct ParsedOptions {
   unsigned max_read = 0;          // largest READ; 0: max_write decides
   unsigned max_threads = 0;       // 0: libfuse's default
   unsigned max_idle_threads = 8;  // keeps a pool warm for parallel readers
+  bool nonempty = false;
 };
 
 // The number after "name=" in `option`, from `lo` to `hi`; `what` names it in the error.
@@ -165,6 +166,8 @@ ParsedOptions parse_options(const MountOptions& options) {
         out.max_threads = parse_number(o, 12, 1, 1024, "count");
       } else if (o.starts_with("max_idle_threads=")) {
         out.max_idle_threads = parse_number(o, 17, 1, 1024, "count");
+      } else if (o == "nonempty") {
+        out.nonempty = true;  // checked before mounting; libfuse 3 no longer takes it
       } else if (o == "rw") {
         fail("bad mount option \"rw\": ckptfs mounts are read-only");
       } else {
@@ -357,8 +360,48 @@ stdfs::path resolve_mountpoint(const stdfs::path& mountpoint) {
 
 }  // namespace
 
+void prepare_mountpoint(const std::filesystem::path& mountpoint, bool nonempty) {
+  const stdfs::path where = resolve_mountpoint(mountpoint);
+  struct stat st;
+  if (::stat(where.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOTCONN) {
+      const std::optional<MountEntry> entry = find_mount(where);
+      if (!entry || entry->fstype != "fuse.ckptfs")
+        fail(
+            "cannot mount at {}: a FUSE mount whose server is gone is there ({}); unmount it "
+            "with fusermount3 -u -z {}",
+            where.string(), entry ? entry->fstype : "unknown", where.string());
+      spdlog::warn("{}: the ckptfs daemon serving it is gone; detaching that dead mount",
+                   where.string());
+      unmount(where, /*lazy=*/true);
+    } else if (err == ENOENT) {
+      std::error_code ec;
+      stdfs::create_directories(where, ec);
+      if (ec) fail("cannot mount at {}: cannot create it: {}", where.string(), ec.message());
+      spdlog::info("{}: created the mountpoint", where.string());
+      return;
+    } else {
+      fail("cannot mount at {}: {}", where.string(), errno_text(err));
+    }
+  }
+  std::error_code ec;
+  if (!stdfs::is_directory(where, ec)) fail("cannot mount at {}: not a directory", where.string());
+  if (nonempty) return;
+  if (const std::optional<MountEntry> entry = find_mount(where);
+      entry && entry->fstype == "fuse.ckptfs")
+    return;  // mount() names the mount already there
+  stdfs::directory_iterator it(where, ec);
+  if (!ec && it != stdfs::directory_iterator())
+    fail(
+        "cannot mount at {}: it is not empty (its files would be hidden); mount on an empty "
+        "directory, or pass -o nonempty",
+        where.string());
+}
+
 int mount(const std::filesystem::path& mountpoint, const Tree& tree, const MountOptions& options) {
   const ParsedOptions parsed = parse_options(options);
+  prepare_mountpoint(mountpoint, parsed.nonempty);
   std::error_code ec;
   const stdfs::path where = stdfs::canonical(mountpoint, ec);
   if (ec) fail("cannot mount at {}: {}", mountpoint.string(), ec.message());
@@ -476,7 +519,7 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
                     : fmt::format("the server exited before it was ready (see {})", log_file));
 }
 
-void unmount(const std::filesystem::path& mountpoint) {
+void unmount(const std::filesystem::path& mountpoint, bool lazy) {
   const stdfs::path where = resolve_mountpoint(mountpoint);
   const std::optional<MountEntry> entry = find_mount(where);
   if (!entry) fail("cannot unmount {}: not mounted", where.string());
@@ -484,17 +527,24 @@ void unmount(const std::filesystem::path& mountpoint) {
     fail("cannot unmount {}: not a ckptfs mount (it is {} from {})", where.string(), entry->fstype,
          entry->device);
   if (::geteuid() == 0) {
-    if (::umount2(where.c_str(), 0) != 0) {
+    if (::umount2(where.c_str(), lazy ? MNT_DETACH : 0) != 0) {
       const int err = errno;
       fail("cannot unmount {}: {}{}", where.string(), errno_text(err),
-           err == EBUSY ? " (a file or directory in it is still open)" : "");
+           err == EBUSY ? " (a file or directory in it is still open; ckptfs umount -z detaches "
+                          "it now and finishes once they are closed)"
+                        : "");
     }
     return;
   }
   const pid_t pid = ::fork();
   if (pid < 0) fail("cannot unmount {}: fork: {}", where.string(), errno_text(errno));
   if (pid == 0) {
-    ::execlp("fusermount3", "fusermount3", "-u", "--", where.c_str(), static_cast<char*>(nullptr));
+    if (lazy)
+      ::execlp("fusermount3", "fusermount3", "-u", "-z", "--", where.c_str(),
+               static_cast<char*>(nullptr));
+    else
+      ::execlp("fusermount3", "fusermount3", "-u", "--", where.c_str(),
+               static_cast<char*>(nullptr));
     ::_exit(127);
   }
   int status = 0;

@@ -18,7 +18,7 @@ struct MountOptions {
   // direct_io mode), "splice" (READs of few long runs are spliced while several files are read,
   // if pipes may hold 2 MiB), "splice=always" (every such READ, in 512 KiB READs unless pipes
   // may hold 2 MiB), "max_read=N" (also passed on), "max_threads=N", "max_idle_threads=N".
-  // "ro" is always forced.
+  // "nonempty" (mount over a directory that is not empty). "ro" is always forced.
   std::vector<std::string> fuse_options;
   std::string log_file;  // where the daemon logs once detached
   // Shown as "ckptfs:<fsname>" in /proc/mounts; empty: the directory the sources share.
@@ -34,7 +34,14 @@ struct MountOptions {
 // it after the fork), so it must outlive the call.
 int mount(const std::filesystem::path& mountpoint, const Tree& tree, const MountOptions& options);
 
-// Unmounts a ckptfs mount; throws Error naming the mountpoint.
-void unmount(const std::filesystem::path& mountpoint);
+// Unmounts a ckptfs mount; `lazy` detaches it now and lets open files finish (umount -l). Throws
+// Error naming the mountpoint.
+void unmount(const std::filesystem::path& mountpoint, bool lazy = false);
+
+// Readies `mountpoint` for a mount: creates it (and its parents) if missing; if it is a ckptfs
+// mount whose daemon is gone (ENOTCONN), detaches that dead mount with a warning; refuses a
+// directory that is not empty unless `nonempty`, and anything that is not a directory. Throws
+// Error saying what to do.
+void prepare_mountpoint(const std::filesystem::path& mountpoint, bool nonempty);
 
 }  // namespace ckptfs::fs

@@ -1,0 +1,423 @@
+// `ckptfs verify SRC_DIR [view options]`: is this source directory fit to be served? Every chosen
+// file parses and its CRC trailer matches, every source rank the strategy names has a file (and
+// which targets lack one otherwise), the strategies agree with the files, and every byte of
+// every target file can be read.
+// `ckptfs verify VIEW --against DIR`: a view (mounted or materialized) compared with files
+// written by another tool, tensor by tensor, naming the first differing element of each.
+// Both exit 0 only when all is well; problems are listed one per line on stdout.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ckptfs/ckpt/dtype.h"
+#include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/error.h"
+#include "ckptfs/safetensors/scanner.h"
+#include "ckptfs/source/discover.h"
+#include "ckptfs/source/source_file.h"
+#include "ckptfs/source/step_choice.h"
+#include "ckptfs/source/unified.h"
+#include "ckptfs/strategy/rank_list.h"
+#include "ckptfs/strategy/strategy.h"
+#include "ckptfs/util/pread.h"
+#include "commands.h"
+#include "progress.h"
+#include "view.h"
+
+namespace ckptfs::cli {
+
+namespace {
+
+namespace stdfs = std::filesystem;
+
+struct VerifyArgs {
+  ViewArgs view;
+  std::string against;
+  bool quiet = false;
+};
+
+// Problems, one line each, on stdout as they are found.
+struct Findings {
+  size_t count = 0;
+  void add(const std::string& line) {
+    ++count;
+    fmt::print("FAIL {}\n", line);
+    std::fflush(stdout);
+  }
+};
+
+ckpt::FileScan scan_any(const stdfs::path& path, bool verify_crc) {
+  const source::SourceFile file = source::SourceFile::open(path);
+  if (safetensors::is_safetensors_name(path.string()))
+    return safetensors::scan_safetensors_fd(file.fd.get(), path.string());
+  ckpt::ScanOptions options;
+  options.verify_crc = verify_crc;
+  return ckpt::scan_checkpoint_fd(file.fd.get(), path.string(), options);
+}
+
+// ---- verify SRC_DIR ----
+
+void verify_sources(const VerifyArgs& args) {
+  Findings findings;
+  std::map<int64_t, stdfs::path> files;
+  const bool unified = source::read_unified(args.view.src_dir).has_value();
+  std::string src_strategy = args.view.src_strategy;
+  if (!unified) {
+    const source::Listing listing = source::list_sources(args.view.src_dir);
+    files = source::choose(listing,
+                           source::StepRequest::parse(args.view.step, args.view.allow_mixed_steps))
+                .files;
+    if (src_strategy.empty() && listing.mindformers_strategy)
+      src_strategy = listing.mindformers_strategy->string();
+  }
+
+  // 1. Every chosen file parses, CRC trailers included (this reads every byte).
+  uint64_t total = 0;
+  for (const auto& [rank, path] : files) {
+    std::error_code ec;
+    total += stdfs::file_size(path, ec);
+  }
+  {
+    Progress progress("verify sources", "files", Progress::mode_for(args.quiet),
+                      std::chrono::seconds(2));
+    progress.start(total, files.size());
+    for (const auto& [rank, path] : files) {
+      try {
+        scan_any(path, /*verify_crc=*/true);
+      } catch (const Error& e) {
+        findings.add(e.what());
+      }
+      std::error_code ec;
+      progress.advance(stdfs::file_size(path, ec));
+      progress.item_done();
+    }
+  }
+
+  // 2. Every rank the source strategy names has a file; which targets miss one if not.
+  std::optional<strategy::Strategy> src, dst;
+  try {
+    if (!src_strategy.empty()) src = strategy::read_strategy(src_strategy);
+    if (!args.view.dst_strategy.empty()) dst = strategy::read_strategy(args.view.dst_strategy);
+  } catch (const Error& e) {
+    findings.add(e.what());
+  }
+  if (src && !unified) {
+    std::set<int64_t> missing;
+    const int64_t ranks = src->devices_per_stage * static_cast<int64_t>(src->num_stages);
+    for (int64_t r = 0; r < ranks; ++r)
+      if (!files.contains(r)) missing.insert(r);
+    if (!missing.empty()) {
+      const int64_t targets =
+          dst ? dst->devices_per_stage * static_cast<int64_t>(dst->num_stages) : 1;
+      std::vector<std::string> affected;
+      for (int64_t t = 0; t < targets; ++t) {
+        try {
+          std::vector<int64_t> lacking;
+          for (int64_t r : strategy::rank_list_for_transform(&*src, dst ? &*dst : nullptr, t))
+            if (missing.contains(r)) lacking.push_back(r);
+          if (!lacking.empty())
+            affected.push_back(
+                fmt::format("target rank {} (needs {})", t, fmt::join(lacking, ",")));
+        } catch (const Error&) {
+          // Planning below names the layout problem.
+        }
+      }
+      findings.add(
+          fmt::format("{}: source ranks {} have no checkpoint file; affected: {}",
+                      args.view.src_dir, fmt::join(missing, ","),
+                      affected.empty() ? "none" : fmt::format("{}", fmt::join(affected, "; "))));
+    }
+  }
+  if (findings.count > 0)
+    fail("verify: {} problem{} (listed above); fix them, then verify again", findings.count,
+         findings.count == 1 ? "" : "s");
+
+  // 3. The strategies agree with the files (planning checks every slice), and 4. every byte
+  // of every target file can be read.
+  ViewNotes notes;
+  std::unique_ptr<fs::Tree> tree;
+  try {
+    tree = build_tree(args.view, notes, /*steps=*/false);
+  } catch (const Error& e) {
+    findings.add(e.what());
+    fail("verify: the view cannot be planned (see above)");
+  }
+  const plan::Plan& plan = tree->plan();
+  uint64_t view_bytes = 0;
+  for (const plan::TargetFile& t : plan.targets) view_bytes += t.file.size();
+  {
+    Progress progress("verify view", "files", Progress::mode_for(args.quiet),
+                      std::chrono::seconds(2));
+    progress.start(view_bytes, plan.targets.size());
+    constexpr size_t kChunk = size_t{4} << 20;
+    std::unique_ptr<char[]> buffer(new char[kChunk]);
+    for (size_t i = 0; i < plan.targets.size(); ++i) {
+      const plan::TargetFile& target = plan.targets[i];
+      const std::string name = target.dir_name() + "/" + target.file_name();
+      for (uint64_t off = 0; off < target.file.size();) {
+        size_t got = 0;
+        const int err =
+            tree->read_into(tree->target_ino(i), off, std::span<char>(buffer.get(), kChunk), got);
+        if (err != 0 || got == 0) {
+          findings.add(fmt::format("{}: reading byte {} failed: {}", name, off,
+                                   err != 0 ? std::strerror(err) : "no data"));
+          break;
+        }
+        off += got;
+        progress.advance(got);
+      }
+      progress.item_done();
+    }
+  }
+  if (findings.count > 0)
+    fail("verify: {} problem{} (listed above)", findings.count, findings.count == 1 ? "" : "s");
+  fmt::print("verify: all well: {} source files ({}), {} target files ({}) read in full\n",
+             files.size(), human_bytes(static_cast<double>(total)), plan.targets.size(),
+             human_bytes(static_cast<double>(view_bytes)));
+}
+
+// ---- verify VIEW --against DIR ----
+
+// Sequential reader of a parameter's content, record after record.
+class ContentReader {
+ public:
+  ContentReader(int fd, std::string name, const std::vector<ckpt::Extent>& extents)
+      : fd_(fd), name_(std::move(name)), extents_(extents) {}
+  // Fills up to out.size() bytes; returns how many (0 at the end).
+  size_t read(std::span<uint8_t> out) {
+    size_t done = 0;
+    while (done < out.size() && k_ < extents_.size()) {
+      const ckpt::Extent& e = extents_[k_];
+      const uint64_t n = std::min<uint64_t>(out.size() - done, e.length - at_);
+      pread_exact(fd_, name_, e.offset + at_, out.subspan(done, n));
+      done += n;
+      at_ += n;
+      if (at_ == e.length) {
+        ++k_;
+        at_ = 0;
+      }
+    }
+    return done;
+  }
+
+ private:
+  int fd_;
+  std::string name_;
+  const std::vector<ckpt::Extent>& extents_;
+  size_t k_ = 0;
+  uint64_t at_ = 0;
+};
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  float value;
+  if (exp == 0)
+    value = std::ldexp(static_cast<float>(mant), -24);
+  else if (exp == 31)
+    value = mant ? NAN : INFINITY;
+  else
+    value = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
+  return sign ? -value : value;
+}
+
+// One element of `dtype` at `p`, as text.
+std::string element_text(const std::string& dtype, const uint8_t* p) {
+  auto load = [p]<typename T>(T) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  };
+  if (dtype == "Float32") return fmt::format("{}", load(float{}));
+  if (dtype == "Float64") return fmt::format("{}", load(double{}));
+  if (dtype == "Float16") return fmt::format("{}", half_to_float(load(uint16_t{})));
+  if (dtype == "BFloat16")
+    return fmt::format("{}", std::bit_cast<float>(uint32_t{load(uint16_t{})} << 16));
+  if (dtype == "Int8") return fmt::format("{}", load(int8_t{}));
+  if (dtype == "UInt8" || dtype == "Bool") return fmt::format("{}", load(uint8_t{}));
+  if (dtype == "Int16") return fmt::format("{}", load(int16_t{}));
+  if (dtype == "UInt16") return fmt::format("{}", load(uint16_t{}));
+  if (dtype == "Int32") return fmt::format("{}", load(int32_t{}));
+  if (dtype == "UInt32") return fmt::format("{}", load(uint32_t{}));
+  if (dtype == "Int64") return fmt::format("{}", load(int64_t{}));
+  if (dtype == "UInt64") return fmt::format("{}", load(uint64_t{}));
+  return fmt::format("0x{:02x}", *p);
+}
+
+// [i, j, k] of flat element `flat` in C order.
+std::string index_text(uint64_t flat, const std::vector<int64_t>& shape) {
+  std::vector<uint64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    const auto extent = static_cast<uint64_t>(std::max<int64_t>(shape[d], 1));
+    index[d] = flat % extent;
+    flat /= extent;
+  }
+  return fmt::format("[{}]", fmt::join(index, ","));
+}
+
+// The first difference between two parameters' contents, or "" if none.
+std::string compare_content(int fd_a, const std::string& a_name, const ckpt::Param& a, int fd_b,
+                            const std::string& b_name, const ckpt::Param& b) {
+  constexpr size_t kChunk = 1 << 20;
+  std::vector<uint8_t> buf_a(kChunk), buf_b(kChunk);
+  ContentReader ra(fd_a, a_name, a.content), rb(fd_b, b_name, b.content);
+  uint64_t offset = 0;
+  for (;;) {
+    const size_t na = ra.read(buf_a), nb = rb.read(buf_b);
+    const size_t n = std::min(na, nb);
+    const auto diff =
+        std::mismatch(buf_a.begin(), buf_a.begin() + static_cast<ptrdiff_t>(n), buf_b.begin());
+    if (diff.first != buf_a.begin() + static_cast<ptrdiff_t>(n)) {
+      const uint64_t at = offset + static_cast<uint64_t>(diff.first - buf_a.begin());
+      const uint32_t size = a.element_size;
+      if (a.kind != ckpt::EntryKind::Tensor || size == 0) return fmt::format("byte {} differs", at);
+      const uint64_t element = at / size;
+      const size_t start = static_cast<size_t>(element * size - offset);
+      if (start + size <= n)
+        return fmt::format("first difference at element {} (flat {}): {} vs {}",
+                           index_text(element, a.shape), element,
+                           element_text(a.dtype, buf_a.data() + start),
+                           element_text(b.dtype, buf_b.data() + start));
+      return fmt::format("first difference at element {} (flat {})", index_text(element, a.shape),
+                         element);
+    }
+    if (na != nb) return fmt::format("content lengths differ at byte {}", offset + n);
+    if (n == 0) return {};
+    offset += n;
+  }
+}
+
+// Compares two files parameter by parameter; adds a finding per differing parameter.
+void compare_files(const stdfs::path& view, const stdfs::path& other, Findings& findings,
+                   size_t& compared) {
+  ckpt::FileScan a, b;
+  try {
+    a = scan_any(view, false);
+    b = scan_any(other, false);
+  } catch (const Error& e) {
+    findings.add(e.what());
+    return;
+  }
+  const source::SourceFile fa = source::SourceFile::open(view);
+  const source::SourceFile fb = source::SourceFile::open(other);
+  std::map<std::string, const ckpt::Param*> theirs;
+  for (const ckpt::Param& p : b.params) theirs[p.name] = &p;
+  std::set<std::string> seen;
+  for (const ckpt::Param& p : a.params) {
+    seen.insert(p.name);
+    auto it = theirs.find(p.name);
+    if (it == theirs.end()) {
+      findings.add(fmt::format("{}: {} is not in {}", view.string(), p.name, other.string()));
+      continue;
+    }
+    const ckpt::Param& q = *it->second;
+    ++compared;
+    if (p.dtype != q.dtype || p.shape != q.shape) {
+      findings.add(fmt::format("{}: {}: {} {} here, {} {} in {}", view.string(), p.name, p.dtype,
+                               fmt::join(p.shape, "x"), q.dtype, fmt::join(q.shape, "x"),
+                               other.string()));
+      continue;
+    }
+    const std::string diff =
+        compare_content(fa.fd.get(), view.string(), p, fb.fd.get(), other.string(), q);
+    if (!diff.empty())
+      findings.add(fmt::format("{}: {} ({} {}): {}", view.string(), p.name, p.dtype,
+                               fmt::format("[{}]", fmt::join(p.shape, ",")), diff));
+  }
+  for (const ckpt::Param& q : b.params)
+    if (!seen.contains(q.name))
+      findings.add(fmt::format("{}: {} is only in {}", view.string(), q.name, other.string()));
+  // The order of records is part of what a loader sees.
+  if (findings.count == 0) {
+    std::vector<std::string> order_a, order_b;
+    for (const ckpt::Param& p : a.params) order_a.push_back(p.name);
+    for (const ckpt::Param& q : b.params) order_b.push_back(q.name);
+    if (order_a != order_b)
+      findings.add(fmt::format("{}: same parameters as {}, in another order", view.string(),
+                               other.string()));
+  }
+}
+
+// The counterpart of VIEW/rank_N/NAME in DIR: the same path, else the only file of that kind
+// in DIR/rank_N.
+std::optional<stdfs::path> counterpart(const stdfs::path& other_root, const stdfs::path& rel) {
+  const stdfs::path same = other_root / rel;
+  std::error_code ec;
+  if (stdfs::is_regular_file(same, ec)) return same;
+  const stdfs::path dir = other_root / rel.parent_path();
+  std::vector<stdfs::path> candidates;
+  for (const auto& entry : stdfs::directory_iterator(dir, ec))
+    if (entry.is_regular_file() && entry.path().extension() == rel.extension())
+      candidates.push_back(entry.path());
+  if (candidates.size() == 1) return candidates[0];
+  return std::nullopt;
+}
+
+void verify_against(const VerifyArgs& args) {
+  const stdfs::path view(args.view.src_dir), other(args.against);
+  std::error_code ec;
+  if (!stdfs::is_directory(other, ec)) fail("--against {}: not a directory", other.string());
+  Findings findings;
+  size_t files = 0, compared = 0;
+  std::vector<stdfs::path> rels;
+  for (const auto& dir : stdfs::directory_iterator(view, ec)) {
+    if (!dir.is_directory() || !dir.path().filename().string().starts_with("rank_")) continue;
+    for (const auto& f : stdfs::directory_iterator(dir.path(), ec)) {
+      const std::string ext = f.path().extension().string();
+      if (f.is_regular_file() && (ext == ".ckpt" || ext == ".safetensors") &&
+          !f.path().filename().string().starts_with("."))
+        rels.push_back(stdfs::relative(f.path(), view));
+    }
+  }
+  std::sort(rels.begin(), rels.end());
+  if (rels.empty()) fail("{}: no rank_<N>/*.ckpt or *.safetensors files to compare", view.string());
+  for (const stdfs::path& rel : rels) {
+    const std::optional<stdfs::path> theirs = counterpart(other, rel);
+    if (!theirs) {
+      findings.add(fmt::format("{}: no counterpart in {}/{}", (view / rel).string(), other.string(),
+                               rel.parent_path().string()));
+      continue;
+    }
+    ++files;
+    compare_files(view / rel, *theirs, findings, compared);
+  }
+  if (findings.count > 0)
+    fail("verify: {} difference{} (listed above)", findings.count, findings.count == 1 ? "" : "s");
+  fmt::print("verify: identical: {} files, {} parameters compared element by element\n", files,
+             compared);
+}
+
+}  // namespace
+
+void add_verify_command(CLI::App& app) {
+  auto args = std::make_shared<VerifyArgs>();
+  CLI::App* command = app.add_subcommand(
+      "verify",
+      "Check that SRC_DIR can be served (files parse, CRCs match, strategies fit, every block "
+      "present, every target byte readable); with --against DIR, compare the view SRC_DIR "
+      "(mounted or materialized) with files another tool wrote, tensor by tensor");
+  add_view_options(command, args->view);
+  command->add_option("--against", args->against,
+                      "Directory of rank_N/ files written by another tool (e.g. "
+                      "transform_checkpoints) to compare the view SRC_DIR with");
+  command->add_flag("-q,--quiet", args->quiet, "No progress lines");
+  command->callback([args] {
+    if (!args->against.empty())
+      verify_against(*args);
+    else
+      verify_sources(*args);
+  });
+}
+
+}  // namespace ckptfs::cli
