@@ -507,10 +507,13 @@ TEST_F(MountTest, UnmountBusyMountFailsAndLeavesItServing) {
 }
 
 TEST_F(MountTest, MountErrorsLeaveNoMount) {
-  const std::filesystem::path missing = dir_.path() / "missing";
+  // A missing mountpoint is created, but not under a regular file.
+  const std::filesystem::path file = dir_.path() / "a_file";
+  std::ofstream(file) << "x";
+  const std::filesystem::path missing = file / "mnt";
   try {
     mount(missing, Tree(data_->make_plan()), {});
-    ADD_FAILURE() << "mount on a missing directory succeeded";
+    ADD_FAILURE() << "mount under a regular file succeeded";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("cannot mount at " + missing.string()));
   }
