@@ -48,9 +48,18 @@ void list(const IndexOptions& options) {
 }
 
 void clear(const IndexOptions& options) {
-  index::Store store(index_dir(options));
-  const size_t removed = store.clear();
-  fmt::print("removed {} entries from {}\n", removed, store.dir().string());
+  const fs::path dir = index_dir(options);
+  std::optional<index::Store> store;
+  try {
+    store.emplace(dir);
+  } catch (const Error& e) {
+    // Too damaged to open: the files go, which is all a clear has to achieve.
+    if (!index::remove_environment(dir)) throw;
+    fmt::print("removed the damaged index in {} ({})\n", dir.string(), e.what());
+    return;
+  }
+  const size_t removed = store->clear();
+  fmt::print("removed {} entries from {}\n", removed, store->dir().string());
 }
 
 // The files a mount with the default --step would serve: every part of a unified_safetensors

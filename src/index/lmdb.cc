@@ -1,5 +1,10 @@
 #include "ckptfs/index/lmdb.h"
 
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "ckptfs/error.h"
@@ -16,10 +21,21 @@ std::string_view view(const MDB_val& v) {
   return std::string_view(static_cast<const char*>(v.mv_data), v.mv_size);
 }
 
+// LMDB reports a short write as EIO, which is how a full filesystem shows on a commit; say so
+// when the index's filesystem has (next to) no room left.
+bool filesystem_full(const std::filesystem::path& dir) {
+  struct statvfs fs;
+  return ::statvfs(dir.c_str(), &fs) == 0 &&
+         static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < (uint64_t{1} << 20);
+}
+
 }  // namespace
 
 void check(int rc, const std::filesystem::path& dir, std::string_view what) {
-  if (rc != MDB_SUCCESS) fail("{}: {}: {}", dir.string(), what, mdb_strerror(rc));
+  if (rc == MDB_SUCCESS) return;
+  if ((rc == EIO || rc == ENOSPC) && filesystem_full(dir))
+    fail("{}: {}: {} (the index's filesystem is full)", dir.string(), what, std::strerror(ENOSPC));
+  fail("{}: {}: {}", dir.string(), what, mdb_strerror(rc));
 }
 
 Env Env::open(const std::filesystem::path& dir, size_t map_size, unsigned max_dbs, unsigned flags) {

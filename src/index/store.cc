@@ -207,6 +207,16 @@ class OpenOnce {
 
 }  // namespace
 
+bool remove_environment(const fs::path& dir) {
+  bool any = false;
+  for (const char* name : {"data.mdb", "lock.mdb"}) {
+    std::error_code ec;
+    any |= fs::remove(dir / name, ec);
+    if (ec) fail("{}: cannot remove: {}", (dir / name).string(), ec.message());
+  }
+  return any;
+}
+
 fs::path default_dir() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   // The XDG spec says to ignore a relative value.
@@ -251,7 +261,13 @@ struct Store::Impl {
 Store::Store(const fs::path& dir, size_t initial_map_size) {
   make_dirs(dir);
   impl_ = std::make_unique<Impl>(dir);
-  impl_->env = lmdb::Env::open(dir, initial_map_size, 2, MDB_NOTLS);
+  try {
+    impl_->env = lmdb::Env::open(dir, initial_map_size, 2, MDB_NOTLS);
+  } catch (const Error& e) {
+    if (!fs::exists(dir / "data.mdb")) throw;
+    fail("{}; the index is only a cache: `ckptfs index clear --index-dir {}` removes it", e.what(),
+         dir.string());
+  }
   // Reader slots of processes that died mid-transaction would otherwise pin old pages forever.
   int dead = 0;
   lmdb::check(mdb_reader_check(impl_->env.get(), &dead), dir, "LMDB reader check failed");

@@ -1,6 +1,7 @@
-"""Limits a mount or an inspect meets on real machines: more source files than the soft limit on
-open files, and crafted inputs that claim huge sizes, refused quickly and with bounded memory
-(under an address-space limit of 1 GiB) by one line naming the file."""
+"""Limits a mount, an index or an inspect meets on real machines: more source files than the soft
+limit on open files; crafted inputs that claim huge sizes, refused quickly and with bounded memory
+(under an address-space limit of 1 GiB) by one line naming the file; the index under an
+address-space limit, damaged, and on a full disk."""
 
 import os
 import subprocess
@@ -37,6 +38,65 @@ def many_sources(args):
         itest.unmount(args.ckptfs, mnt)
 
 
+# Address-space limits mean nothing to a sanitized build, which reserves terabytes of shadow
+# memory up front; scripts/test.sh sets these variables for its sanitizer stages.
+SANITIZED = any(os.environ.get(v) for v in ("ASAN_OPTIONS", "TSAN_OPTIONS"))
+
+
+def limit_as(cmd, nbytes):
+    return cmd if SANITIZED else ["prlimit", f"--as={nbytes}", "--"] + cmd
+
+
+def small_fixture(args, name):
+    return ckpt_fixture.make_builtin("8to4_dtypes", os.path.join(args.work, name, "fixture"),
+                                     expected=False)
+
+
+def index_in_small_address_space(args):
+    """The index needs no 8 GiB of address space: build, list and mount under 2 GiB."""
+    fx = small_fixture(args, "small_as")
+    index = os.path.join(args.work, "small_as", "index")
+    itest.run(limit_as([args.ckptfs, "index", "build", fx.src_dir, "--index-dir", index], 2 << 30))
+    listing = itest.run(limit_as([args.ckptfs, "index", "list", "--index-dir", index], 2 << 30))
+    assert f"{len(fx.source_files)} files in" in listing.stdout, listing.stdout
+
+
+def damaged_index(args):
+    """A data.mdb that is not an LMDB file: commands say so and name `ckptfs index clear`, which
+    removes it; the next build starts afresh."""
+    fx = small_fixture(args, "damaged")
+    index = os.path.join(args.work, "damaged", "index")
+    itest.run([args.ckptfs, "index", "build", fx.src_dir, "--index-dir", index])
+    with open(os.path.join(index, "data.mdb"), "r+b") as f:
+        f.write(os.urandom(8192))
+    listing = itest.run([args.ckptfs, "index", "list", "--index-dir", index], check=False)
+    lines = listing.stderr.strip().splitlines()
+    assert listing.returncode == 1 and len(lines) == 1, listing.stderr
+    assert index in lines[0] and "ckptfs index clear" in lines[0], lines[0]
+    cleared = itest.run([args.ckptfs, "index", "clear", "--index-dir", index])
+    assert "removed the damaged index" in cleared.stdout, cleared.stdout
+    built = itest.run([args.ckptfs, "index", "build", fx.src_dir, "--index-dir", index])
+    assert "0 from the index" in built.stdout, built.stdout
+
+
+def full_disk(args):
+    """An index on a full filesystem: the scans are not recorded, and the warning says the
+    filesystem is full rather than "Input/output error"."""
+    fx = ckpt_fixture.make(MANY_SOURCES_CASE, os.path.join(args.work, "full", "fixture"),
+                           expected=False)
+    disk = os.path.join(args.work, "full", "disk")
+    os.makedirs(disk, exist_ok=True)
+    itest.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", disk])
+    try:
+        built = itest.run([args.ckptfs, "index", "build", fx.src_dir, "--index-dir",
+                           os.path.join(disk, "index")], check=False)
+    finally:
+        itest.run(["umount", disk])
+    assert built.returncode == 0, built.stderr
+    assert "No space left on device" in built.stderr, built.stderr
+    assert "Input/output error" not in built.stderr, built.stderr
+
+
 def record_claiming(tag, dims, tensor_type, content_length, content=b""):
     return record_header(tag, dims, tensor_type, content_length) + content
 
@@ -53,7 +113,7 @@ CRAFTED = {
     # A million dims of 1 next to a shape that does not match its 4 content bytes.
     "million_dims": encode_record("w", [1] * 1_000_000 + [2], "Float32", b"\0" * 4),
     # A tag whose length says 2^40 bytes.
-    "tag_2e40": wire.len_field_header(1, 40) + wire.len_field_header(1, 1 << 40) + b"w" * 30,
+    "tag_2e40": wire.len_field_header(1, 40) + wire.len_field_header(1, 1 << 40) + b"w" * 33,
 }
 
 
@@ -65,7 +125,7 @@ def crafted_huge_sizes(args):
         with open(path, "wb") as f:
             f.write(data)
         start = time.monotonic()
-        proc = subprocess.run(["prlimit", "--as=1073741824", "--", args.ckptfs, "inspect", path],
+        proc = subprocess.run(limit_as([args.ckptfs, "inspect", path], 1 << 30),
                               capture_output=True, text=True, timeout=60)
         took = time.monotonic() - start
         lines = proc.stderr.strip().splitlines()
@@ -81,6 +141,9 @@ def main():
     checks.run(f"{SOURCES} sources under a soft limit of 100 open files", many_sources, args)
     checks.run("crafted huge sizes refused quickly under prlimit --as=1G", crafted_huge_sizes,
                args)
+    checks.run("the index under a 2 GiB address-space limit", index_in_small_address_space, args)
+    checks.run("a damaged index is named, and cleared", damaged_index, args)
+    checks.run("a full disk is reported as such", full_disk, args)
     checks.finish()
 
 

@@ -24,9 +24,10 @@ namespace ckptfs::index {
 // is dropped when the new one is stored instead of piling up.
 inline constexpr char kScansDb[] = "scans";
 inline constexpr char kPathsDb[] = "paths";
-// The LMDB map is address space, not disk (the file is sparse), so start big enough for
-// millions of parameters; a full map is doubled and the write retried.
-inline constexpr size_t kDefaultMapSize = size_t{8} << 30;
+// The LMDB map is address space, not disk. It starts small, so that a mount fits under an
+// address-space limit (ulimit -v), holds some 500k parameters, and a full map is doubled and the
+// write retried; an existing larger environment opens at its own size.
+inline constexpr size_t kDefaultMapSize = size_t{64} << 20;
 
 // Bumped whenever ckpt::FileScan or its stored form changes meaning: entries written with
 // another version read as absent, and the files are scanned again.
@@ -53,7 +54,8 @@ struct Entry {
 class Store {
  public:
   // Opens the LMDB environment in `dir`, creating the directory (mode 0700, parents included)
-  // and the environment if missing; throws Error naming `dir` and LMDB's reason.
+  // and the environment if missing; throws Error naming `dir` and LMDB's reason (for a damaged
+  // environment, with the `ckptfs index clear` that removes it).
   explicit Store(const std::filesystem::path& dir, size_t initial_map_size = kDefaultMapSize);
   ~Store();
   Store(Store&&) noexcept;
@@ -79,6 +81,10 @@ class Store {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Deletes the LMDB files of `dir` (data.mdb, lock.mdb), for an environment too damaged to open;
+// true if there were any. Throws Error naming a file that cannot be removed.
+bool remove_environment(const std::filesystem::path& dir);
 
 struct IndexedSource {
   source::SourceFile file;
