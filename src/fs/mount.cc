@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -362,8 +363,10 @@ stdfs::path resolve_mountpoint(const stdfs::path& mountpoint) {
 
 void prepare_mountpoint(const std::filesystem::path& mountpoint, bool nonempty) {
   const stdfs::path where = resolve_mountpoint(mountpoint);
-  struct stat st;
-  if (::stat(where.c_str(), &st) != 0) {
+  // statfs, not stat: the kernel may answer stat of a dead mount from its attribute cache (just
+  // after the readers of a killed daemon stat it), statfs always asks the server.
+  struct statfs st;
+  if (::statfs(where.c_str(), &st) != 0) {
     const int err = errno;
     if (err == ENOTCONN) {
       const std::optional<MountEntry> entry = find_mount(where);
