@@ -195,8 +195,9 @@ Header read_header(int fd, const std::string& name) {
 
   for (const auto& [key, value] : h.metadata) {
     if (value != kInt4Marker) continue;
+    // Not captured by reference: clang 14 (the fuzz build) cannot capture a structured binding.
     auto it = std::find_if(h.tensors.begin(), h.tensors.end(),
-                           [&](const Tensor& t) { return t.name == key; });
+                           [&marked = key](const Tensor& t) { return t.name == marked; });
     if (it == h.tensors.end())
       fail("{}: __metadata__ marks \"{}\" as Int4, but the file has no tensor of that name", name,
            key);

@@ -1,0 +1,69 @@
+// What every fuzz target needs to hand its input to a reader that takes a file: a scratch file
+// per process on tmpfs, rewritten for each input. A reader's ckptfs::Error is the expected
+// answer to bad input; anything else (a crash, a sanitizer report, another exception, a hang,
+// memory past -rss_limit_mb) is a finding.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace ckptfs::fuzz {
+
+// An in-memory file holding exactly the input; fd() reads it from offset 0.
+class MemFile {
+ public:
+  MemFile(const uint8_t* data, size_t size) : fd_(::memfd_create("ckptfs-fuzz", MFD_CLOEXEC)) {
+    if (fd_ < 0) std::abort();
+    for (size_t done = 0; done < size;) {
+      const ssize_t n = ::write(fd_, data + done, size - done);
+      if (n <= 0) std::abort();
+      done += static_cast<size_t>(n);
+    }
+  }
+  ~MemFile() { ::close(fd_); }
+  MemFile(const MemFile&) = delete;
+  MemFile& operator=(const MemFile&) = delete;
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// The folder of this process's named scratch files; removed at exit.
+inline const std::filesystem::path& scratch_dir() {
+  static const std::filesystem::path dir = [] {
+    const char* base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : "/tmp";
+    auto d = std::filesystem::path(base) / ("ckptfs-fuzz-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(d);
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(scratch_dir(), ec);
+    });
+    return d;
+  }();
+  return dir;
+}
+
+// A named file holding exactly the input, for readers that pick their format by the name.
+inline std::filesystem::path write_named(const std::string& name, const uint8_t* data,
+                                         size_t size) {
+  const std::filesystem::path path = scratch_dir() / name;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) std::abort();
+  for (size_t done = 0; done < size;) {
+    const ssize_t n = ::write(fd, data + done, size - done);
+    if (n <= 0) std::abort();
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return path;
+}
+
+}  // namespace ckptfs::fuzz

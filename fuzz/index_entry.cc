@@ -1,0 +1,27 @@
+// An index entry read back from LMDB (index::decode_entry): the first 8 input bytes are the file
+// size, the rest the entry's message, sealed here with a valid CRC-32 so that the fuzzer reaches
+// the checks behind the checksum. Whatever decodes must pass ckpt::check_scan.
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "ckptfs/ckpt/crc32.h"
+#include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/index/store.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace ckptfs;
+  if (size < 8) return 0;
+  uint64_t file_size = 0;
+  for (int i = 0; i < 8; ++i) file_size = file_size << 8 | data[i];
+  std::string entry(reinterpret_cast<const char*>(data + 8), size - 8);
+  const uint32_t crc = ckpt::crc32_update(0, std::span(data + 8, size - 8));
+  for (int shift = 24; shift >= 0; shift -= 8) entry.push_back(static_cast<char>(crc >> shift));
+  for (const std::string& e : {entry, std::string(entry).append("x")}) {
+    std::string why;
+    const std::optional<ckpt::FileScan> scan = index::decode_entry(e, file_size, &why);
+    if (scan && !ckpt::check_scan(*scan, file_size).empty()) std::abort();
+    if (!scan && why.empty()) std::abort();
+  }
+  return 0;
+}

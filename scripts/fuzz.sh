@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/*.cc, clang with ASan+UBSan) into build-fuzz/ and runs each
+# for SECONDS (default 30), or only the targets named. Every target whose seed folder
+# fuzz/corpus/<name>/ exists is run; what it finds is kept in build-fuzz/corpus/<name>/ (the
+# seeds in the repository are only read). Exits non-zero on any crash, sanitizer report,
+# timeout (-timeout, s per input) or out-of-memory (-rss_limit_mb); the input that did it is in
+# build-fuzz/artifacts/<name>/. Extra libFuzzer flags: FUZZ_FLAGS="-jobs=2 ...".
+#   scripts/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-30}
+shift || true
+build=${FUZZ_BUILD_DIR:-build-fuzz}
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 \
+  -DCKPTFS_FUZZ=ON -DCKPTFS_BUILD_TESTS=OFF -DCKPTFS_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  for dir in fuzz/corpus/*/; do targets+=("$(basename "$dir")"); done
+fi
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]/#/fuzz_}"
+failed=()
+for name in "${targets[@]}"; do
+  mkdir -p "$build/corpus/$name" "$build/artifacts/$name"
+  log="$build/artifacts/$name/last.log"
+  echo "== fuzz_$name: ${seconds}s"
+  # shellcheck disable=SC2086
+  if "$build/fuzz/fuzz_$name" -max_total_time="$seconds" -rss_limit_mb=512 -timeout=10 \
+      -max_len=65536 -print_final_stats=1 -artifact_prefix="$build/artifacts/$name/" \
+      ${FUZZ_FLAGS:-} "$build/corpus/$name" "fuzz/corpus/$name" >"$log" 2>&1; then
+    grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$log" | tr '\n' ' '
+    echo
+  else
+    tail -40 "$log"
+    failed+=("$name")
+  fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "error: fuzz findings in: ${failed[*]} (inputs in $build/artifacts/)" >&2
+  exit 1
+fi
