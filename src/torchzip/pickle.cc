@@ -1,5 +1,7 @@
 #include "ckptfs/torchzip/pickle.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -228,29 +230,30 @@ class Machine {
   std::string key_of(uint32_t id, size_t depth = 0) {
     if (depth > 16) error("a dict key nested deeper than 16");
     const Value& x = v(id);
+    // fmt, not "i" + std::to_string(...): GCC 12 warns (-Wrestrict) on those inlined inserts.
     switch (x.kind) {
       case Kind::None:
         return "n";
       case Kind::Bool:  // True == 1 as a key, as in Python
       case Kind::Int:
-        return "i" + std::to_string(static_cast<int64_t>(x.payload));
+        return fmt::format("i{}", static_cast<int64_t>(x.payload));
       case Kind::Float: {
         const double d = std::bit_cast<double>(x.payload);
         if (d == std::floor(d) && std::fabs(d) < 9.2e18)
-          return "i" + std::to_string(static_cast<int64_t>(d));
-        return "f" + std::to_string(x.payload);
+          return fmt::format("i{}", static_cast<int64_t>(d));
+        return fmt::format("f{}", x.payload);
       }
       case Kind::Str:
-        return "s" + std::to_string(str(id).size()) + ":" + str(id);
+        return fmt::format("s{}:{}", str(id).size(), str(id));
       case Kind::Bytes:
-        return "b" + std::to_string(str(id).size()) + ":" + str(id);
+        return fmt::format("b{}:{}", str(id).size(), str(id));
       case Kind::Global:
         return "g" + globals_[x.payload].name;
       case Kind::Tuple:
       case Kind::Size: {
         auto it = key_cache_.find(id);
         if (it != key_cache_.end()) return it->second;
-        std::string k = "t" + std::to_string(box(id).items.size()) + "(";
+        std::string k = fmt::format("t{}(", box(id).items.size());
         for (uint32_t item : box(id).items) {
           k += key_of(item, depth + 1);
           k += ',';
