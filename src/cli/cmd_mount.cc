@@ -1,7 +1,10 @@
 // ckptfs mount / umount: source scan -> index -> strategies -> plan -> FUSE.
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -44,6 +47,43 @@ bool has_option(const std::vector<std::string>& lists, std::string_view word) {
   return false;
 }
 
+// -o uid=N, gid=N and umask=OCTAL, as other FUSE filesystems take them; the words are removed
+// from `options`.
+struct Owner {
+  uid_t uid = ::getuid();
+  gid_t gid = ::getgid();
+  mode_t umask = 0;
+};
+
+Owner take_owner(std::vector<std::string>& options) {
+  Owner out;
+  const auto number = [](const std::string& word, size_t skip, int base) {
+    const std::string value = word.substr(skip);
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long n = std::strtoul(value.c_str(), &end, base);
+    if (value.empty() || *end != '\0' || errno != 0 || n > 0xFFFFFFFEul)
+      fail("bad mount option \"{}\": expected a{} number", word, base == 8 ? "n octal" : "");
+    return n;
+  };
+  for (std::string& list : options) {
+    std::string kept;
+    for (const std::string& word : split_options(list)) {
+      if (word.starts_with("uid="))
+        out.uid = static_cast<uid_t>(number(word, 4, 10));
+      else if (word.starts_with("gid="))
+        out.gid = static_cast<gid_t>(number(word, 4, 10));
+      else if (word.starts_with("umask="))
+        out.umask = static_cast<mode_t>(number(word, 6, 8) & 0777);
+      else
+        kept += (kept.empty() ? "" : ",") + word;
+    }
+    list = kept;
+  }
+  std::erase(options, std::string());
+  return out;
+}
+
 // The -o words go to fs::mount as they are (but by_stage, which chooses the files): it takes
 // out its own (cache, noreadahead, ...) and hands the rest to libfuse.
 fs::MountOptions mount_options(const MountArgs& args) {
@@ -67,6 +107,8 @@ void run_mount(MountArgs& args) {
   std::unique_ptr<fs::Tree> tree = build_tree(args.view, notes, /*steps=*/true);
   fs::MountOptions options = mount_options(args);
   options.on_mounted = [&notes] { notes.say(); };
+  const Owner owner = take_owner(options.fuse_options);
+  tree->set_owner(owner.uid, owner.gid, owner.umask);
   const int rc = fs::mount(args.mountpoint, *tree, options);
   // Not freed: this process only exits now, and the detached daemon shares the tables with it
   // copy-on-write, so freeing them would copy every page they sit on first (seconds and
@@ -91,14 +133,16 @@ void add_mount_commands(CLI::App& app) {
       ->required();
   mount->add_flag("-f,--foreground", args->foreground, "Stay in the foreground until unmounted");
   mount
-      ->add_option("-o", args->options,
-                   "Mount options, comma-separated: cache (page-cache mode for mmap users; "
-                   "default is direct I/O), noreadahead (no read-ahead thread for sequential "
-                   "readers), by_stage (one _part<stage> file per source pipeline stage, as "
-                   "MindSpore's by-stage transform writes; same as --by-stage), splice (splice "
-                   "long runs while several files are read; needs "
-                   "fs.pipe-max-size >= 2 MiB), splice=always, max_read=N, max_threads=N, or any "
-                   "libfuse option such as allow_other")
+      ->add_option(
+          "-o", args->options,
+          "Mount options, comma-separated: cache (page-cache mode for mmap users; "
+          "default is direct I/O), noreadahead (no read-ahead thread for sequential "
+          "readers), by_stage (one _part<stage> file per source pipeline stage, as "
+          "MindSpore's by-stage transform writes; same as --by-stage), splice (splice "
+          "long runs while several files are read; needs "
+          "fs.pipe-max-size >= 2 MiB), splice=always, max_read=N, max_threads=N, or any "
+          "uid=N, gid=N, umask=OCTAL (owner and modes shown: files 0444, directories 0555, "
+          "minus umask), or any libfuse option such as allow_other")
       ->allow_extra_args(false);
   mount->add_option("--log-file", args->log_file,
                     "Log file of the mounted daemon (default: none once detached)");

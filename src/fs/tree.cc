@@ -173,6 +173,7 @@ bool Tree::stat(uint64_t ino, struct stat& st) const {
   st.st_ino = ino;
   st.st_uid = uid_;
   st.st_gid = gid_;
+  st.st_mode &= ~umask_;
   st.st_blksize = kBlockSize;
   st.st_atim = st.st_mtim = mtime(ino);
   st.st_ctim = time_;

@@ -307,6 +307,30 @@ def cmake_install(args):
     assert page.startswith(".TH CKPTFS 1") and ".SH MATERIALIZE" in page and "--dst-strategy" in page
 
 
+def owner_and_modes(args):
+    work, fx = demo(args, "owner")
+    mnt = os.path.join(work, "mnt")
+    f = os.path.join(mnt, "rank_0", "checkpoint_0.ckpt")
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, **kw(fx, work)):
+        st = os.stat(f)
+        assert (st.st_mode & 0o7777, st.st_uid) == (0o444, os.getuid()), oct(st.st_mode)
+        assert os.stat(os.path.dirname(f)).st_mode & 0o7777 == 0o555
+        # The newest source's mtime (rsync -a of an unchanged view transfers nothing).
+        newest = max(os.stat(os.path.join(d, n)).st_mtime_ns
+                     for d, _, names in os.walk(fx.src_dir) for n in names)
+        assert st.st_mtime_ns <= newest
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, options="umask=0227,uid=1234,gid=5678",
+                       **kw(fx, work)):
+        st = os.stat(f)
+        assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o440, 1234, 5678), \
+            (oct(st.st_mode), st.st_uid, st.st_gid)
+        assert os.stat(os.path.dirname(f)).st_mode & 0o7777 == 0o550
+    proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, options="umask=9",
+                                     **kw(fx, work)), check=False)
+    assert proc.returncode == 1 and "umask=9" in proc.stderr, proc.stderr
+    assert not itest.is_mounted(mnt)
+
+
 def main():
     args = itest.parse_args()
     args.ckptfs = os.path.abspath(args.ckptfs)
@@ -323,6 +347,7 @@ def main():
     checks.run("verify --against: first differing element", verify_against, args)
     checks.run("unusable index directory: one warning, mount works", index_unusable, args)
     checks.run("inspect on a strategy file", inspect_strategy, args)
+    checks.run("owner and modes; -o uid=,gid=,umask=", owner_and_modes, args)
     checks.run("cmake --install: binary, mount helpers, man page", cmake_install, args)
     checks.finish()
 

@@ -57,6 +57,14 @@ class Tree {
   void set_step_index(uint32_t index) { step_index_ = index; }
   uint32_t step_index() const { return step_index_; }
 
+  // Owner and modes stat gives every inode from now on (-o uid=,gid=,umask=): files are
+  // 0444 & ~umask, directories 0555 & ~umask. Call before serving; not for /steps trees.
+  void set_owner(uid_t uid, gid_t gid, mode_t umask) {
+    uid_ = uid;
+    gid_ = gid;
+    umask_ = umask & 0777;
+  }
+
   // 0 if not found (or `parent` is not a directory).
   uint64_t lookup(uint64_t parent, std::string_view name) const;
   // False if no such inode.
@@ -143,6 +151,7 @@ class Tree {
   uint64_t total_bytes_ = 0;
   uid_t uid_ = 0;
   gid_t gid_ = 0;
+  mode_t umask_ = 0;
   struct timespec time_ {};
   std::vector<struct timespec> file_mtimes_;  // by target
   std::vector<struct timespec> dir_mtimes_;   // by dir
