@@ -21,7 +21,9 @@
 #include "ckptfs/plan/step_scalars.h"
 #include "ckptfs/source/step_choice.h"
 #include "ckptfs/source/unified.h"
+#include "ckptfs/strategy/rank_list.h"
 #include "ckptfs/strategy/strategy.h"
+#include "ckptfs/util/rank_set.h"
 
 namespace ckptfs::cli {
 
@@ -59,6 +61,9 @@ void add_view_options(CLI::App* command, ViewArgs& args) {
   command->add_flag("--by-stage", args.by_stage,
                     "One _part<stage> file per source pipeline stage, as MindSpore's by-stage "
                     "transform writes");
+  command->add_option("--ranks", args.ranks,
+                      "Only these target ranks, e.g. 0-7,16 (one node's share): only the source "
+                      "files they load are opened, scanned and planned");
   command->add_option("--index-dir", args.index_dir,
                       "Where the LMDB index lives (default $XDG_CACHE_HOME/ckptfs/index or "
                       "~/.cache/ckptfs/index)");
@@ -91,6 +96,7 @@ plan::ViewOptions view_options(const ViewArgs& args) {
     fail("--prefix {}: a file name prefix cannot hold '/'", args.prefix);
   out.prefix = args.prefix;
   out.by_stage = args.by_stage;
+  if (!args.ranks.empty()) out.ranks = util::parse_rank_set(args.ranks);
   return out;
 }
 
@@ -135,11 +141,53 @@ struct Planning {
     }
     // Before indexing: a wrong strategy is refused without scanning every file first.
     plan::check_rank_count(ranks, src.get(), root);
+    if (!views.ranks.empty()) keep_needed(ranks, paths);
     std::vector<index::IndexedSource> indexed = index_files(index_dir, paths);
     std::map<int64_t, index::IndexedSource> sources;
     for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
     if (!mixed_allowed) plan::check_step_scalars(sources);
     return plan::make_plan(std::move(sources), src.get(), dst.get(), views);
+  }
+
+  // Narrows the files to those the exposed target ranks load, so a node opens, scans and maps
+  // only its own share of a large checkpoint: the ranks whose blocks the planner reads (the
+  // minimal list) and, in each stage the target walks, the passthrough source t_local mod N_src,
+  // as the planner's load order has them. Record order follows each stage's names, so it does
+  // not depend on which files of a stage are loaded.
+  void keep_needed(std::vector<int64_t>& ranks, std::vector<std::filesystem::path>& paths) const {
+    plan::check_target_ranks(views.ranks, dst.get());
+    std::set<int64_t> needed;
+    for (int64_t t : views.ranks) {
+      const strategy::TargetMaps maps(src.get(), dst.get(), t);
+      const int64_t n = maps.src_devices();
+      const int64_t passthrough = maps.target_local() % n;
+      std::vector<int64_t> minimal;
+      try {
+        minimal = strategy::rank_list_for_transform(src.get(), dst.get(), t, true);
+      } catch (const Error&) {
+        return;  // layouts MindSpore cannot pair: the planner's own fallback sees every file
+      }
+      for (int64_t r : minimal) {
+        needed.insert(r);
+        needed.insert(r / n * n + passthrough);
+      }
+      if (!src) {
+        needed.insert(0);
+        continue;
+      }
+      for (const auto& [name, param] : src->params)
+        if (maps.in_effective_src(name) && maps.in_effective_dst(name))
+          for (const auto& [stage, layout] : param.stages)
+            needed.insert(static_cast<int64_t>(stage) * n + passthrough);
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (!needed.count(ranks[i])) continue;
+      ranks[kept] = ranks[i];
+      paths[kept++] = std::move(paths[i]);
+    }
+    ranks.resize(kept);
+    paths.resize(kept);
   }
 };
 

@@ -25,11 +25,12 @@ struct ViewArgs {
   std::vector<std::string> views{"ckpt", "safetensors"};
   std::string prefix = "checkpoint_";
   bool by_stage = false;
+  std::string ranks;  // "--ranks 0-7,16"; empty: every target rank
 };
 
 // Adds the SRC_DIR positional (first, so the caller's positionals follow it), --src-strategy,
-// --dst-strategy, --step, --allow-mixed-steps, --view, --prefix, --by-stage and --index-dir to
-// `command`.
+// --dst-strategy, --step, --allow-mixed-steps, --view, --prefix, --by-stage, --ranks and
+// --index-dir to `command`.
 void add_view_options(CLI::App* command, ViewArgs& args);
 
 // What a command says about its view once it is sure to use it: said only then, so that a

@@ -497,7 +497,8 @@ class Planner {
     const std::vector<int64_t>& preferred = needed.ranks;
     // The same files MindSpore would insist on, so a view never silently depends on which
     // replicas happen to be present.
-    for (int64_t local : needed.required && !located_ ? preferred : std::vector<int64_t>{}) {
+    for (int64_t local :
+         needed.required && !located_ && !partial_ ? preferred : std::vector<int64_t>{}) {
       const int64_t g = stage * maps.src_devices() + local;
       if (!files_.file(g)) missing_rank(g, t, p.name);
     }
@@ -624,6 +625,14 @@ class Planner {
   bool safetensors_rules_;
   bool located_;
   std::vector<int64_t> every_rank_;  // located_: the ranks with files, descending
+  // Some target ranks only, from the files they read: MindSpore's other replicas are not
+  // required to be present (set_partial).
+  bool partial_ = false;
+
+ public:
+  void set_partial() { partial_ = true; }
+
+ private:
   LayoutCache layouts_;
   std::map<std::vector<int64_t>, std::vector<ParamRef>> orders_;  // by load order
   std::map<int64_t, std::vector<uint32_t>> stage_orders_;         // name ids, by stage
@@ -792,6 +801,18 @@ void plan_by_stage(Plan& plan, const strategy::Strategy* src, const strategy::St
 
 }  // namespace
 
+int64_t target_count(const strategy::Strategy* dst) {
+  return dst ? dst->devices_per_stage * dst->num_stages : 1;
+}
+
+void check_target_ranks(const std::vector<int64_t>& ranks, const strategy::Strategy* dst) {
+  const int64_t n = target_count(dst);
+  for (int64_t r : ranks)
+    if (r < 0 || r >= n)
+      fail("--ranks: target rank {} does not exist; {} has {} target rank{} (0-{})", r,
+           dst ? dst->origin : "the unsharded destination", n, n == 1 ? "" : "s", n - 1);
+}
+
 Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::Strategy* src,
                const strategy::Strategy* dst, const ViewOptions& views) {
   if (!src && !dst)
@@ -805,9 +826,11 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
     if (!st_rules) source.scan.params = ckpt::loaded_params(std::move(source.scan));
     ranks.push_back(rank);
   }
-  // The directory holding the rank directories, for messages.
-  check_rank_count(ranks, src,
-                   sources.begin()->second.file.path.parent_path().parent_path().string());
+  // The directory holding the rank directories, for messages. A subset of targets loads a
+  // subset of the sources; the caller checked the directories then.
+  if (views.ranks.empty())
+    check_rank_count(ranks, src,
+                     sources.begin()->second.file.path.parent_path().parent_path().string());
   if (src) check_strategy_covered(sources, *src);
 
   Plan plan;
@@ -857,14 +880,20 @@ namespace {
 
 Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strategy* dst,
                 const ViewOptions& views, bool safetensors_rules, bool located) {
+  check_target_ranks(views.ranks, dst);
+  if (views.by_stage && !views.ranks.empty())
+    fail("--ranks and -o by_stage cannot be combined: by_stage serves every destination rank");
   if (views.by_stage) {
     plan_by_stage(plan, src, dst, safetensors_rules, views, located);
     return plan;
   }
   Planner planner(plan, src, dst, safetensors_rules, plan.source_ranks, located);
-  const int64_t targets = dst ? dst->devices_per_stage * dst->num_stages : 1;
+  if (!views.ranks.empty()) planner.set_partial();
+  std::vector<int64_t> targets = views.ranks;
+  if (targets.empty())
+    for (int64_t t = 0; t < target_count(dst); ++t) targets.push_back(t);
   std::set<std::string> left_out;
-  for (int64_t t = 0; t < targets; ++t) {
+  for (int64_t t : targets) {
     const std::vector<Entry> entries = planner.plan_target(t);
     if (views.ckpt)
       plan.targets.push_back(TargetFile{t, ckpt_view(entries, views.ckpt_trailing),

@@ -76,12 +76,16 @@ void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strateg
 void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sources,
                             const strategy::Strategy& src) {
   std::vector<std::unordered_set<std::string_view>> held(src.num_stages);
+  // A mount of some target ranks loads only their sources: stages without one are not read.
+  std::vector<bool> present(src.num_stages);
   for (const auto& [rank, source] : sources) {
     const int64_t stage = rank / src.devices_per_stage;
     if (stage < 0 || stage >= static_cast<int64_t>(held.size())) continue;
+    present[stage] = true;
     for (const ckpt::Param& p : source.scan.params) held[stage].insert(p.name);
   }
   for (uint32_t stage = 0; stage < src.num_stages; ++stage) {
+    if (!present[stage]) continue;
     std::vector<std::string_view> missing;
     for (const auto& [name, param] : src.params)
       if (param.stages.count(stage) && !may_be_unsaved(name) && !held[stage].count(name))

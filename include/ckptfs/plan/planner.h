@@ -44,7 +44,16 @@ struct ViewOptions {
   // a pipeline source strategy and a one-stage destination strategy; .ckpt files only.
   bool by_stage = false;
   std::vector<TrailingScalar> ckpt_trailing;
+  // Only these target ranks (ascending; empty: all). The sources may then be just the ranks
+  // these targets load (strategy::rank_list_for_transform): the caller has checked the rank
+  // directories against the source strategy, and coverage is checked per stage present.
+  std::vector<int64_t> ranks;
 };
+
+// How many target ranks `dst` has (1 for the unsharded side).
+int64_t target_count(const strategy::Strategy* dst);
+// Throws Error in one line if a rank of `ranks` is not a target rank of `dst`.
+void check_target_ranks(const std::vector<int64_t>& ranks, const strategy::Strategy* dst);
 
 struct Plan {
   std::vector<index::IndexedSource> sources;  // Run::source indexes this

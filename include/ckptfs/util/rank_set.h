@@ -1,0 +1,45 @@
+// "--ranks 0-7,16": a comma-separated list of ranks and inclusive ranges, as a node names the
+// target ranks it serves. Ascending, each once. Pure; thread-safe.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <set>
+#include <string_view>
+#include <vector>
+
+#include "ckptfs/error.h"
+
+namespace ckptfs::util {
+
+// Throws Error naming the bad item: an empty item, a non-number, a negative or reversed range.
+inline std::vector<int64_t> parse_rank_set(std::string_view text) {
+  auto number = [&](std::string_view s) {
+    int64_t v = -1;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size() || v < 0)
+      fail("--ranks {}: '{}' is not a rank (expected a list such as 0-7,16)", text, s);
+    return v;
+  };
+  std::set<int64_t> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = text.find(',', begin);
+    const std::string_view item = text.substr(
+        begin, comma == std::string_view::npos ? std::string_view::npos : comma - begin);
+    const size_t dash = item.find('-');
+    if (dash == std::string_view::npos) {
+      out.insert(number(item));
+    } else {
+      const int64_t lo = number(item.substr(0, dash)), hi = number(item.substr(dash + 1));
+      if (hi < lo) fail("--ranks {}: range {} runs backwards", text, item);
+      if (hi - lo > (1 << 20)) fail("--ranks {}: range {} is too long", text, item);
+      for (int64_t r = lo; r <= hi; ++r) out.insert(r);
+    }
+    if (comma == std::string_view::npos) break;
+    begin = comma + 1;
+  }
+  return {out.begin(), out.end()};
+}
+
+}  // namespace ckptfs::util

@@ -1,0 +1,125 @@
+"""One checkpoint mounted by many nodes, each exposing only its own target ranks (--ranks).
+
+* A mount with --ranks shows exactly those rank directories, and each of their files is
+  byte-identical to the fixture generator's expected file (sliced from the full tensors, not by
+  ckptfs); a rank the destination does not have is refused in one line.
+* Only the source files the exposed ranks load are opened: the others may even be unreadable.
+"""
+
+import os
+
+import itest
+import ckpt_fixture
+from ckptfix import builtins
+from ckptfix.builtins import case, lay, param, side
+
+# Rows of 8 source ranks -> rows of 4 target ranks: target t loads source ranks 2t and 2t + 1.
+ROWS_8TO4 = case("rows_8to4", "dev [8] rows -> dev [4] rows", side(8), side(4),
+                 [param("w", "Float32", [16, 6], lay([8], [0, -1]), lay([4], [0, -1])),
+                  param("b", "BFloat16", [8, 4], lay([8], [0, -1]), lay([4], [0, -1]))])
+
+
+def fixture(args, name):
+    case = ROWS_8TO4 if name == "rows_8to4" else builtins.builtin(name, shared=args.shared)
+    return ckpt_fixture.make(case, os.path.join(args.work, name, "fixture"), shared=args.shared)
+
+
+def compare_ranks(fx, mnt, ranks):
+    """Problems of a mount that should show exactly `ranks` of the fixture's targets."""
+    expected = fx.expected_files()
+    got = sorted(n for n in os.listdir(mnt) if n != "steps")
+    want = sorted(f"rank_{t}" for t in ranks)
+    problems = [] if got == want else [f"rank directories {got}, expected {want}"]
+    for t in ranks:
+        actual = os.path.join(mnt, f"rank_{t}", os.path.basename(expected[t]))
+        # ls -l before any read: the size is exact.
+        if os.stat(actual).st_size != os.path.getsize(expected[t]):
+            problems.append(f"rank {t}: size {os.stat(actual).st_size} before a read")
+        diff = ckpt_fixture.describe_difference(expected[t], actual)
+        if diff:
+            problems.append(f"rank {t}: {diff}")
+    return problems
+
+
+def mount_ranks(args, fx, mnt, ranks_text, index_dir, extra=()):
+    return itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                         dst_strategy=fx.dst_strategy, index_dir=index_dir,
+                         extra_args=["--ranks", ranks_text, *extra])
+
+
+def some_ranks(args):
+    fx = fixture(args, "demo")  # 8 source ranks -> 4 target ranks
+    work = os.path.join(args.work, "demo")
+    for text, ranks in (("1,3", [1, 3]), ("0-1", [0, 1]), ("2", [2])):
+        mnt = os.path.join(work, "mnt_" + text.replace(",", "_"))
+        with mount_ranks(args, fx, mnt, text, os.path.join(work, "index")):
+            problems = compare_ranks(fx, mnt, ranks)
+            assert not problems, problems
+
+
+def pipeline_ranks(args):
+    for name in ("pipeline_dst", "pipeline_src_dir", "opt_src", "4to6"):
+        fx = fixture(args, name)
+        work = os.path.join(args.work, name)
+        n = len(fx.expected_files())
+        for ranks in ([n - 1], [0, n // 2]):
+            text = ",".join(map(str, ranks))
+            mnt = os.path.join(work, "mnt_" + text.replace(",", "_"))
+            with mount_ranks(args, fx, mnt, text, os.path.join(work, "index")):
+                problems = compare_ranks(fx, mnt, ranks)
+                assert not problems, (name, problems)
+
+
+def unneeded_sources_untouched(args):
+    """Target rank 1 loads three of the 8 source ranks; the others are overwritten with junk that
+    any scan refuses, and the mount still serves rank 1 exactly."""
+    fx = fixture(args, "rows_8to4")
+    work = os.path.join(args.work, "rows_junk")
+    # Rows 4-7 of w and 2-3 of b are on source ranks 2 and 3; entries not resharded would come
+    # from t_local mod 8 = 1, so its file is read for the record list.
+    needed = {1, 2, 3}
+    for g, path in fx.source_files.items():
+        if g not in needed:
+            with open(os.path.realpath(path), "wb") as f:
+                f.write(b"not a checkpoint")
+    mnt = os.path.join(work, "mnt")
+    with mount_ranks(args, fx, mnt, "1", os.path.join(work, "index")):
+        problems = compare_ranks(fx, mnt, [1])
+        assert not problems, problems
+    # The same sources without --ranks: the junk is refused (so it really is junk).
+    os.makedirs(mnt, exist_ok=True)
+    proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                                     dst_strategy=fx.dst_strategy,
+                                     index_dir=os.path.join(work, "index")), check=False)
+    itest.unmount(args.ckptfs, mnt)
+    assert proc.returncode != 0, proc
+
+
+def refused(args):
+    fx = fixture(args, "demo")
+    work = os.path.join(args.work, "demo_refused")
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    for text, words in (("4", "target rank 4 does not exist"), ("0-2,x", "'x' is not a rank"),
+                        ("3-1", "runs backwards")):
+        cmd = itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                              dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index"),
+                              extra_args=["--ranks", text])
+        proc = itest.run(cmd, check=False)
+        assert proc.returncode != 0 and not itest.is_mounted(mnt), proc
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def main():
+    args = itest.parse_args()
+    checks = itest.Checks(args.only)
+    checks.run("some_ranks", some_ranks, args)
+    checks.run("pipeline_ranks", pipeline_ranks, args)
+    checks.run("unneeded_sources_untouched", unneeded_sources_untouched, args)
+    checks.run("refused", refused, args)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
