@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <charconv>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -13,6 +12,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/fs/materialize.h"
 #include "ckptfs/fs/tree.h"
+#include "ckptfs/util/rank_set.h"
 #include "commands.h"
 #include "progress.h"
 #include "view.h"
@@ -24,43 +24,14 @@ namespace {
 struct MaterializeArgs {
   ViewArgs view;
   std::string out;
-  std::string ranks;
   unsigned jobs = 0;
   bool quiet = false;
 };
 
-int64_t parse_rank(std::string_view text, std::string_view list) {
-  int64_t n = -1;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (ec != std::errc() || end != text.data() + text.size() || n < 0)
-    fail("--ranks {}: \"{}\" is not a rank; give ranks and ranges such as 0,2,4-7", list, text);
-  return n;
-}
-
-// "0,2,4-7" -> 0 2 4 5 6 7.
-std::vector<int64_t> parse_ranks(std::string_view list) {
-  std::vector<int64_t> out;
-  size_t begin = 0;
-  while (begin <= list.size()) {
-    size_t end = list.find(',', begin);
-    if (end == std::string_view::npos) end = list.size();
-    const std::string_view item = list.substr(begin, end - begin);
-    if (const size_t dash = item.find('-'); dash != std::string_view::npos) {
-      const int64_t lo = parse_rank(item.substr(0, dash), list);
-      const int64_t hi = parse_rank(item.substr(dash + 1), list);
-      if (hi < lo) fail("--ranks {}: the range {} runs backwards", list, item);
-      for (int64_t r = lo; r <= hi; ++r) out.push_back(r);
-    } else {
-      out.push_back(parse_rank(item, list));
-    }
-    begin = end + 1;
-  }
-  return out;
-}
-
 void run(const MaterializeArgs& args) {
   fs::MaterializeOptions options;
-  if (!args.ranks.empty()) options.ranks = parse_ranks(args.ranks);
+  // The view plans only these ranks (ViewArgs::ranks); the writer writes them.
+  if (!args.view.ranks.empty()) options.ranks = util::parse_rank_set(args.view.ranks);
   options.jobs = args.jobs != 0 ? args.jobs : std::max(1u, std::thread::hardware_concurrency());
   ViewNotes notes;
   const std::unique_ptr<fs::Tree> tree_ptr = build_tree(args.view, notes, /*steps=*/false);
@@ -89,7 +60,6 @@ void add_materialize_command(CLI::App& app) {
   add_view_options(command, args->view);
   command->add_option("OUT", args->out, "Directory to write rank_N/checkpoint_N.ckpt into")
       ->required();
-  command->add_option("--ranks", args->ranks, "Target ranks to write, e.g. 0,2,4-7 (default: all)");
   command
       ->add_option("-j,--jobs", args->jobs,
                    "Worker threads (default: one per CPU); memory is 4 MiB per worker")

@@ -809,8 +809,8 @@ void check_target_ranks(const std::vector<int64_t>& ranks, const strategy::Strat
   const int64_t n = target_count(dst);
   for (int64_t r : ranks)
     if (r < 0 || r >= n)
-      fail("--ranks: target rank {} does not exist; {} has {} target rank{} (0-{})", r,
-           dst ? dst->origin : "the unsharded destination", n, n == 1 ? "" : "s", n - 1);
+      fail("--ranks: the view has no rank {} (its ranks are 0 to {}, from {})", r, n - 1,
+           dst ? dst->origin : "the unsharded destination");
 }
 
 Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::Strategy* src,

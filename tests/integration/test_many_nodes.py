@@ -100,7 +100,7 @@ def refused(args):
     work = os.path.join(args.work, "demo_refused")
     mnt = os.path.join(work, "mnt")
     os.makedirs(mnt)
-    for text, words in (("4", "target rank 4 does not exist"), ("0-2,x", "'x' is not a rank"),
+    for text, words in (("4", "the view has no rank 4"), ("0-2,x", "'x' is not a rank"),
                         ("3-1", "runs backwards")):
         cmd = itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
                               dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index"),
