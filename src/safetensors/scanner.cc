@@ -53,6 +53,11 @@ Json parse_header(const std::string& text, const std::string& name) {
         "{}: byte offset {}: safetensors header is not valid UTF-8 JSON ({}); the file is "
         "damaged or not a safetensors file",
         name, kLengthBytes + (e.byte > 0 ? e.byte - 1 : 0), e.what());
+  } catch (const nlohmann::json::exception& e) {
+    // Valid JSON that the parser cannot hold, such as a number beyond a double's range.
+    fail(
+        "{}: safetensors header cannot be read ({}); the file is damaged or not a safetensors file",
+        name, e.what());
   }
   if (!header.is_object())
     fail("{}: byte offset 8: safetensors header is a JSON {}, not an object", name,

@@ -48,6 +48,15 @@ class ScannerTest : public ::testing::Test {
   TempDir dir_;
 };
 
+// Found by fuzz_safetensors: a number too large for a double made the JSON parser throw
+// out_of_range, which escaped the scanner and ended the process.
+TEST_F(ScannerTest, NumberBeyondDoubleRangeIsRefusedInOneLine) {
+  const std::string msg = error_of(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                   R"("x":1.5E99999})",
+                                   std::string(4, 'x'));
+  EXPECT_THAT(msg, HasSubstr("x.safetensors: safetensors header cannot be read"));
+}
+
 TEST_F(ScannerTest, GoodFileGivesParamsInOffsetOrderWithAbsoluteExtents) {
   // Offset order: z (I64 scalar) [0,8), q (Int4-marked I8 [4]) [8,12), a (F32 [2]) [12,20),
   // e (F16 [0,3]) [20,20).
