@@ -3,8 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +27,7 @@ namespace fs = std::filesystem;
 struct IndexOptions {
   std::string index_dir;  // empty: index::default_dir()
   std::string src_dir;
+  std::string output;  // index build --output: a shipped index
 };
 
 fs::path index_dir(const IndexOptions& options) {
@@ -80,17 +83,34 @@ std::vector<fs::path> files_to_index(const IndexOptions& options) {
 
 void build(const IndexOptions& options) {
   const std::vector<fs::path> paths = files_to_index(options);
+  const fs::path dir = options.output.empty() ? index_dir(options) : fs::path(options.output);
 
-  index::Store store(index_dir(options));
-  const std::vector<index::IndexedSource> sources = index::index_sources(store, paths);
+  const auto start = std::chrono::steady_clock::now();
+  index::Store store(dir);
+  // A line a second on stderr, so a build of thousands of files shows it is moving.
+  std::mutex mu;
+  auto last = start;
+  const auto progress = [&](size_t done, size_t total) {
+    std::lock_guard lock(mu);
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last < std::chrono::seconds(1) && done != total) return;
+    last = now;
+    fmt::print(stderr, "ckptfs: scanned {} of {} files\n", done, total);
+  };
+  const std::vector<index::IndexedSource> sources = index::index_sources(store, paths, progress);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   uint64_t params = 0;
   size_t hits = 0;
   for (const index::IndexedSource& source : sources) {
     params += source.scan.params.size();
     hits += source.from_index ? 1 : 0;
   }
-  fmt::print("{} files, {} parameters: {} from the index, {} scanned; index in {}\n",
-             sources.size(), params, hits, sources.size() - hits, store.dir().string());
+  fmt::print(
+      "{} files, {} parameters: {} from the index, {} scanned; index in {}; {:.2f} s, {:.0f} "
+      "source tensors/s\n",
+      sources.size(), params, hits, sources.size() - hits, store.dir().string(), seconds,
+      seconds > 0 ? static_cast<double>(params) / seconds : 0.0);
 }
 
 }  // namespace
@@ -112,6 +132,11 @@ void add_index_command(CLI::App& app) {
       "build", "Scan the checkpoints of SRC_DIR/rank_*/ that the index does not hold yet");
   build_command->add_option("SRC_DIR", options->src_dir, "Source checkpoint directory")->required();
   add_index_dir_option(build_command, *options);
+  build_command
+      ->add_option("--output", options->output,
+                   "Write a shipped index here: copy it next to the checkpoint on shared storage "
+                   "and mount every node with --index DIR")
+      ->excludes(build_command->get_option("--index-dir"));
   build_command->callback([options] { build(*options); });
 }
 

@@ -64,6 +64,10 @@ void add_view_options(CLI::App* command, ViewArgs& args) {
   command->add_option("--ranks", args.ranks,
                       "Only these target ranks, e.g. 0-7,16 (one node's share): only the source "
                       "files they load are opened, scanned and planned");
+  command->add_option("--index", args.shipped_index,
+                      "A shipped index (`ckptfs index build SRC --output DIR`) to take every scan "
+                      "from, read-only and lock-free; refused if a source changed since it was "
+                      "built");
   command->add_option("--index-dir", args.index_dir,
                       "Where the LMDB index lives (default $XDG_CACHE_HOME/ckptfs/index or "
                       "~/.cache/ckptfs/index)");
@@ -114,8 +118,12 @@ std::unique_ptr<index::Store> open_index(const std::optional<std::filesystem::pa
 }
 
 std::vector<index::IndexedSource> index_files(const std::optional<std::filesystem::path>& dir,
+                                              const std::string& shipped,
                                               const std::vector<std::filesystem::path>& paths) {
   // The LMDB environment is closed before a mount's daemon forks.
+  // A shipped index is the only source of scans: a stale one is refused, never repaired.
+  if (!shipped.empty())
+    return index::index_sources_shipped(index::Store::open_shipped(shipped), paths);
   std::unique_ptr<index::Store> store = open_index(dir);
   return index::index_sources(store.get(), paths);
 }
@@ -129,7 +137,8 @@ std::optional<std::filesystem::path> index_dir(const ViewArgs& args) {
 struct Planning {
   std::shared_ptr<const strategy::Strategy> src, dst;
   std::optional<std::filesystem::path> index_dir;
-  std::string root;  // the directory holding rank_<N>/, for messages
+  std::string shipped;  // --index
+  std::string root;     // the directory holding rank_<N>/, for messages
   plan::ViewOptions views;
 
   plan::Plan plan(const std::map<int64_t, std::filesystem::path>& files, bool mixed_allowed) const {
@@ -142,7 +151,7 @@ struct Planning {
     // Before indexing: a wrong strategy is refused without scanning every file first.
     plan::check_rank_count(ranks, src.get(), root);
     if (!views.ranks.empty()) keep_needed(ranks, paths);
-    std::vector<index::IndexedSource> indexed = index_files(index_dir, paths);
+    std::vector<index::IndexedSource> indexed = index_files(index_dir, shipped, paths);
     std::map<int64_t, index::IndexedSource> sources;
     for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
     if (!mixed_allowed) plan::check_step_scalars(sources);
@@ -203,7 +212,8 @@ std::unique_ptr<fs::Tree> build_unified_tree(const ViewArgs& args,
       fmt::format("{}: a unified checkpoint of {} files", args.src_dir, unified.files.size());
   std::optional<strategy::Strategy> dst;
   if (!args.dst_strategy.empty()) dst = strategy::read_strategy(args.dst_strategy);
-  std::vector<index::IndexedSource> parts = index_files(index_dir(args), unified.files);
+  std::vector<index::IndexedSource> parts =
+      index_files(index_dir(args), args.shipped_index, unified.files);
   // The map must agree with the files, or a parameter would silently come from nowhere.
   std::map<std::string, std::set<std::string_view>> held;
   for (const index::IndexedSource& part : parts)
@@ -239,7 +249,7 @@ std::unique_ptr<fs::Tree> build_metadata_tree(const ViewArgs& args,
     paths.push_back(f.path);
     ranks.push_back(f.rank);
   }
-  std::vector<index::IndexedSource> files = index_files(index_dir(args), paths);
+  std::vector<index::IndexedSource> files = index_files(index_dir(args), args.shipped_index, paths);
   mindformers::validate(it, files);
   plan::ViewOptions views = view_options(args);
   for (const mindformers::Scalar& s : it.scalars)
@@ -283,6 +293,7 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
   planning->index_dir = index_dir(args);
   planning->root = listing.root.string();
   planning->views = view_options(args);
+  planning->shipped = args.shipped_index;
 
   auto tree = std::make_unique<fs::Tree>(planning->plan(choice.files, choice.mixed_allowed));
   // Every step is offered, planned only when looked up: nothing more is read now.

@@ -20,6 +20,7 @@ struct ViewArgs {
   std::string src_strategy;
   std::string dst_strategy;
   std::string index_dir;
+  std::string shipped_index;  // --index: a shipped index, read-only; never written
   std::string step = "latest";
   bool allow_mixed_steps = false;
   std::vector<std::string> views{"ckpt", "safetensors"};

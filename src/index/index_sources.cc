@@ -72,7 +72,8 @@ ckpt::FileScan scan_source(int fd, const std::string& name) {
 // Scans sources[i] for every i in `misses`; returns how many of `misses` (a prefix) were
 // scanned, with the first failure in `error`.
 size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>& misses,
-                  std::exception_ptr& error) {
+                  std::exception_ptr& error, const std::function<void(size_t, size_t)>& progress) {
+  std::atomic<size_t> done{0};
   return parallel_in_order(misses.size(), error, [&](size_t k) {
     IndexedSource& source = sources[misses[k]];
     const std::string name = source.file.path.string();
@@ -82,6 +83,7 @@ size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>
       fail("{}: changed while being indexed; index it again once it is complete", name);
     }
     spdlog::debug("{}: scanned, {} parameters", name, source.scan.params.size());
+    if (progress) progress(done.fetch_add(1) + 1, misses.size());
   });
 }
 
@@ -93,11 +95,35 @@ std::string absolute_name(const fs::path& path) {
 
 }  // namespace
 
-std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::path>& paths) {
-  return index_sources(&store, paths);
+std::vector<IndexedSource> index_sources_shipped(const Store& store,
+                                                 const std::vector<fs::path>& paths) {
+  std::vector<IndexedSource> sources(paths.size());
+  for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
+  std::exception_ptr error;
+  parallel_in_order(sources.size(), error, [&](size_t i) {
+    IndexedSource& s = sources[i];
+    const std::string name = absolute_name(s.file.path);
+    std::string why;
+    std::optional<ckpt::FileScan> scan =
+        store.lookup_path(name, s.file.fingerprint.size, s.file.fingerprint.mtime_ns, why);
+    if (!scan)
+      fail("{}: the index {} {}; rebuild it with `ckptfs index build SRC --output {}`", name,
+           store.dir().string(), why, store.dir().string());
+    s.scan = std::move(*scan);
+    s.from_index = true;
+  });
+  if (error) std::rethrow_exception(error);
+  spdlog::info("{} source files: {} from the index, 0 scanned", sources.size(), sources.size());
+  return sources;
 }
 
-std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::path>& paths) {
+std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::path>& paths,
+                                         const std::function<void(size_t, size_t)>& progress) {
+  return index_sources(&store, paths, progress);
+}
+
+std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::path>& paths,
+                                         const std::function<void(size_t, size_t)>& progress) {
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
   std::exception_ptr lookup_error;
@@ -116,7 +142,7 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
     spdlog::info("scanning {} of {} source files", misses.size(), sources.size());
   }
   std::exception_ptr error;
-  const size_t scanned = scan_files(sources, misses, error);
+  const size_t scanned = scan_files(sources, misses, error, progress);
 
   // Recorded even when a later file failed, so that the retry after fixing it is quick.
   std::vector<Store::NewEntry> items;

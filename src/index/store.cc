@@ -229,6 +229,7 @@ fs::path default_dir() {
 struct Store::Impl {
   explicit Impl(const fs::path& dir) : once(dir) {}
 
+  bool read_only = false;
   OpenOnce once;  // first member, so the environment is closed before it is released
   lmdb::Env env;
   MDB_dbi scans = 0;
@@ -292,6 +293,60 @@ Store::Store(const fs::path& dir, size_t initial_map_size) {
   }
 }
 
+Store Store::open_shipped(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / "data.mdb", ec))
+    fail("--index {}: no data.mdb there; build the index with `ckptfs index build SRC --output {}`",
+         dir.string(), dir.string());
+  Store store;
+  store.impl_ = std::make_unique<Impl>(dir);
+  store.impl_->read_only = true;
+  // No lock file: nodes share the index on storage that may be read-only and lock nothing.
+  store.impl_->env = lmdb::Env::open(dir, kDefaultMapSize, 2, MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS);
+  lmdb::Txn txn = store.impl_->begin(MDB_RDONLY);
+  const std::optional<MDB_dbi> scans = txn.open_db(kScansDb, 0);
+  const std::optional<MDB_dbi> paths = txn.open_db(kPathsDb, 0);
+  if (!scans || !paths || !txn.commit())
+    fail("--index {}: not a ckptfs index; build one with `ckptfs index build SRC --output {}`",
+         dir.string(), dir.string());
+  store.impl_->scans = *scans;
+  store.impl_->paths = *paths;
+  return store;
+}
+
+bool Store::read_only() const { return impl_->read_only; }
+
+std::optional<ckpt::FileScan> Store::lookup_path(const std::string& path, uint64_t size,
+                                                 int64_t mtime_ns, std::string& why) const {
+  std::string bytes;
+  source::Fingerprint stored;
+  {
+    std::lock_guard lock(impl_->mu);
+    const lmdb::Txn txn = impl_->begin(MDB_RDONLY);
+    const std::optional<std::string_view> at = txn.get(impl_->paths, path_key(path));
+    const size_t n = source::Fingerprint::kKeySize;
+    if (!at || at->size() <= n || at->substr(n) != path) {
+      why = "has no entry for it";
+      return std::nullopt;
+    }
+    stored = *source::Fingerprint::from_key(at->substr(0, n));
+    const std::optional<std::string_view> value = txn.get(impl_->scans, at->substr(0, n));
+    if (!value) {
+      why = "has a damaged entry for it";
+      return std::nullopt;
+    }
+    bytes.assign(*value);
+  }
+  if (stored.size != size || stored.mtime_ns != mtime_ns) {
+    why = fmt::format("was built when it had {} bytes and mtime {} ns; it has {} and {} now",
+                      stored.size, stored.mtime_ns, size, mtime_ns);
+    return std::nullopt;
+  }
+  std::optional<ckpt::FileScan> scan = decode_entry(bytes, size, &why);
+  if (!scan) why = "holds an unusable entry for it (" + why + ")";
+  return scan;
+}
+
 Store::~Store() = default;
 Store::Store(Store&&) noexcept = default;
 Store& Store::operator=(Store&&) noexcept = default;
@@ -317,6 +372,7 @@ std::optional<ckpt::FileScan> Store::lookup(const source::Fingerprint& fingerpri
 }
 
 void Store::insert(std::span<const NewEntry> items) {
+  if (impl_->read_only) fail("{}: a shipped index is never written by a mount", dir().string());
   struct Encoded {
     std::string path_key;
     std::string path_value;  // scan key, then path
@@ -387,6 +443,7 @@ std::vector<Entry> Store::entries() const {
 }
 
 size_t Store::clear() {
+  if (impl_->read_only) fail("{}: a shipped index is never written by a mount", dir().string());
   std::lock_guard lock(impl_->mu);
   for (;;) {
     lmdb::Txn txn = impl_->begin(0);

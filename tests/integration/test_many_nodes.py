@@ -111,6 +111,82 @@ def refused(args):
         assert len(lines) == 1 and words in lines[0], proc.stderr
 
 
+def shipped_index(args):
+    """`index build --output` writes an index a mount opens read-only; a changed source is
+    refused in one line naming it."""
+    fx = fixture(args, "demo")
+    work = os.path.join(args.work, "shipped")
+    idx = os.path.join(work, "idx")
+    out = itest.run([args.ckptfs, "index", "build", fx.src_dir, "--output", idx]).stdout
+    assert "source tensors/s" in out, out
+    before = {n: os.stat(os.path.join(idx, n)).st_mtime_ns for n in os.listdir(idx)}
+    mnt = os.path.join(work, "mnt")
+    with mount_ranks(args, fx, mnt, "1,3", None, extra=["--index", idx]):
+        problems = compare_ranks(fx, mnt, [1, 3])
+        assert not problems, problems
+    after = {n: os.stat(os.path.join(idx, n)).st_mtime_ns for n in os.listdir(idx)}
+    assert before == after, (before, after)
+    victim = os.path.realpath(fx.source_files[2])
+    st = os.stat(victim)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    os.makedirs(mnt, exist_ok=True)
+    proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                                     dst_strategy=fx.dst_strategy,
+                                     extra_args=["--index", idx, "--ranks", "1"]), check=False)
+    itest.unmount(args.ckptfs, mnt)
+    assert proc.returncode != 0 and victim in proc.stderr and "rebuild" in proc.stderr, proc
+
+
+NODE_SCRIPT = r"""
+set -e
+mount --bind -o ro "$IDX" "$IDX"
+mount --bind -o ro "$SRC" "$SRC"
+mkdir -p "$MNT"
+"$CKPTFS" mount "$SRC" "$MNT" --src-strategy "$SS" --dst-strategy "$DS" --index "$IDX" \
+    --ranks "$RANKS"
+trap '"$CKPTFS" umount "$MNT"' EXIT
+for t in $(echo "$RANKS" | tr ',' ' '); do
+  cmp "$EXP/rank_$t/checkpoint_$t.ckpt" "$MNT/rank_$t/checkpoint_$t.ckpt"
+done
+"""
+
+
+def two_nodes(args):
+    """Two mounts in their own mount namespaces, each a node with its ranks, over one source
+    tree and one index, both bind-mounted read-only; both serve byte-exact files at once and
+    neither writes the shared paths."""
+    import shutil
+    import subprocess
+    if not shutil.which("unshare"):
+        return
+    fx = fixture(args, "demo")
+    work = os.path.join(args.work, "nodes")
+    idx = os.path.join(work, "idx")
+    itest.run([args.ckptfs, "index", "build", fx.src_dir, "--output", idx])
+    def snapshot():
+        out = {}
+        for root in (idx, fx.src_dir):
+            for d, _, files in os.walk(root):
+                for n in files:
+                    st = os.stat(os.path.join(d, n))
+                    out[os.path.join(d, n)] = (st.st_size, st.st_mtime_ns)
+        return out
+    before = snapshot()
+    expected_dir = os.path.dirname(os.path.dirname(fx.expected_files()[0]))
+    procs = []
+    for node, ranks in enumerate(("0,1", "2,3")):
+        env = dict(os.environ, IDX=idx, SRC=fx.src_dir, MNT=os.path.join(work, f"mnt{node}"),
+                   CKPTFS=args.ckptfs, SS=fx.src_strategy, DS=fx.dst_strategy, RANKS=ranks,
+                   EXP=expected_dir)
+        procs.append(subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                       NODE_SCRIPT], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out
+    assert snapshot() == before
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
@@ -118,6 +194,8 @@ def main():
     checks.run("pipeline_ranks", pipeline_ranks, args)
     checks.run("unneeded_sources_untouched", unneeded_sources_untouched, args)
     checks.run("refused", refused, args)
+    checks.run("shipped_index", shipped_index, args)
+    checks.run("two_nodes", two_nodes, args)
     checks.finish()
 
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -61,7 +62,20 @@ class Store {
   Store(Store&&) noexcept;
   Store& operator=(Store&&) noexcept;
 
+  // A shipped index (`ckptfs index build SRC --output DIR`, copied next to the checkpoint and
+  // opened by every node): MDB_RDONLY | MDB_NOLOCK, so it works on a read-only path and neither
+  // writes nor locks anything. insert() and clear() throw. Throws Error naming `dir` if it is
+  // not such an index.
+  static Store open_shipped(const std::filesystem::path& dir);
+  bool read_only() const;
+
   const std::filesystem::path& dir() const;
+
+  // The scan stored for the file at absolute `path`, if it was built from a file of this size
+  // and mtime (a shipped index is copied, so inode, device and ctime are not compared).
+  // nullopt with the reason in `why` otherwise.
+  std::optional<ckpt::FileScan> lookup_path(const std::string& path, uint64_t size,
+                                            int64_t mtime_ns, std::string& why) const;
 
   // The stored scan of the file with this fingerprint; nullopt if there is none, or it was
   // written with another kFormatVersion, or it does not decode.
@@ -78,6 +92,7 @@ class Store {
   size_t clear();  // removes every entry (of any version), returns how many
 
  private:
+  Store() = default;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -97,10 +112,19 @@ struct IndexedSource {
 // time), then records the new scans in one transaction under the absolute paths. Results are in the
 // order of `paths`. A file that changes while it is scanned is an Error, as is any open or scan
 // failure; failing to record the new scans is only logged, since the index is a cache.
+// `progress(done, total)` is called from a scanning thread after each scanned file.
 std::vector<IndexedSource> index_sources(Store& store,
-                                         const std::vector<std::filesystem::path>& paths);
+                                         const std::vector<std::filesystem::path>& paths,
+                                         const std::function<void(size_t, size_t)>& progress = {});
 // The same without a persistent index (null `store`): every file is scanned.
 std::vector<IndexedSource> index_sources(Store* store,
-                                         const std::vector<std::filesystem::path>& paths);
+                                         const std::vector<std::filesystem::path>& paths,
+                                         const std::function<void(size_t, size_t)>& progress = {});
+
+// From a read-only shipped index only: every path must have an entry of its current size and
+// mtime, else Error in one line naming the file, what changed, and how to rebuild. Scans and
+// writes nothing.
+std::vector<IndexedSource> index_sources_shipped(const Store& store,
+                                                 const std::vector<std::filesystem::path>& paths);
 
 }  // namespace ckptfs::index
