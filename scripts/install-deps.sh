@@ -12,6 +12,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-protobuf python3-venv
+  python3-torch  # tests/integration/test_hfai.py loads hfai PART files with torch.load
 )
 
 missing=()

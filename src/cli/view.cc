@@ -15,6 +15,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/fs/steps.h"
+#include "ckptfs/hfai/merge.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/mindformers/metadata.h"
 #include "ckptfs/plan/source_fit.h"
@@ -227,6 +228,21 @@ std::unique_ptr<fs::Tree> build_unified_tree(const ViewArgs& args,
       plan::make_unified_plan(std::move(parts), dst ? &*dst : nullptr, view_options(args)));
 }
 
+// An hfai directory (PART_000.pt ...): the merged model, optimizer and values at the root.
+std::unique_ptr<fs::Tree> build_hfai_tree(const ViewArgs& args, ViewNotes& notes) {
+  if (!args.src_strategy.empty() || !args.dst_strategy.empty())
+    fail(
+        "{}: an hfai checkpoint is shown merged; --src-strategy and --dst-strategy are not "
+        "supported for it yet",
+        args.src_dir);
+  const std::vector<std::filesystem::path> files = hfai::part_files(args.src_dir);
+  notes.chosen =
+      fmt::format("{}: an hfai checkpoint of {} PART files", args.src_dir, files.size());
+  std::vector<index::IndexedSource> parts = index_files(index_dir(args), args.shipped_index, files);
+  const hfai::Merged merged = hfai::merge(parts);
+  return std::make_unique<fs::Tree>(plan::make_hfai_plan(std::move(parts), merged));
+}
+
 // A MindFormers metadata checkpoint: metadata.json gives the layouts and the storing files.
 std::unique_ptr<fs::Tree> build_metadata_tree(const ViewArgs& args,
                                               const std::filesystem::path& dir, ViewNotes& notes) {
@@ -265,6 +281,7 @@ std::unique_ptr<fs::Tree> build_metadata_tree(const ViewArgs& args,
 }
 
 std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes, bool steps) {
+  if (hfai::is_hfai_dir(args.src_dir)) return build_hfai_tree(args, notes);
   if (const auto iteration = mindformers::find_iteration(args.src_dir, args.step))
     return build_metadata_tree(args, *iteration, notes);
   if (const std::optional<source::UnifiedDir> unified = source::read_unified(args.src_dir))

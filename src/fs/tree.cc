@@ -29,6 +29,18 @@ Tree::Tree(plan::Plan plan)
   // fixed layout (2 + 2i, 3 + 2i), which tests and tools may rely on.
   for (size_t i = 0; i < plan_.targets.size(); ++i) {
     const plan::TargetFile& target = plan_.targets[i];
+    if (target.rank == plan::kRootRank) {
+      // A file at the root (a merged hfai checkpoint's views).
+      std::string name = target.file_name();
+      if (!root_index_.emplace(name, 2 + nodes_.size()).second)
+        fail("two entries named {} at the root", name);
+      root_files_.push_back(i);
+      file_names_.push_back(std::move(name));
+      file_ino_.push_back(2 + nodes_.size());
+      nodes_.push_back({false, i});
+      total_bytes_ += target.file.size();
+      continue;
+    }
     if (dirs_.empty() || dirs_.back().rank != target.rank) {
       std::string name = target.dir_name();
       if (!root_index_.emplace(name, 2 + nodes_.size()).second)
@@ -205,6 +217,7 @@ std::vector<Tree::DirEntry> Tree::list(uint64_t ino) const {
     out.push_back({kRootIno, kDot, true});
     out.push_back({kRootIno, kDotDot, true});
     for (const Dir& d : dirs_) out.push_back({d.ino, d.name, true});
+    for (size_t f : root_files_) out.push_back({file_ino_[f], file_names_[f], false});
     if (steps_) out.push_back({kStepsIno, kStepsName, true});
   } else if (n != nullptr && n->is_dir) {
     out.push_back({ino, kDot, true});

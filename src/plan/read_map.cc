@@ -94,4 +94,37 @@ void TensorContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) con
   }
 }
 
+uint64_t StridedContent::nbytes() const {
+  uint64_t n = element_size;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+void StridedContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) const {
+  const uint64_t e = element_size;
+  if (begin >= end || e == 0) return;
+  // Trailing dimensions laid out densely in the source form one run.
+  size_t k = shape.size();
+  uint64_t run = 1;
+  while (k > 0 && (shape[k - 1] == 1 || static_cast<uint64_t>(strides[k - 1]) == run)) {
+    run *= static_cast<uint64_t>(shape[k - 1]);
+    --k;
+  }
+  for (uint64_t q = begin / e; q * e < end;) {
+    const uint64_t within = q % run;
+    uint64_t outer = q / run;
+    uint64_t src = storage_offset + within;
+    for (size_t j = k; j-- > 0;) {
+      const auto extent = static_cast<uint64_t>(shape[j]);
+      src += (outer % extent) * static_cast<uint64_t>(strides[j]);
+      outer /= extent;
+    }
+    const uint64_t run_begin = std::max(q * e, begin);
+    const uint64_t run_end = std::min((q - within + run) * e, end);
+    append_run(out,
+               Run{nullptr, source, base + src * e + (run_begin - q * e), run_end - run_begin});
+    q += run - within;
+  }
+}
+
 }  // namespace ckptfs::plan

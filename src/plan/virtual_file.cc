@@ -10,7 +10,7 @@ namespace ckptfs::plan {
 
 namespace {
 
-enum class PieceKind : uint8_t { Bytes, Source, Tensor };
+enum class PieceKind : uint8_t { Bytes, Source, Tensor, Strided };
 
 // A contiguous part of the virtual file. `pos` is the start in the header arena (Bytes), in the
 // source file (Source) or in the tensor's content (Tensor).
@@ -19,6 +19,7 @@ struct Piece {
   uint64_t length = 0;
   uint64_t pos = 0;
   const TensorContent* tensor = nullptr;
+  const StridedContent* strided = nullptr;
   uint32_t source = 0;
   PieceKind kind = PieceKind::Bytes;
 };
@@ -43,7 +44,8 @@ void append_run(std::vector<Run>& out, const Run& run) {
 struct VirtualFile::Impl {
   std::string arena;  // every record header of the file, back to back
   std::vector<Piece> pieces;
-  std::vector<std::shared_ptr<const TensorContent>> tensors;  // keeps Piece::tensor alive
+  std::vector<std::shared_ptr<const TensorContent>> tensors;   // keeps Piece::tensor alive
+  std::vector<std::shared_ptr<const StridedContent>> strided;  // keeps Piece::strided alive
   std::vector<uint32_t> sources;
   uint64_t size = 0;
 
@@ -83,6 +85,9 @@ uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& ou
       case PieceKind::Tensor:
         it->tensor->map(it->pos + from, it->pos + to, out);
         break;
+      case PieceKind::Strided:
+        it->strided->map(it->pos + from, it->pos + to, out);
+        break;
     }
   }
   return end - offset;
@@ -120,6 +125,18 @@ void VirtualFile::Builder::add_tensor(std::shared_ptr<const TensorContent> conte
   for (const SourceBlock& block : content->blocks) impl_->sources.push_back(block.source);
   if (impl_->tensors.empty() || impl_->tensors.back() != content)
     impl_->tensors.push_back(std::move(content));
+  impl_->add(piece);
+}
+
+void VirtualFile::Builder::add_strided(std::shared_ptr<const StridedContent> content,
+                                       uint64_t begin, uint64_t end) {
+  Piece piece;
+  piece.kind = PieceKind::Strided;
+  piece.strided = content.get();
+  piece.pos = begin;
+  piece.length = end - begin;
+  impl_->sources.push_back(content->source);
+  impl_->strided.push_back(std::move(content));
   impl_->add(piece);
 }
 

@@ -216,3 +216,60 @@ TEST(VirtualFile, MapsHeadersRangesAndMergesNeighbours) {
 
 }  // namespace
 }  // namespace ckptfs::plan
+
+namespace ckptfs::plan {
+namespace {
+
+// StridedContent against element-by-element indexing: for views (transposed, offset, padded
+// rows, size-1 and 0-d dims) every byte window maps to the runs that hold exactly those bytes.
+TEST(StridedContent, EveryWindowMatchesElementwiseIndexing) {
+  struct Case {
+    std::vector<int64_t> shape, strides;
+    uint64_t offset;
+  };
+  const std::vector<Case> cases{
+      {{24, 16}, {1, 24}, 0},      // transposed weight
+      {{4, 6}, {8, 1}, 17},        // pos_ids: padded rows at an offset
+      {{2, 3}, {3, 1}, 0},         // contiguous
+      {{}, {}, 5},                 // 0-d
+      {{3, 1, 4}, {4, 99, 1}, 2},  // a size-1 dim with any stride
+      {{2, 3, 2}, {1, 2, 6}, 0},   // fully permuted
+  };
+  const uint32_t e = 4;
+  const uint64_t base = 1000;
+  for (const Case& c : cases) {
+    StridedContent s;
+    s.source = 3;
+    s.base = base;
+    s.element_size = e;
+    s.storage_offset = c.offset;
+    s.shape = c.shape;
+    s.strides = c.strides;
+    // The expected source byte of every content byte.
+    std::vector<uint64_t> want;
+    const int64_t n = product(c.shape);
+    for (int64_t i = 0; i < n; ++i) {
+      const Shape coord = unflatten(i, c.shape);
+      uint64_t elem = c.offset;
+      for (size_t k = 0; k < coord.size(); ++k) elem += coord[k] * c.strides[k];
+      for (uint32_t b = 0; b < e; ++b) want.push_back(base + elem * e + b);
+    }
+    ASSERT_EQ(s.nbytes(), want.size());
+    for (uint64_t begin = 0; begin < want.size(); begin += 3)
+      for (uint64_t end : {begin + 1, begin + 7, uint64_t{want.size()}}) {
+        if (end > want.size()) continue;
+        std::vector<plan::Run> runs;
+        s.map(begin, end, runs);
+        std::vector<uint64_t> got;
+        for (const plan::Run& r : runs) {
+          EXPECT_EQ(r.source, 3u);
+          for (uint64_t b = 0; b < r.length; ++b) got.push_back(r.offset + b);
+        }
+        ASSERT_EQ(got, std::vector<uint64_t>(want.begin() + begin, want.begin() + end))
+            << "window " << begin << ".." << end;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace ckptfs::plan

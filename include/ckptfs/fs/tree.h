@@ -146,6 +146,7 @@ class Tree {
   std::vector<Node> nodes_;  // inode 2 + k
   std::vector<Dir> dirs_;
   std::vector<std::string> file_names_;                      // by target
+  std::vector<size_t> root_files_;                           // targets shown at the root
   std::vector<uint64_t> file_ino_;                           // by target
   std::map<std::string, uint64_t, std::less<>> root_index_;  // dir name -> ino
   uint64_t total_bytes_ = 0;

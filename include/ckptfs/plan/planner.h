@@ -7,13 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "ckptfs/hfai/merge.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/plan/virtual_file.h"
 #include "ckptfs/strategy/strategy.h"
 
 namespace ckptfs::plan {
 
-// One file of the mounted tree, in directory rank_<rank>.
+// The rank of a file shown at the mount's root rather than in a rank_<rank> directory.
+inline constexpr int64_t kRootRank = -1;
+
+// One file of the mounted tree, in directory rank_<rank> (or at the root: kRootRank).
 struct TargetFile {
   int64_t rank = 0;
   VirtualFile file;
@@ -84,5 +88,11 @@ Plan make_located_plan(std::vector<index::IndexedSource> files, const std::vecto
 // listing the parts' entries in the order given.
 Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::Strategy* dst,
                        const ViewOptions& views = {});
+
+// A merged hfai checkpoint (hfai::merge of `parts`) as root files: model.safetensors,
+// optimizer.safetensors and others.safetensors (where they have tensors) in the reference
+// writer's layout with {"format":"pt"}, and extra.json for every other value. Throws Error for a
+// dtype safetensors cannot hold, naming the file and tensor.
+Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged& merged);
 
 }  // namespace ckptfs::plan

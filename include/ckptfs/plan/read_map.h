@@ -32,4 +32,21 @@ struct TensorContent {
   void map(uint64_t begin, uint64_t end, std::vector<Run>& out) const;
 };
 
+// A strided view of one source storage (a torch.save tensor): element (i0, ..., in) is at
+// byte base + (storage_offset + sum ik * strides[k]) * element_size of `source`. map() walks the
+// tensor in C order as runs as long as the trailing dimensions are contiguous in the source:
+// O(rank) arithmetic per run, nothing per element within a run.
+struct StridedContent {
+  uint32_t source = 0;
+  uint64_t base = 0;
+  uint32_t element_size = 0;
+  uint64_t storage_offset = 0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+
+  uint64_t nbytes() const;
+  // Appends runs for content bytes [begin, end) (begin <= end <= nbytes()).
+  void map(uint64_t begin, uint64_t end, std::vector<Run>& out) const;
+};
+
 }  // namespace ckptfs::plan

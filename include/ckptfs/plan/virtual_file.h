@@ -21,6 +21,8 @@ struct Run {
 // Content of one resharded tensor record: a box of a global tensor assembled from the source
 // blocks that intersect it (spec §4.3). Produced by the planner.
 struct TensorContent;
+// Content of one strided view of a source storage (torch.save tensors).
+struct StridedContent;
 
 class VirtualFile {
  public:
@@ -53,6 +55,8 @@ class VirtualFile::Builder {
   void add_source_range(uint32_t source, uint64_t offset, uint64_t length);
   // Bytes [begin, end) of a resharded tensor's content.
   void add_tensor(std::shared_ptr<const TensorContent> content, uint64_t begin, uint64_t end);
+  // Bytes [begin, end) of a strided view, in C order.
+  void add_strided(std::shared_ptr<const StridedContent> content, uint64_t begin, uint64_t end);
   VirtualFile finish();
 
  private:

@@ -1,0 +1,99 @@
+// The views of a merged hfai checkpoint: safetensors files in the reference writer's layout with
+// {"format":"pt"}, each tensor read from its chunks or its strided record, and extra.json.
+#include <algorithm>
+#include <memory>
+#include <numeric>
+
+#include "ckptfs/error.h"
+#include "ckptfs/plan/planner.h"
+#include "ckptfs/plan/read_map.h"
+#include "ckptfs/safetensors/format.h"
+
+namespace ckptfs::plan {
+
+namespace {
+
+bool c_contiguous(const ckpt::Param& p) {
+  int64_t expect = 1;
+  for (size_t k = p.shape.size(); k-- > 0;) {
+    if (p.shape[k] != 1 && p.strides[k] != expect) return false;
+    expect *= p.shape[k];
+  }
+  return true;
+}
+
+void add_content(VirtualFile::Builder& builder, const std::vector<index::IndexedSource>& sources,
+                 const hfai::Tensor& t) {
+  for (const hfai::Part& part : t.parts) {
+    const ckpt::Param& p = sources[part.source].scan.params[part.param];
+    const uint64_t start = p.content[0].offset + p.storage_offset * p.element_size;
+    if (p.nbytes() == 0) continue;
+    if (c_contiguous(p)) {
+      builder.add_source_range(part.source, start, p.nbytes());
+      continue;
+    }
+    auto content = std::make_shared<StridedContent>();
+    content->source = part.source;
+    content->base = p.content[0].offset;
+    content->element_size = p.element_size;
+    content->storage_offset = p.storage_offset;
+    content->shape = p.shape;
+    content->strides = p.strides;
+    builder.add_strided(content, 0, content->nbytes());
+  }
+}
+
+VirtualFile safetensors_file(const std::vector<index::IndexedSource>& sources,
+                             const std::vector<hfai::Tensor>& tensors, const std::string& file) {
+  std::vector<safetensors::HeaderEntry> header;
+  for (const hfai::Tensor& t : tensors) {
+    const std::optional<safetensors::Dtype> d = safetensors::dtype_by_code(t.code);
+    if (!d) fail("{}: tensor {} is of type {}, which {} cannot hold", file, t.name, t.code, file);
+    uint64_t n = t.element_size;
+    for (int64_t s : t.shape) n *= static_cast<uint64_t>(s);
+    header.push_back({t.name, d->code, t.shape, n});
+  }
+  std::vector<size_t> order(header.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  for (size_t i = 1; i < tensors.size(); ++i)
+    for (size_t k = 0; k < i; ++k)
+      if (tensors[k].name == tensors[i].name)
+        fail("{}: two tensors named {}", file, tensors[i].name);
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return safetensors::writer_before(header[a], header[b]); });
+  std::vector<safetensors::HeaderEntry> sorted;
+  for (size_t i : order) sorted.push_back(header[i]);
+  static const std::vector<std::pair<std::string, std::string>> kMetadata{{"format", "pt"}};
+  VirtualFile::Builder builder;
+  builder.add_bytes(safetensors::encode_header(sorted, kMetadata));
+  for (size_t i : order) add_content(builder, sources, tensors[i]);
+  return builder.finish();
+}
+
+}  // namespace
+
+Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged& merged) {
+  Plan plan;
+  plan.sources = std::move(parts);
+  for (size_t r = 0; r < plan.sources.size(); ++r)
+    plan.source_ranks.push_back(static_cast<int64_t>(r));
+  auto add = [&](std::string name, VirtualFile file) {
+    TargetFile t;
+    t.rank = kRootRank;
+    t.name = std::move(name);
+    t.file = std::move(file);
+    plan.targets.push_back(std::move(t));
+  };
+  add("model.safetensors", safetensors_file(plan.sources, merged.model, "model.safetensors"));
+  if (!merged.optimizer.empty())
+    add("optimizer.safetensors",
+        safetensors_file(plan.sources, merged.optimizer, "optimizer.safetensors"));
+  if (!merged.others.empty())
+    add("others.safetensors", safetensors_file(plan.sources, merged.others, "others.safetensors"));
+  VirtualFile::Builder extra;
+  extra.add_bytes(merged.extra.dump(1) + "\n");
+  add("extra.json", extra.finish());
+  return plan;
+}
+
+}  // namespace ckptfs::plan
