@@ -6,7 +6,6 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "ckptfs/source/step_choice.h"
 #include "ckptfs/source/unified.h"
 #include "commands.h"
+#include "progress.h"
 
 namespace ckptfs::cli {
 
@@ -28,6 +28,7 @@ struct IndexOptions {
   std::string index_dir;  // empty: index::default_dir()
   std::string src_dir;
   std::string output;  // index build --output: a shipped index
+  bool quiet = false;  // index build: no progress lines
 };
 
 fs::path index_dir(const IndexOptions& options) {
@@ -87,17 +88,16 @@ void build(const IndexOptions& options) {
 
   const auto start = std::chrono::steady_clock::now();
   index::Store store(dir);
-  // A line a second on stderr, so a build of thousands of files shows it is moving.
-  std::mutex mu;
-  auto last = start;
-  const auto progress = [&](size_t done, size_t total) {
-    std::lock_guard lock(mu);
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last < std::chrono::seconds(1) && done != total) return;
-    last = now;
-    fmt::print(stderr, "ckptfs: scanned {} of {} files\n", done, total);
-  };
-  const std::vector<index::IndexedSource> sources = index::index_sources(store, paths, progress);
+  Progress progress("index build", "files", Progress::mode_for(options.quiet));
+  progress.also_count("tensors");
+  progress.only_if_slow();
+  progress.start_items(paths.size());
+  const std::vector<index::IndexedSource> sources =
+      index::index_sources(store, paths, [&progress](const ckpt::FileScan& scan) {
+        progress.add_also(scan.params.size());
+        progress.item_done();
+      });
+  progress.finish();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   uint64_t params = 0;
@@ -137,6 +137,9 @@ void add_index_command(CLI::App& app) {
                    "Write a shipped index here: copy it next to the checkpoint on shared storage "
                    "and mount every node with --index DIR")
       ->excludes(build_command->get_option("--index-dir"));
+  build_command->add_flag("-q,--quiet", options->quiet,
+                          "No progress lines (shown on stderr if the build takes more than a "
+                          "second)");
   build_command->callback([options] { build(*options); });
 }
 

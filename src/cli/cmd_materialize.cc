@@ -25,7 +25,6 @@ struct MaterializeArgs {
   ViewArgs view;
   std::string out;
   unsigned jobs = 0;
-  bool quiet = false;
 };
 
 void run(const MaterializeArgs& args) {
@@ -36,10 +35,10 @@ void run(const MaterializeArgs& args) {
   ViewNotes notes;
   const std::unique_ptr<fs::Tree> tree_ptr = build_tree(args.view, notes, /*steps=*/false);
   const fs::Tree& tree = *tree_ptr;
-  Progress progress("materialize", "files", Progress::mode_for(args.quiet),
+  Progress progress("materialize", "files", Progress::mode_for(args.view.quiet),
                     std::chrono::seconds(2));
   options.on_start = [&](uint64_t bytes, size_t files) {
-    if (!args.quiet) notes.say();  // only once sure to write: a refusal stays one line
+    if (!args.view.quiet) notes.say();  // only once sure to write: a refusal stays one line
     progress.start(bytes, files);
   };
   options.on_bytes = [&](uint64_t bytes) { progress.advance(bytes); };
@@ -64,7 +63,6 @@ void add_materialize_command(CLI::App& app) {
       ->add_option("-j,--jobs", args->jobs,
                    "Worker threads (default: one per CPU); memory is 4 MiB per worker")
       ->check(CLI::Range(1, 256));
-  command->add_flag("-q,--quiet", args->quiet, "No progress lines");
   command->callback([args] { run(*args); });
 }
 

@@ -45,7 +45,6 @@ namespace stdfs = std::filesystem;
 struct VerifyArgs {
   ViewArgs view;
   std::string against;
-  bool quiet = false;
 };
 
 // Problems, one line each, on stdout as they are found.
@@ -90,7 +89,7 @@ void verify_sources(const VerifyArgs& args) {
     total += stdfs::file_size(path, ec);
   }
   {
-    Progress progress("verify sources", "files", Progress::mode_for(args.quiet),
+    Progress progress("verify sources", "files", Progress::mode_for(args.view.quiet),
                       std::chrono::seconds(2));
     progress.start(total, files.size());
     for (const auto& [rank, path] : files) {
@@ -158,7 +157,7 @@ void verify_sources(const VerifyArgs& args) {
   uint64_t view_bytes = 0;
   for (const plan::TargetFile& t : plan.targets) view_bytes += t.file.size();
   {
-    Progress progress("verify view", "files", Progress::mode_for(args.quiet),
+    Progress progress("verify view", "files", Progress::mode_for(args.view.quiet),
                       std::chrono::seconds(2));
     progress.start(view_bytes, plan.targets.size());
     constexpr size_t kChunk = size_t{4} << 20;
@@ -411,7 +410,6 @@ void add_verify_command(CLI::App& app) {
   command->add_option("--against", args->against,
                       "Directory of rank_N/ files written by another tool (e.g. "
                       "transform_checkpoints) to compare the view SRC_DIR with");
-  command->add_flag("-q,--quiet", args->quiet, "No progress lines");
   command->callback([args] {
     if (!args->against.empty())
       verify_against(*args);

@@ -25,6 +25,7 @@
 #include "ckptfs/strategy/rank_list.h"
 #include "ckptfs/strategy/strategy.h"
 #include "ckptfs/util/rank_set.h"
+#include "progress.h"
 
 namespace ckptfs::cli {
 
@@ -72,6 +73,9 @@ void add_view_options(CLI::App* command, ViewArgs& args) {
   command->add_option("--index-dir", args.index_dir,
                       "Where the LMDB index lives (default $XDG_CACHE_HOME/ckptfs/index or "
                       "~/.cache/ckptfs/index)");
+  command->add_flag("-q,--quiet", args.quiet,
+                    "No progress lines (shown on stderr for scanning, planning and writing that "
+                    "take more than a second)");
 }
 
 void ViewNotes::say() const {
@@ -120,13 +124,34 @@ std::unique_ptr<index::Store> open_index(const std::optional<std::filesystem::pa
 
 std::vector<index::IndexedSource> index_files(const std::optional<std::filesystem::path>& dir,
                                               const std::string& shipped,
-                                              const std::vector<std::filesystem::path>& paths) {
+                                              const std::vector<std::filesystem::path>& paths,
+                                              bool quiet) {
+  Progress progress("scan", "files", Progress::mode_for(quiet));
+  progress.also_count("tensors");
+  progress.only_if_slow();
+  progress.start_items(paths.size());
+  const index::OnFile on_file = [&progress](const ckpt::FileScan& scan) {
+    progress.add_also(scan.params.size());
+    progress.item_done();
+  };
   // The LMDB environment is closed before a mount's daemon forks.
   // A shipped index is the only source of scans: a stale one is refused, never repaired.
   if (!shipped.empty())
-    return index::index_sources_shipped(index::Store::open_shipped(shipped), paths);
+    return index::index_sources_shipped(index::Store::open_shipped(shipped), paths, on_file);
   std::unique_ptr<index::Store> store = open_index(dir);
-  return index::index_sources(store.get(), paths);
+  return index::index_sources(store.get(), paths, on_file);
+}
+
+// A plan of many target ranks reports its progress (if it takes a while) while `progress` lives.
+void report_planning(plan::ViewOptions& views, Progress& progress) {
+  progress.only_if_slow();
+  views.on_planned = [&progress, started = false](size_t done, size_t total) mutable {
+    if (!started) {
+      progress.start_items(total);
+      started = true;
+    }
+    if (done > 0) progress.item_done();
+  };
 }
 
 std::optional<std::filesystem::path> index_dir(const ViewArgs& args) {
@@ -141,8 +166,12 @@ struct Planning {
   std::string shipped;  // --index
   std::string root;     // the directory holding rank_<N>/, for messages
   plan::ViewOptions views;
+  bool quiet = false;
 
-  plan::Plan plan(const std::map<int64_t, std::filesystem::path>& files, bool mixed_allowed) const {
+  // With `report`, scanning and planning report progress (the first plan, not a step's plan
+  // made later by the daemon, which has no terminal).
+  plan::Plan plan(const std::map<int64_t, std::filesystem::path>& files, bool mixed_allowed,
+                  bool report = false) const {
     std::vector<std::filesystem::path> paths;
     std::vector<int64_t> ranks;
     for (const auto& [rank, path] : files) {
@@ -152,11 +181,15 @@ struct Planning {
     // Before indexing: a wrong strategy is refused without scanning every file first.
     plan::check_rank_count(ranks, src.get(), root);
     if (!views.ranks.empty()) keep_needed(ranks, paths);
-    std::vector<index::IndexedSource> indexed = index_files(index_dir, shipped, paths);
+    std::vector<index::IndexedSource> indexed =
+        index_files(index_dir, shipped, paths, !report || quiet);
     std::map<int64_t, index::IndexedSource> sources;
     for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
     if (!mixed_allowed) plan::check_step_scalars(sources);
-    return plan::make_plan(std::move(sources), src.get(), dst.get(), views);
+    Progress progress("plan", "target ranks", Progress::mode_for(!report || quiet));
+    plan::ViewOptions reported = views;
+    report_planning(reported, progress);
+    return plan::make_plan(std::move(sources), src.get(), dst.get(), reported);
   }
 
   // Narrows the files to those the exposed target ranks load, so a node opens, scans and maps
@@ -214,7 +247,7 @@ std::unique_ptr<fs::Tree> build_unified_tree(const ViewArgs& args,
   std::optional<strategy::Strategy> dst;
   if (!args.dst_strategy.empty()) dst = strategy::read_strategy(args.dst_strategy);
   std::vector<index::IndexedSource> parts =
-      index_files(index_dir(args), args.shipped_index, unified.files);
+      index_files(index_dir(args), args.shipped_index, unified.files, args.quiet);
   // The map must agree with the files, or a parameter would silently come from nowhere.
   std::map<std::string, std::set<std::string_view>> held;
   for (const index::IndexedSource& part : parts)
@@ -224,8 +257,11 @@ std::unique_ptr<fs::Tree> build_unified_tree(const ViewArgs& args,
     if (!held[file].count(name))
       fail("{}: {} names parameter {} in {}, which does not hold it", args.src_dir,
            source::kParamNameMap, name, file);
+  plan::ViewOptions views = view_options(args);
+  Progress progress("plan", "target ranks", Progress::mode_for(args.quiet));
+  report_planning(views, progress);
   return std::make_unique<fs::Tree>(
-      plan::make_unified_plan(std::move(parts), dst ? &*dst : nullptr, view_options(args)));
+      plan::make_unified_plan(std::move(parts), dst ? &*dst : nullptr, views));
 }
 
 // An hfai directory (PART_000.pt ...): the merged model, optimizer and values at the root.
@@ -236,9 +272,9 @@ std::unique_ptr<fs::Tree> build_hfai_tree(const ViewArgs& args, ViewNotes& notes
         "supported for it yet",
         args.src_dir);
   const std::vector<std::filesystem::path> files = hfai::part_files(args.src_dir);
-  notes.chosen =
-      fmt::format("{}: an hfai checkpoint of {} PART files", args.src_dir, files.size());
-  std::vector<index::IndexedSource> parts = index_files(index_dir(args), args.shipped_index, files);
+  notes.chosen = fmt::format("{}: an hfai checkpoint of {} PART files", args.src_dir, files.size());
+  std::vector<index::IndexedSource> parts =
+      index_files(index_dir(args), args.shipped_index, files, args.quiet);
   const hfai::Merged merged = hfai::merge(parts);
   return std::make_unique<fs::Tree>(plan::make_hfai_plan(std::move(parts), merged));
 }
@@ -265,11 +301,14 @@ std::unique_ptr<fs::Tree> build_metadata_tree(const ViewArgs& args,
     paths.push_back(f.path);
     ranks.push_back(f.rank);
   }
-  std::vector<index::IndexedSource> files = index_files(index_dir(args), args.shipped_index, paths);
+  std::vector<index::IndexedSource> files =
+      index_files(index_dir(args), args.shipped_index, paths, args.quiet);
   mindformers::validate(it, files);
   plan::ViewOptions views = view_options(args);
   for (const mindformers::Scalar& s : it.scalars)
     views.ckpt_trailing.push_back({s.name, s.dtype, s.bytes});
+  Progress progress("plan", "target ranks", Progress::mode_for(args.quiet));
+  report_planning(views, progress);
   plan::Plan plan =
       plan::make_located_plan(std::move(files), ranks, it.strategy, dst ? &*dst : nullptr, views);
   if (it.unhealthy)
@@ -311,8 +350,10 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
   planning->root = listing.root.string();
   planning->views = view_options(args);
   planning->shipped = args.shipped_index;
+  planning->quiet = args.quiet;
 
-  auto tree = std::make_unique<fs::Tree>(planning->plan(choice.files, choice.mixed_allowed));
+  auto tree = std::make_unique<fs::Tree>(
+      planning->plan(choice.files, choice.mixed_allowed, /*report=*/true));
   // Every step is offered, planned only when looked up: nothing more is read now.
   if (steps && !source::complete_steps(listing).empty()) {
     tree->set_steps(std::make_shared<fs::Steps>(

@@ -26,12 +26,13 @@ struct ViewArgs {
   std::vector<std::string> views{"ckpt", "safetensors"};
   std::string prefix = "checkpoint_";
   bool by_stage = false;
-  std::string ranks;  // "--ranks 0-7,16"; empty: every target rank
+  std::string ranks;   // "--ranks 0-7,16"; empty: every target rank
+  bool quiet = false;  // no progress lines
 };
 
 // Adds the SRC_DIR positional (first, so the caller's positionals follow it), --src-strategy,
-// --dst-strategy, --step, --allow-mixed-steps, --view, --prefix, --by-stage, --ranks and
-// --index-dir to `command`.
+// --dst-strategy, --step, --allow-mixed-steps, --view, --prefix, --by-stage, --ranks,
+// --index, --index-dir and -q/--quiet to `command`.
 void add_view_options(CLI::App* command, ViewArgs& args);
 
 // What a command says about its view once it is sure to use it: said only then, so that a
@@ -46,8 +47,10 @@ struct ViewNotes {
 
 // Discovers, indexes and plans every target rank of the chosen step (or of a unified_safetensors
 // directory) and fills `notes`. With `steps`, the tree also offers "/steps" (every step, planned
-// when first looked up). Throws Error naming the file or parameter. The index is only a cache:
-// if its directory cannot be used, one warning is logged and the sources are scanned without it.
+// when first looked up). Scanning and planning report progress on stderr when they take more
+// than a second (not with ViewArgs::quiet). Throws Error naming the file or parameter. The index is
+// only a cache: if its directory cannot be used, one warning is logged and the sources are scanned
+// without it.
 std::unique_ptr<fs::Tree> build_tree(const ViewArgs& args, ViewNotes& notes, bool steps);
 
 }  // namespace ckptfs::cli

@@ -72,8 +72,7 @@ ckpt::FileScan scan_source(int fd, const std::string& name) {
 // Scans sources[i] for every i in `misses`; returns how many of `misses` (a prefix) were
 // scanned, with the first failure in `error`.
 size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>& misses,
-                  std::exception_ptr& error, const std::function<void(size_t, size_t)>& progress) {
-  std::atomic<size_t> done{0};
+                  std::exception_ptr& error, const OnFile& on_file) {
   return parallel_in_order(misses.size(), error, [&](size_t k) {
     IndexedSource& source = sources[misses[k]];
     const std::string name = source.file.path.string();
@@ -83,7 +82,7 @@ size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>
       fail("{}: changed while being indexed; index it again once it is complete", name);
     }
     spdlog::debug("{}: scanned, {} parameters", name, source.scan.params.size());
-    if (progress) progress(done.fetch_add(1) + 1, misses.size());
+    if (on_file) on_file(source.scan);
   });
 }
 
@@ -96,7 +95,8 @@ std::string absolute_name(const fs::path& path) {
 }  // namespace
 
 std::vector<IndexedSource> index_sources_shipped(const Store& store,
-                                                 const std::vector<fs::path>& paths) {
+                                                 const std::vector<fs::path>& paths,
+                                                 const OnFile& on_file) {
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
   std::exception_ptr error;
@@ -111,6 +111,7 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
            store.dir().string(), why, store.dir().string());
     s.scan = std::move(*scan);
     s.from_index = true;
+    if (on_file) on_file(s.scan);
   });
   if (error) std::rethrow_exception(error);
   spdlog::info("{} source files: {} from the index, 0 scanned", sources.size(), sources.size());
@@ -118,12 +119,12 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
 }
 
 std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::path>& paths,
-                                         const std::function<void(size_t, size_t)>& progress) {
-  return index_sources(&store, paths, progress);
+                                         const OnFile& on_file) {
+  return index_sources(&store, paths, on_file);
 }
 
 std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::path>& paths,
-                                         const std::function<void(size_t, size_t)>& progress) {
+                                         const OnFile& on_file) {
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
   std::exception_ptr lookup_error;
@@ -132,6 +133,7 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
       if (std::optional<ckpt::FileScan> scan = store->lookup(sources[i].file.fingerprint)) {
         sources[i].scan = std::move(*scan);
         sources[i].from_index = true;
+        if (on_file) on_file(sources[i].scan);
       }
     });
   if (lookup_error) std::rethrow_exception(lookup_error);
@@ -142,7 +144,7 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
     spdlog::info("scanning {} of {} source files", misses.size(), sources.size());
   }
   std::exception_ptr error;
-  const size_t scanned = scan_files(sources, misses, error, progress);
+  const size_t scanned = scan_files(sources, misses, error, on_file);
 
   // Recorded even when a later file failed, so that the retry after fixing it is quick.
   std::vector<Store::NewEntry> items;

@@ -777,6 +777,8 @@ void plan_by_stage(Plan& plan, const strategy::Strategy* src, const strategy::St
   // Entries point into their planner and its strategies: all live until the files are built.
   std::deque<strategy::Strategy> strategies;
   std::deque<Planner> planners;
+  const size_t total = size_t{src->num_stages} * static_cast<size_t>(dst->devices_per_stage);
+  if (views.on_planned) views.on_planned(0, total);
   for (uint32_t stage = 0; stage < src->num_stages; ++stage) {
     const strategy::Strategy& src_s = strategies.emplace_back(stage_strategy(*src, stage));
     strategy::Strategy& dst_s = strategies.emplace_back(*dst);
@@ -789,8 +791,10 @@ void plan_by_stage(Plan& plan, const strategy::Strategy* src, const strategy::St
     }
     Planner& planner =
         planners.emplace_back(plan, &src_s, &dst_s, safetensors_rules, ranks, located);
-    for (int64_t l = 0; l < dst->devices_per_stage; ++l)
+    for (int64_t l = 0; l < dst->devices_per_stage; ++l) {
       by_stage_and_rank.push_back(planner.plan_target(l));
+      if (views.on_planned) views.on_planned(by_stage_and_rank.size(), total);
+    }
   }
   for (int64_t l = 0; l < dst->devices_per_stage; ++l)
     for (uint32_t stage = 0; stage < src->num_stages; ++stage)
@@ -893,8 +897,11 @@ Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strate
   if (targets.empty())
     for (int64_t t = 0; t < target_count(dst); ++t) targets.push_back(t);
   std::set<std::string> left_out;
-  for (int64_t t : targets) {
+  if (views.on_planned) views.on_planned(0, targets.size());
+  for (size_t k = 0; k < targets.size(); ++k) {
+    const int64_t t = targets[k];
     const std::vector<Entry> entries = planner.plan_target(t);
+    if (views.on_planned) views.on_planned(k + 1, targets.size());
     if (views.ckpt)
       plan.targets.push_back(TargetFile{t, ckpt_view(entries, views.ckpt_trailing),
                                         fmt::format("{}{}.ckpt", views.prefix, t), false});

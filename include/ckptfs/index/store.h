@@ -107,24 +107,28 @@ struct IndexedSource {
   bool from_index = false;
 };
 
+// Called once per file whose scan is known (taken from the index or scanned), from the worker
+// threads, so that a caller can report progress.
+using OnFile = std::function<void(const ckpt::FileScan&)>;
+
 // Opens every path (*.safetensors files are read as safetensors, every other as .ckpt), takes scans
 // from the store where the fingerprint matches and scans the rest (header only, two files at a
 // time), then records the new scans in one transaction under the absolute paths. Results are in the
 // order of `paths`. A file that changes while it is scanned is an Error, as is any open or scan
 // failure; failing to record the new scans is only logged, since the index is a cache.
-// `progress(done, total)` is called from a scanning thread after each scanned file.
 std::vector<IndexedSource> index_sources(Store& store,
                                          const std::vector<std::filesystem::path>& paths,
-                                         const std::function<void(size_t, size_t)>& progress = {});
+                                         const OnFile& on_file = {});
 // The same without a persistent index (null `store`): every file is scanned.
 std::vector<IndexedSource> index_sources(Store* store,
                                          const std::vector<std::filesystem::path>& paths,
-                                         const std::function<void(size_t, size_t)>& progress = {});
+                                         const OnFile& on_file = {});
 
 // From a read-only shipped index only: every path must have an entry of its current size and
 // mtime, else Error in one line naming the file, what changed, and how to rebuild. Scans and
 // writes nothing.
 std::vector<IndexedSource> index_sources_shipped(const Store& store,
-                                                 const std::vector<std::filesystem::path>& paths);
+                                                 const std::vector<std::filesystem::path>& paths,
+                                                 const OnFile& on_file = {});
 
 }  // namespace ckptfs::index

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ struct ViewOptions {
   // these targets load (strategy::rank_list_for_transform): the caller has checked the rank
   // directories against the source strategy, and coverage is checked per stage present.
   std::vector<int64_t> ranks;
+  // Progress: called with (0, total) before the first target rank is planned and with
+  // (done, total) after each, on the planning thread.
+  std::function<void(size_t done, size_t total)> on_planned;
 };
 
 // How many target ranks `dst` has (1 for the unsharded side).
