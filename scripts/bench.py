@@ -754,10 +754,15 @@ class Bench:
         _, pid, _ = self.mounts.mount(ds, mnt, self.index_dir)
         files = [f[:-len(".ckpt")] + ".safetensors" for f in ds.mount_files(mnt)]
         readbench(files)
+        # read() first: a file that has been mapped is served through the page cache from
+        # then on (s1'), where the kernel lets direct_io files be mapped (docs/PERFORMANCE.md).
         self.verify("(s) safetensors view, read()", ds, files, want_files=ref)
-        self.verify("(s) safetensors view, mmap", ds, files, want_files=ref, mapped=True)
         r, rr, _ = self.paired("(s1) safetensors view first read(), 1 reader",
                                self.mount_read(files, 1, "range", True), ref, runs, pid)
+        self.verify("(s) safetensors view, mmap", ds, files, want_files=ref, mapped=True)
+        self.verify("(s) safetensors view, read() once mapped", ds, files, want_files=ref)
+        rm, rmr, _ = self.paired("(s1') safetensors view first read() once mapped, 1 reader",
+                                 self.mount_read(files, 1, "range", True), ref, runs, pid)
         m, mr, _ = self.paired("(s2) safetensors view first mmap read, 1 reader",
                                self.mount_read(files, 1, "range", True, mapped=True), ref, runs,
                                pid)
@@ -767,7 +772,8 @@ class Bench:
         h, hr, _ = self.paired("(s3) safetensors view mmap re-read, 1 reader",
                                self.mount_read(files, 1, "range", False, mapped=True), ref, runs,
                                pid)
-        self.fig.update({"s1": r, "s1/a": rr, "s2": m, "s2/a": mr, "s3": h, "s3/a": hr})
+        self.fig.update({"s1": r, "s1/a": rr, "s1m": rm, "s1m/a": rmr, "s2": m, "s2/a": mr,
+                         "s3": h, "s3/a": hr})
         self.mounts.umount(mnt)
 
         sref = st_src.expected_files()
@@ -915,6 +921,19 @@ def verdict(ok):
     return "PASS" if ok else "MISS"
 
 
+def print_table(title, rows):
+    """rows: (figure, value, target, PASS/MISS), under a title and the machine's description."""
+    width = max(len(r[0]) for r in rows)
+    vwidth = max(len(r[1]) for r in rows)
+    print()
+    print(title)
+    print(f"machine: {machine()}")
+    print("-" * (width + vwidth + 24))
+    for fig, value, target, status in rows:
+        print(f"{fig:<{width}}  {value:<{vwidth}}  {target:<12} {status}")
+    print("-" * (width + vwidth + 24))
+
+
 def report(bench: Bench, datasets, args):
     f = bench.fig
     rows = []
@@ -942,6 +961,7 @@ def report(bench: Bench, datasets, args):
         row(f"ratio {key}", fmt_ratio(s), f">= {tgt}", verdict(s.median >= tgt))
     row("ratio (page-cache first read)/a", fmt_ratio(f["b_cache/a"]))
     row("(s1) .safetensors view, first read(), 1 reader", fmt_mbps(f["s1"]))
+    row("(s1') .safetensors view, first read() once mapped", fmt_mbps(f["s1m"]))
     row("(s2) .safetensors view, first read through mmap", fmt_mbps(f["s2"]))
     row("(s3) .safetensors view, re-read through mmap", fmt_mbps(f["s3"]))
     row("(s4) safetensors sources -> .ckpt view, first read", fmt_mbps(f["s4"]))
@@ -1021,16 +1041,8 @@ def report(bench: Bench, datasets, args):
             verdict(tr >= 20))
         row(f"ratio i_rss/g ({gg / MIB:.1f} MiB)", f"{rr:.1f}", ">= 20", verdict(rr >= 20))
 
-    width = max(len(r[0]) for r in rows)
-    vwidth = max(len(r[1]) for r in rows)
-    print()
-    print(f"ckptfs benchmark: {n} paired runs per throughput figure (median [min..max]); "
-          f"MB/s = 10^6 B/s")
-    print(f"machine: {machine()}")
-    print("-" * (width + vwidth + 24))
-    for fig, value, target, status in rows:
-        print(f"{fig:<{width}}  {value:<{vwidth}}  {target:<12} {status}")
-    print("-" * (width + vwidth + 24))
+    print_table(f"ckptfs benchmark: {n} paired runs per throughput figure (median [min..max]); "
+                f"MB/s = 10^6 B/s", rows)
     for label, key in (("(b)/(c)", "reads_b_c"), ("(d)", "reads_d"), ("(e)", "reads_e")):
         r, nbytes = f.get(key, (None, None))
         if r:
@@ -1058,6 +1070,38 @@ def report(bench: Bench, datasets, args):
             print("  " + x)
     else:
         print("all checksums matched the expected files")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"rows": rows, "failures": bench.failures, "machine": machine()}, out,
+                      indent=1)
+
+
+def report_safetensors(bench: Bench, datasets, args):
+    """The table of --only safetensors: the safetensors view's rows and what they compare with."""
+    f = bench.fig
+    main = datasets["main"]
+    rows = [("(a) hot page-cache read, expected files, 1 reader", fmt_mbps(f["a"]), "", ""),
+            ("(b) .ckpt view, first read, 1 reader", fmt_mbps(f["b"]), "", ""),
+            ("(b') -o cache, first read, 1 reader", fmt_mbps(f["b_cache"]), "", ""),
+            ("(e) -o cache, re-read, 1 reader", fmt_mbps(f["e"]), "", ""),
+            ("(s1) .safetensors view, first read(), 1 reader", fmt_mbps(f["s1"]), "", ""),
+            ("(s1') .safetensors view, first read() once mapped", fmt_mbps(f["s1m"]), "", ""),
+            ("(s2) .safetensors view, first read through mmap", fmt_mbps(f["s2"]), "", ""),
+            ("(s3) .safetensors view, re-read through mmap", fmt_mbps(f["s3"]), "", ""),
+            ("(s4) safetensors sources -> .ckpt view, first read", fmt_mbps(f["s4"]), "", "")]
+    for key in ("b/a", "b_cache/a", "e/a", "s1/a", "s1m/a"):
+        rows.append((f"ratio {key}", fmt_ratio(f[key]), "", ""))
+    s1b = f["s1"].median / f["b"].median
+    rows.append(("ratio s1/b (.safetensors read() vs .ckpt read())", f"{s1b:.3f}", ">= 0.9",
+                 verdict(s1b >= 0.9)))
+    for key, tgt in (("s2/a", 0.25), ("s3/a", 0.5)):
+        rows.append((f"ratio {key}", fmt_ratio(f[key]), f">= {tgt}",
+                     verdict(f[key].median >= tgt)))
+    rows.append(("ratio s4/a (its own hot reference)", fmt_ratio(f["s4/a"]), "", ""))
+    print_table(f"ckptfs benchmark, safetensors rows: main data {main.bytes() / MIB:,.0f} MiB, "
+                f"{args.runs} paired runs per figure (median [min..max]); MB/s = 10^6 B/s", rows)
+    print("FAILED checks:\n  " + "\n  ".join(bench.failures) if bench.failures
+          else "all checksums matched the expected files")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"rows": rows, "failures": bench.failures, "machine": machine()}, out,
@@ -1099,6 +1143,9 @@ def main(argv=None):
     ap.add_argument("--keep", action="store_true",
                     help="keep scratch outputs (naive conversions, logs, indexes)")
     ap.add_argument("--json", help="also write the table as JSON here")
+    ap.add_argument("--only", choices=["safetensors"],
+                    help="safetensors: only the figures of the safetensors view and those they "
+                    "are compared with: (a), (b), the page-cache mode's (b') and (e), (s1)-(s4)")
     ap.add_argument("--no-knobs", dest="knobs", action="store_false",
                     help="skip the knob variants (mount options, readahead, request size)")
     args = ap.parse_args(argv)
@@ -1142,6 +1189,9 @@ def main(argv=None):
         "st_src": Dataset(data_root, f"st-tp4-{small_size:g}g",
                           as_safetensors(transformer_case(small_size, "tp4"))),
     }
+    if args.only == "safetensors":
+        datasets = {k: datasets[k] for k in ("main", "st_src")}
+        args.huge_params = 0
     if args.huge_params:
         datasets["huge"] = Dataset(data_root, f"many-{args.huge_params}",
                                    many_tensor_case(args.huge_params), expected=False)
@@ -1151,31 +1201,40 @@ def main(argv=None):
         for ds in datasets.values():
             ds.prepare(bench.log)
         bench.log(f"measuring: {args.runs} paired runs per figure")
-        bench.main_reads(datasets["main"], args.runs)
-        bench.ceiling(datasets["main"], args.runs)
-        bench.strided_reads(datasets["strided"], args.runs)
-        bench.cache_reads(datasets["main"], args.runs)
-        bench.safetensors_reads(datasets["main"], datasets["st_src"], args.runs)
-        bench.merge_reads(datasets["merge"], args.runs)
-        bench.merge_reads(datasets["wide"], args.runs, "wide")
-        bench.rss_at(datasets["rss"], "g_small")
-        bench.per_tensor(datasets["many"], datasets["base"])
-        bench.mount_times(datasets["main"], "main", args.runs)
-        bench.mount_times(datasets["many"], "many", args.runs)
-        if "huge" in datasets:
-            bench.mount_times(datasets["huge"], "huge", 1)
-        bench.naive(datasets["main"], "tp4")
-        bench.naive(datasets["merge"], "merge")
-        if args.knobs:
-            bench.knobs(datasets["main"], args.runs)
-        bench.read_map()
+        if args.only == "safetensors":
+            bench.main_reads(datasets["main"], args.runs)
+            bench.cache_reads(datasets["main"], args.runs)
+            bench.safetensors_reads(datasets["main"], datasets["st_src"], args.runs)
+        else:
+            run_all(bench, datasets, args)
     finally:
         bench.mounts.close()
         if not args.keep:
             shutil.rmtree(bench.scratch, ignore_errors=True)
-    report(bench, datasets, args)
+    (report_safetensors if args.only == "safetensors" else report)(bench, datasets, args)
     bench.log(f"total {time.monotonic() - t_start:.0f} s")
     return 1 if bench.failures else 0
+
+
+def run_all(bench, datasets, args):
+    bench.main_reads(datasets["main"], args.runs)
+    bench.ceiling(datasets["main"], args.runs)
+    bench.strided_reads(datasets["strided"], args.runs)
+    bench.cache_reads(datasets["main"], args.runs)
+    bench.safetensors_reads(datasets["main"], datasets["st_src"], args.runs)
+    bench.merge_reads(datasets["merge"], args.runs)
+    bench.merge_reads(datasets["wide"], args.runs, "wide")
+    bench.rss_at(datasets["rss"], "g_small")
+    bench.per_tensor(datasets["many"], datasets["base"])
+    bench.mount_times(datasets["main"], "main", args.runs)
+    bench.mount_times(datasets["many"], "many", args.runs)
+    if "huge" in datasets:
+        bench.mount_times(datasets["huge"], "huge", 1)
+    bench.naive(datasets["main"], "tp4")
+    bench.naive(datasets["merge"], "merge")
+    if args.knobs:
+        bench.knobs(datasets["main"], args.runs)
+    bench.read_map()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 # one run on the same bytes, verifies checksums of everything read, and prints the table.
 #
 #   scripts/bench.sh [--small] [--runs N] [--size-gib X] [--many-params N] [--huge-params N]
-#                    [--no-knobs] [--keep] [--workdir DIR] [--json FILE]
+#                    [--no-knobs] [--only safetensors] [--keep] [--workdir DIR] [--json FILE]
 #
 #   --small        ~256 MiB data and 3 paired runs: a check that takes a couple of minutes
 #   --runs N       paired runs per figure (default 7; 3 with --small)
@@ -13,6 +13,9 @@
 #   --huge-params  parameters of the second many-tensor case, mounted once (default 102400 x 64
 #                  source files; 0 skips it; skipped with --small; ~10 min to generate once)
 #   --no-knobs     skip the knob variants (mount options, readahead, request size)
+#   --only safetensors
+#                  only the safetensors view's rows (s1)-(s4) and the figures they are
+#                  compared with ((a), (b), the -o cache first read and re-read (e))
 #   --keep         keep scratch outputs (naive conversions, daemon logs, index dirs)
 #   --workdir DIR  data + scratch (default build-bench/bench-data); generated data sets are kept
 #                  there and reused when their parameters match
@@ -30,8 +33,8 @@ while [ $# -gt 0 ]; do
   case $1 in
     --workdir) workdir=$2; shift 2 ;;
     --small|--keep|--no-knobs) args+=("$1"); shift ;;
-    --runs|--size-gib|--many-params|--huge-params|--json) args+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --runs|--size-gib|--many-params|--huge-params|--json|--only) args+=("$1" "$2"); shift 2 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done

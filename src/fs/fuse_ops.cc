@@ -152,9 +152,12 @@ void op_init(void* userdata, fuse_conn_info* conn) {
       spdlog::warn("read-ahead off: {}", e.what());
     }
   }
-  spdlog::info("fuse: protocol 7.{}, max_write {}, max_read {}, max_readahead {}, {} mode{}",
+  spdlog::info("fuse: protocol 7.{}, max_write {}, max_read {}, max_readahead {}, {} mode{}{}",
                conn->proto_minor, conn->max_write, conn->max_read, conn->max_readahead,
                s.cache ? "page-cache" : "direct_io",
+               s.cache                    ? ""
+               : s.direct_io_mmap.offered ? ", direct_io files may be mapped"
+                                          : ", mapped files need the page cache",
                !s.stage ? ""
                : s.splice == Splice::kAlways
                    ? fmt::format(", splice ({} KiB pipes)", s.stage->slots() * kPageKiB)
@@ -169,8 +172,11 @@ void op_destroy(void* userdata) {
     hits = s.prefetcher->hits();
     s.prefetcher.reset();
   }
-  spdlog::info("fuse: served {} reads ({} from {} blocks read ahead), {} spliced, {} failed",
-               s.reads_served.load(), hits, ahead, s.reads_spliced.load(), s.reads_failed.load());
+  spdlog::info(
+      "fuse: served {} reads ({} from {} blocks read ahead), {} spliced, {} failed; {} through "
+      "the page cache",
+      s.reads_served.load(), hits, ahead, s.reads_spliced.load(), s.reads_failed.load(),
+      s.reads_paged.load());
 }
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -275,13 +281,18 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       fuse_reply_err(req, err);
       return;
     }
-    // Per file: a file that asks for the page cache (the .safetensors view, which loaders map)
-    // gets it even in direct_io mode, where shared mmap would fail with ENODEV.
-    const bool cached = s.cache || target->page_cache;
-    if (cached && !s.readahead_knob.empty())
+    // Per file. Where the kernel lets direct_io files be mapped shared, every file is opened
+    // with direct_io (read() at full speed) until it has been mapped, and with keep_cache from
+    // then on (MappedFiles says why). Elsewhere a file its readers map (the .safetensors view)
+    // gets the page cache, as shared mmap of a direct_io file fails with ENODEV.
+    const bool mappable = s.direct_io_mmap.granted;
+    const bool cached = s.cache || (mappable ? s.mapped.has(ino) : target->page_cache);
+    // Faults on a mapping read through the page cache too.
+    if ((cached || mappable) && !s.readahead_knob.empty())
       std::call_once(server(req).readahead_once, [&] { raise_readahead(s); });
     fi->direct_io = cached ? 0 : 1;
-    fi->keep_cache = cached ? 1 : 0;
+    // keep_cache in direct_io too: opening must not drop the pages a mapping uses.
+    fi->keep_cache = cached || mappable ? 1 : 0;
     fi->noflush = 1;  // nothing to flush on close
     fi->fh = 0;
     // The kernel reads ahead for page-cache files itself. A step's runs index its own
@@ -296,14 +307,21 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   guarded(req, "read", [&] {
     Server& s = server(req);
     const Tree& tree = *s.tree;
-    const plan::VirtualFile* file = tree.file(ino);
-    if (file == nullptr) {
+    const plan::TargetFile* target = tree.target(ino);
+    if (target == nullptr) {
       fuse_reply_err(req, not_a_file(tree, ino));
       return;
     }
+    const plan::VirtualFile* file = &target->file;
     if (off < 0) {
       fuse_reply_err(req, EINVAL);
       return;
+    }
+    // A READ without a lock owner comes from the page cache: in a direct_io file, from the
+    // faults of a mapping (a read() of a direct_io file names its owner).
+    if (fi != nullptr && fi->lock_owner == 0) {
+      s.reads_paged.fetch_add(1, std::memory_order_relaxed);
+      if (s.direct_io_mmap.granted && !s.cache) s.mapped.note(ino);
     }
     if (size == 0 || static_cast<uint64_t>(off) >= file->size()) {
       fuse_reply_buf(req, nullptr, 0);
@@ -404,6 +422,17 @@ void op_access(fuse_req_t req, fuse_ino_t ino, int mask) {
 }
 
 }  // namespace
+
+void MappedFiles::note(uint64_t ino) {
+  std::lock_guard lock(mutex_);
+  if (inos_.insert(ino).second)
+    spdlog::debug("inode {} is mapped: opened with keep_cache from now on", ino);
+}
+
+bool MappedFiles::has(uint64_t ino) const {
+  std::lock_guard lock(mutex_);
+  return inos_.count(ino) != 0;
+}
 
 ReplyBuffer BufferPool::take() {
   std::lock_guard lock(mutex_);

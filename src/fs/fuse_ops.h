@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "ckptfs/fs/other_readers.h"
@@ -41,8 +42,31 @@ class BufferPool {
   std::vector<ReplyBuffer> spare_;
 };
 
-// The session's userdata. Read-only once init has run (the pool and counters synchronize
-// themselves), so callbacks share it without locks.
+// What the INIT exchange settled about FUSE_DIRECT_IO_ALLOW_MMAP (device_io.h). Written by the
+// thread that answers INIT before the kernel sends anything else.
+struct DirectIoMmap {
+  std::atomic<uint64_t> init_unique{0};  // the INIT request being answered (0: none pending)
+  std::atomic<bool> offered{false};      // the kernel offers the flag
+  std::atomic<bool> granted{false};      // our INIT reply asked for it: direct_io files map
+};
+
+// The files (inodes) a reader has mapped while they were opened with direct_io. The kernel
+// drops a direct_io file's page cache at every mmap of it: a second mapping, or a re-read
+// through a new one, would read everything again, and a mapping being read would lose its
+// pages under it. So a file that is mapped is opened with keep_cache from then on, until
+// unmounted.
+class MappedFiles {
+ public:
+  void note(uint64_t ino);
+  bool has(uint64_t ino) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_set<uint64_t> inos_;
+};
+
+// The session's userdata. Read-only once init has run (the pool, counters and `mapped`
+// synchronize themselves), so callbacks share it without locks.
 struct Server {
   const Tree* tree = nullptr;
   bool cache = false;       // keep_cache instead of direct_io
@@ -61,11 +85,14 @@ struct Server {
   // resets it, is over by then). Empty: leave it.
   std::string readahead_knob;
   std::once_flag readahead_once;
+  DirectIoMmap direct_io_mmap;
+  MappedFiles mapped;
   BufferPool buffers;
   // What the read path did, logged at unmount.
   std::atomic<uint64_t> reads_served{0};
   std::atomic<uint64_t> reads_failed{0};
   std::atomic<uint64_t> reads_spliced{0};
+  std::atomic<uint64_t> reads_paged{0};  // asked for by the page cache (no lock owner)
   // Who read last (file handle, or inode without one), for -o splice.
   OtherReaders readers;
 };

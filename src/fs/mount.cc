@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ckptfs/error.h"
+#include "device_io.h"
 #include "fuse_ops.h"
 
 namespace ckptfs::fs {
@@ -454,10 +455,13 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
     fail("cannot mount at {}: {}", where.string(), setup_errors("mount failed"));
   }
   end_setup();
-  const auto& targets = tree.plan().targets;
-  if (parsed.cache || std::any_of(targets.begin(), targets.end(),
-                                  [](const plan::TargetFile& t) { return t.page_cache; }))
-    server.readahead_knob = readahead_knob(where);
+  // Without it, mapped files are served through the page cache (fuse_ops.cc, op_open).
+  if (int err = detail::install_device_io(se); err != 0)
+    spdlog::warn("cannot hook the FUSE device ({}): mapped files use the page cache",
+                 errno_text(-err));
+  // Raised at the first open of a file read through the page cache, or one that may be
+  // mapped.
+  server.readahead_knob = readahead_knob(where);
   spdlog::info("mounted {} ({} files, {} bytes) from {}", where.string(),
                tree.plan().targets.size(), tree.total_bytes(), fsname);
   if (options.on_mounted) options.on_mounted();

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <random>
 #include <regex>
@@ -179,8 +180,11 @@ class MountTest : public ::testing::Test {
 
   // Serves in the foreground on a thread and waits until the kernel mount exists.
   void start_foreground(MountOptions options = {}) {
+    start_foreground(std::move(options), data_->make_plan());
+  }
+  void start_foreground(MountOptions options, plan::Plan plan) {
     options.foreground = true;
-    server_ = std::thread([this, options, plan = data_->make_plan()]() mutable {
+    server_ = std::thread([this, options, plan = std::move(plan)]() mutable {
       try {
         rc_ = mount(mnt_, Tree(std::move(plan)), options);
       } catch (const std::exception& e) {
@@ -472,6 +476,106 @@ TEST_F(MountTest, CacheModeAllowsSharedMmap) {
   EXPECT_TRUE(std::string_view(static_cast<const char*>(map), want.size()) == want);
   ::munmap(map, want.size());
   fd.reset();
+  stop_foreground();
+}
+
+// The READ counts of the server's closing line: {served, through the page cache}.
+std::optional<std::pair<int64_t, int64_t>> served_and_paged(const std::string& log) {
+  std::smatch m;
+  if (!std::regex_search(log, m,
+                         std::regex(R"(served (\d+) reads .* (\d+) through the page cache)")))
+    return std::nullopt;
+  return std::make_pair(std::stoll(m[1]), std::stoll(m[2]));
+}
+
+// Reads all of `path` through a shared read-only mapping; empty and ADD_FAILURE if refused.
+std::string read_mapped(const std::filesystem::path& path, size_t size) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY));
+  if (!fd) {
+    ADD_FAILURE() << path << ": " << std::strerror(errno);
+    return {};
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (map == MAP_FAILED) {
+    ADD_FAILURE() << "shared mmap of " << path << ": " << std::strerror(errno);
+    return {};
+  }
+  std::string out(static_cast<const char*>(map), size);
+  ::munmap(map, size);
+  return out;
+}
+
+// All of `path` by pread() of 1 MiB into a page-aligned buffer, up to its `size`: in direct
+// I/O exactly one READ per call (a buffer across one more page would be cut in two READs).
+std::string pread_aligned(const std::filesystem::path& path, size_t size) {
+  constexpr size_t kChunk = 1u << 20;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY));
+  void* p = nullptr;
+  if (!fd || posix_memalign(&p, 4096, kChunk) != 0) return {};
+  std::unique_ptr<char, decltype(&std::free)> buf(static_cast<char*>(p), &std::free);
+  std::string out;
+  while (out.size() < size) {
+    const ssize_t n = ::pread(fd.get(), buf.get(), std::min(kChunk, size - out.size()),
+                              static_cast<off_t>(out.size()));
+    if (n <= 0) break;
+    out.append(buf.get(), static_cast<size_t>(n));
+  }
+  return out;
+}
+
+// A file its readers map (as the .safetensors view): read, then mapped shared, then read
+// again, each byte-exact. Where the kernel takes FUSE_DIRECT_IO_ALLOW_MMAP the reads before the
+// mapping are direct I/O (one READ per pread, each naming the reader's lock owner) and the
+// ones after it come from the page cache the mapping filled (no READ at all); elsewhere the file
+// is in the page cache throughout.
+TEST_F(MountTest, MappedFileIsDirectUntilMappedThenCached) {
+  plan::Plan plan = data_->make_plan();
+  plan.targets[2].page_cache = true;
+  const std::string& want = data_->expected(2);
+  ASSERT_GT(want.size(), 3u << 20);
+  const size_t reads_per_pass = (want.size() + (1u << 20) - 1) >> 20;
+  LogCapture log;
+  start_foreground({}, std::move(plan));
+  for (int pass = 0; pass < 2; ++pass)
+    EXPECT_TRUE(pread_aligned(file(2), want.size()) == want) << "before mapping, pass " << pass;
+  EXPECT_TRUE(read_mapped(file(2), want.size()) == want);
+  for (int pass = 0; pass < 2; ++pass) {
+    EXPECT_TRUE(pread_aligned(file(2), want.size()) == want) << "after mapping, pass " << pass;
+    EXPECT_TRUE(read_file(file(2), 4096) == want) << "after mapping, pass " << pass;
+  }
+  EXPECT_TRUE(read_mapped(file(2), want.size()) == want) << "second mapping";
+  stop_foreground();
+  const std::string text = log.text();
+  const auto counts = served_and_paged(text);
+  ASSERT_TRUE(counts) << text;
+  const auto [served, paged] = *counts;
+  EXPECT_GT(paged, 0) << text;  // the mapping faulted its pages in
+  if (text.find("direct_io files may be mapped") != std::string::npos) {
+    EXPECT_EQ(served - paged, static_cast<int64_t>(2 * reads_per_pass)) << text;
+  } else {
+    EXPECT_EQ(served, paged) << text;
+  }
+}
+
+// Where the kernel takes FUSE_DIRECT_IO_ALLOW_MMAP, any file of the default mode maps shared.
+TEST_F(MountTest, DirectIoFileMapsSharedWhereTheKernelAllows) {
+  LogCapture log;
+  start_foreground();
+  const std::string& want = data_->expected(0);
+  UniqueFd fd(::open(file(0).c_str(), O_RDONLY));
+  ASSERT_TRUE(fd);
+  void* map = ::mmap(nullptr, want.size(), PROT_READ, MAP_SHARED, fd.get(), 0);
+  const int err = errno;
+  if (log.text().find("direct_io files may be mapped") != std::string::npos) {
+    ASSERT_NE(map, MAP_FAILED) << std::strerror(err);
+    EXPECT_TRUE(std::string_view(static_cast<const char*>(map), want.size()) == want);
+    ::munmap(map, want.size());
+  } else {
+    EXPECT_EQ(map, MAP_FAILED);
+    EXPECT_EQ(err, ENODEV);
+  }
+  fd.reset();
+  expect_contents_match();
   stop_foreground();
 }
 

@@ -154,7 +154,7 @@ def check_case(args, name):
                 diff = ckpt_fixture.describe_difference(want_path, got_path)
                 assert not diff, f"{got_path}: {diff}"
                 check_windows(got_path, want, rng)
-            # mmap in the default (direct I/O) mode: first read, then a re-read.
+            # mmap in the default mode: first read, then a re-read.
             got_path = os.path.join(mnt, f"rank_{t}", f"checkpoint_{t}.safetensors")
             want = itest.read_file(st_path)
             with open(got_path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
@@ -174,6 +174,11 @@ def check_case(args, name):
                 del tensors
                 left_out = [t2 for t2 in ckpt if t2 not in names]
                 assert not left_out, f"rank {t}: {left_out} missing from the safetensors view"
+            # Once mapped, the file is served from the page cache the mapping filled: read()
+            # and a new mapping see the same bytes.
+            assert itest.read_file(got_path) == want, f"{got_path}: read() after mmap differs"
+            with open(got_path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+                assert m[:] == want, f"{got_path}: second mapping differs"
             check_with_reference_reader(got_path, parse_safetensors(want)[1])
     finally:
         itest.unmount(args.ckptfs, mnt)

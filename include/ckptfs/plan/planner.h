@@ -23,7 +23,7 @@ struct TargetFile {
   int64_t rank = 0;
   VirtualFile file;
   std::string name;              // empty: "checkpoint_<rank>.ckpt"
-  bool page_cache = false;       // served through the page cache (mmap works), not direct I/O
+  bool page_cache = false;       // its readers map it (fs: page cache where mmap needs it)
   std::string dir_name() const;  // "rank_<rank>"
   std::string file_name() const;
 };
