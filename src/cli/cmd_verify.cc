@@ -164,7 +164,7 @@ void verify_sources(const VerifyArgs& args) {
     std::unique_ptr<char[]> buffer(new char[kChunk]);
     for (size_t i = 0; i < plan.targets.size(); ++i) {
       const plan::TargetFile& target = plan.targets[i];
-      const std::string name = target.dir_name() + "/" + target.file_name();
+      const std::string name = target.path();
       for (uint64_t off = 0; off < target.file.size();) {
         size_t got = 0;
         const int err =

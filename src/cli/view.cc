@@ -264,19 +264,24 @@ std::unique_ptr<fs::Tree> build_unified_tree(const ViewArgs& args,
       plan::make_unified_plan(std::move(parts), dst ? &*dst : nullptr, views));
 }
 
-// An hfai directory (PART_000.pt ...): the merged model, optimizer and values at the root.
+// An hfai directory (PART_000.pt ...): the merged model, optimizer and values at the root, or
+// with --dst-strategy the model cut per target rank.
 std::unique_ptr<fs::Tree> build_hfai_tree(const ViewArgs& args, ViewNotes& notes) {
-  if (!args.src_strategy.empty() || !args.dst_strategy.empty())
+  if (!args.src_strategy.empty())
     fail(
-        "{}: an hfai checkpoint is shown merged; --src-strategy and --dst-strategy are not "
-        "supported for it yet",
+        "{}: an hfai checkpoint records no parallel layout (its PART files merge into one full "
+        "model); omit --src-strategy",
         args.src_dir);
   const std::vector<std::filesystem::path> files = hfai::part_files(args.src_dir);
   notes.chosen = fmt::format("{}: an hfai checkpoint of {} PART files", args.src_dir, files.size());
+  std::optional<strategy::Strategy> dst;
+  if (!args.dst_strategy.empty()) dst = strategy::read_strategy(args.dst_strategy);
+  const plan::ViewOptions views = view_options(args);
   std::vector<index::IndexedSource> parts =
       index_files(index_dir(args), args.shipped_index, files, args.quiet);
   const hfai::Merged merged = hfai::merge(parts);
-  return std::make_unique<fs::Tree>(plan::make_hfai_plan(std::move(parts), merged));
+  return std::make_unique<fs::Tree>(
+      plan::make_hfai_plan(std::move(parts), merged, dst ? &*dst : nullptr, views));
 }
 
 // A MindFormers metadata checkpoint: metadata.json gives the layouts and the storing files.

@@ -70,13 +70,55 @@ VirtualFile safetensors_file(const std::vector<index::IndexedSource>& sources,
   return builder.finish();
 }
 
+// The whole tensor as one strided view: its record, or its chunks laid end to end.
+std::shared_ptr<const StridedContent> whole(const std::vector<index::IndexedSource>& sources,
+                                            const hfai::Tensor& t) {
+  auto content = std::make_shared<StridedContent>();
+  content->element_size = t.element_size;
+  content->shape = t.shape;
+  const ckpt::Param& first = sources[t.parts[0].source].scan.params[t.parts[0].param];
+  if (t.parts.size() == 1 && first.shape == t.shape) {
+    content->source = t.parts[0].source;
+    content->base = first.content[0].offset;
+    content->storage_offset = first.storage_offset;
+    content->strides = first.strides;
+    return content;
+  }
+  // Chunks: 1-D and contiguous (hfai::merge checked), C order of the full shape.
+  content->strides.assign(t.shape.size(), 1);
+  for (size_t k = t.shape.size(); k-- > 1;)
+    content->strides[k - 1] = content->strides[k] * t.shape[k];
+  auto pieces = std::make_shared<std::vector<StoragePiece>>();
+  uint64_t start = 0;
+  for (const hfai::Part& part : t.parts) {
+    const ckpt::Param& p = sources[part.source].scan.params[part.param];
+    const uint64_t n = p.nbytes();
+    pieces->push_back(
+        {start, part.source, p.content[0].offset + p.storage_offset * p.element_size, n});
+    start += n;
+  }
+  content->pieces = std::move(pieces);
+  return content;
+}
+
 }  // namespace
 
-Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged& merged) {
+Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged& merged,
+                    const strategy::Strategy* dst, const ViewOptions& views) {
   Plan plan;
   plan.sources = std::move(parts);
   for (size_t r = 0; r < plan.sources.size(); ++r)
     plan.source_ranks.push_back(static_cast<int64_t>(r));
+  if (dst) {
+    std::vector<FullTensor> model;
+    for (const hfai::Tensor& t : merged.model) {
+      const std::optional<safetensors::Dtype> d = safetensors::dtype_by_code(t.code);
+      if (!d)
+        fail("tensor {} is of type {}, which a MindSpore checkpoint cannot hold", t.name, t.code);
+      model.push_back({t.name, std::string(d->mindspore), t.shape, whole(plan.sources, t)});
+    }
+    add_full_views(plan, model, *dst, views);
+  }
   auto add = [&](std::string name, VirtualFile file) {
     TargetFile t;
     t.rank = kRootRank;
@@ -84,7 +126,8 @@ Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged&
     t.file = std::move(file);
     plan.targets.push_back(std::move(t));
   };
-  add("model.safetensors", safetensors_file(plan.sources, merged.model, "model.safetensors"));
+  if (!dst)
+    add("model.safetensors", safetensors_file(plan.sources, merged.model, "model.safetensors"));
   if (!merged.optimizer.empty())
     add("optimizer.safetensors",
         safetensors_file(plan.sources, merged.optimizer, "optimizer.safetensors"));

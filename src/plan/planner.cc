@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -219,7 +220,10 @@ struct Entry {
   std::shared_ptr<const TensorContent> tensor;  // set when resharded
   const ckpt::Param* copy = nullptr;            // set when passed through
   uint32_t source = 0;                          //   and the file it is read from
-  uint64_t nbytes() const { return tensor ? tensor->nbytes() : copy->nbytes(); }
+  std::shared_ptr<const StridedContent> view;   // set for a full checkpoint's strided tensor
+  uint64_t nbytes() const {
+    return tensor ? tensor->nbytes() : view ? view->nbytes() : copy->nbytes();
+  }
 };
 
 // A parameter as the planner walks it: one copy, and its name's id in the SourceSet.
@@ -488,7 +492,7 @@ class Planner {
       content->target_shape = {1};
       content->block_shape = {1};
     }
-    Entry entry{p.name, facts.dtype, ckpt::EntryKind::Tensor, {}, content, nullptr, 0};
+    Entry entry{p.name, facts.dtype, ckpt::EntryKind::Tensor, {}, content, nullptr, 0, nullptr};
     entry.shape = scalar ? std::vector<int64_t>{} : content->target_shape;
     if (content->nbytes() == 0) return entry;
 
@@ -599,7 +603,7 @@ class Planner {
     if (!from) from = lowest_holder(false);
     if (!from) fail("target rank {}: no loaded source file holds parameter {}", t, p.name);
     const ckpt::Param& q = *from->find(ref.id);
-    return Entry{q.name, q.dtype, q.kind, q.shape, nullptr, &q, from->source_of(ref.id)};
+    return Entry{q.name, q.dtype, q.kind, q.shape, nullptr, &q, from->source_of(ref.id), nullptr};
   }
 
   // A file of the parameter's stage whose rank holds the same source block as local rank
@@ -643,6 +647,10 @@ class Planner {
 void add_content(VirtualFile::Builder& builder, const Entry& e, uint64_t begin, uint64_t end) {
   if (e.tensor) {
     builder.add_tensor(e.tensor, begin, end);
+    return;
+  }
+  if (e.view) {
+    builder.add_strided(e.view, begin, end);
     return;
   }
   uint64_t pos = 0;
@@ -725,7 +733,12 @@ VirtualFile safetensors_view(const std::vector<Entry>& entries, std::set<std::st
 
 }  // namespace
 
-std::string TargetFile::dir_name() const { return fmt::format("rank_{}", rank); }
+std::string TargetFile::dir_name() const {
+  return rank == kRootRank ? std::string() : fmt::format("rank_{}", rank);
+}
+std::string TargetFile::path() const {
+  return rank == kRootRank ? file_name() : dir_name() + "/" + file_name();
+}
 std::string TargetFile::file_name() const {
   return name.empty() ? fmt::format("checkpoint_{}.ckpt", rank) : name;
 }
@@ -878,6 +891,73 @@ Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::
     plan.sources.push_back(std::move(source));
   }
   return plan_views(std::move(plan), nullptr, dst, views, st_rules);
+}
+
+void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
+                    const strategy::Strategy& dst, const ViewOptions& views) {
+  if (!views.ckpt && !views.safetensors) fail("no view chosen: give ckpt, safetensors or both");
+  if (views.by_stage)
+    fail(
+        "--by-stage writes one file per stage of a pipeline source; this checkpoint is one full "
+        "model: omit --by-stage");
+  check_target_ranks(views.ranks, &dst);
+  std::unordered_map<std::string_view, const FullTensor*> by_name;
+  for (const FullTensor& t : tensors)
+    if (!by_name.emplace(t.name, &t).second) fail("two tensors named {}", t.name);
+  // A name the checkpoint lacks is a strategy for another model (or a typo): cutting the rest
+  // would serve a model the strategy does not describe.
+  for (const auto& [name, param] : dst.params) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end())
+      fail(
+          "{}: parameter {} is not in the checkpoint ({} tensors, such as {}); give a strategy "
+          "for this model",
+          dst.origin, name, tensors.size(), tensors.empty() ? "none" : tensors.front().name);
+    for (const auto& [stage, layout] : param.stages)
+      if (!layout.tensor_shape.empty() && layout.tensor_shape != it->second->shape)
+        fail("{}: parameter {} has global shape {} in the strategy but {} in the checkpoint",
+             dst.origin, name, shape_str(layout.tensor_shape), shape_str(it->second->shape));
+  }
+  std::vector<int64_t> targets = views.ranks;
+  if (targets.empty())
+    for (int64_t t = 0; t < target_count(&dst); ++t) targets.push_back(t);
+  for (int64_t t : targets) {
+    const TargetMaps maps(nullptr, &dst, t);
+    std::vector<Entry> entries, passthrough;
+    for (const FullTensor& full : tensors) {
+      Entry e{full.name, full.dtype,  ckpt::EntryKind::Tensor, full.shape, nullptr, nullptr,
+              0,         full.content};
+      switch (maps.role(full.name)) {
+        case TargetMaps::Role::Drop:
+          break;
+        case TargetMaps::Role::Passthrough:
+          passthrough.push_back(std::move(e));
+          break;
+        case TargetMaps::Role::Reshard: {
+          const Layout layout = maps.dst_layout(full.name, full.shape.size());
+          try {
+            layout.slice_shape(full.shape, full.name);  // divisibility, named
+          } catch (const Error& e) {
+            fail("{}: {}", dst.origin, e.what());
+          }
+          const strategy::Box box = layout.slice_of(maps.target_local(), full.shape);
+          for (size_t k = 0; k < full.shape.size(); ++k) e.shape[k] = box.end[k] - box.begin[k];
+          e.view = std::make_shared<StridedContent>(full.content->box(box.begin, e.shape));
+          entries.push_back(std::move(e));
+          break;
+        }
+      }
+    }
+    std::move(passthrough.begin(), passthrough.end(), std::back_inserter(entries));
+    std::set<std::string> left_out;  // none: every tensor has a type both views hold
+    if (views.ckpt)
+      plan.targets.push_back(
+          TargetFile{t, ckpt_view(entries), fmt::format("{}{}.ckpt", views.prefix, t), false});
+    if (views.safetensors)
+      plan.targets.push_back(TargetFile{t, safetensors_view(entries, left_out),
+                                        fmt::format("{}{}.safetensors", views.prefix, t), true});
+    if (!left_out.empty()) fail("tensor {}: no safetensors type for it", *left_out.begin());
+  }
 }
 
 namespace {

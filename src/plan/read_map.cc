@@ -121,10 +121,42 @@ void StridedContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) co
     }
     const uint64_t run_begin = std::max(q * e, begin);
     const uint64_t run_end = std::min((q - within + run) * e, end);
-    append_run(out,
-               Run{nullptr, source, base + src * e + (run_begin - q * e), run_end - run_begin});
+    emit_storage_bytes(src * e + (run_begin - q * e), run_end - run_begin, out);
     q += run - within;
   }
+}
+
+void StridedContent::emit_storage_bytes(uint64_t pos, uint64_t length,
+                                        std::vector<Run>& out) const {
+  if (!pieces) {
+    append_run(out, Run{nullptr, source, base + pos, length});
+    return;
+  }
+  auto it = std::upper_bound(pieces->begin(), pieces->end(), pos,
+                             [](uint64_t p, const StoragePiece& piece) { return p < piece.start; });
+  for (--it; length > 0; ++it) {
+    const uint64_t within = pos - it->start;
+    const uint64_t n = std::min(length, it->length - within);
+    append_run(out, Run{nullptr, it->source, it->offset + within, n});
+    pos += n;
+    length -= n;
+  }
+}
+
+StridedContent StridedContent::box(const std::vector<int64_t>& begin,
+                                   const std::vector<int64_t>& extent) const {
+  StridedContent out = *this;
+  out.shape = extent;
+  for (size_t k = 0; k < begin.size(); ++k)
+    out.storage_offset += static_cast<uint64_t>(begin[k]) * static_cast<uint64_t>(strides[k]);
+  return out;
+}
+
+std::vector<uint32_t> StridedContent::sources() const {
+  if (!pieces) return {source};
+  std::vector<uint32_t> out;
+  for (const StoragePiece& piece : *pieces) out.push_back(piece.source);
+  return out;
 }
 
 }  // namespace ckptfs::plan

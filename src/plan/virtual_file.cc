@@ -135,7 +135,7 @@ void VirtualFile::Builder::add_strided(std::shared_ptr<const StridedContent> con
   piece.strided = content.get();
   piece.pos = begin;
   piece.length = end - begin;
-  impl_->sources.push_back(content->source);
+  for (uint32_t source : content->sources()) impl_->sources.push_back(source);
   impl_->strided.push_back(std::move(content));
   impl_->add(piece);
 }

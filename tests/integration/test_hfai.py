@@ -14,6 +14,9 @@ import shutil
 import struct
 
 import itest
+import numpy as np
+from ckptfix import ckptio, stio
+from ckptfix.layout import Layout
 
 SETS = ["hfai_t113_n1", "hfai_t113_n2", "hfai_t113_n4", "hfai_t26_n2", "hfai_t26_n4"]
 
@@ -116,11 +119,146 @@ def check_with_torch(args, name):
         assert tensors[key][0]["shape"] == list(value.shape), key
 
 
-def refused(args, src, *needles):
+# A destination strategy for the fixtures' model, 4 devices: cuts along either dimension of a
+# transposed weight (fc2.weight), of chunked tensors whose chunks end mid-row (embed.weight,
+# head.weight with optimizer sharding), of a strided buffer (pos_ids), an empty tensor, a scalar,
+# and a tensor it names but leaves whole (proj.weight). fc2.bias, norm.*, fc1.bias,
+# bn.running_mean are not named: copied whole to every rank.
+DST_LAYOUTS = {
+    "fc2.weight": ([2, 2], [1, 0], 0, 0),
+    "embed.weight": ([2, 2], [-1, 0], 0, 0),
+    "head.weight": ([2, 2], [1, -1], 2, 1),
+    "proj.weight": ([2, 2], [-1, -1], 0, 0),
+    "pos_ids": ([2, 2], [-1, 0], 0, 0),
+    "lookup": ([2, 2], [1], 0, 0),
+    "bn.running_var": ([2, 2], [0], 0, 0),
+    "fc1.weight": ([2, 2], [0, 1], 0, 0),
+    "empty_mask": ([2, 2], [-1, 0], 0, 0),
+    "bn.num_batches_tracked": ([2, 2], [], 0, 0),
+}
+
+
+def write_strategy(path, layouts, shapes=None):
+    items = {}
+    for name, (dev, tmap, opt_size, opt_step) in layouts.items():
+        items[name] = {"dev_matrix": dev, "tensor_map": tmap, "field": 0,
+                       "opt_weight_shard_step": opt_step, "opt_weight_shard_size": opt_size}
+        if shapes and name in shapes:
+            items[name]["tensor_shape"] = shapes[name]
+    with open(path, "w") as f:
+        json.dump({"parallel_layout_item": items}, f)
+    return path
+
+
+def merged_arrays(data, name):
+    """The merged model as NumPy arrays in hfai's merged order, from the expected safetensors."""
+    tag = name.split("_")[1]
+    _, tensors = read_safetensors(os.path.join(data, "expected", f"merged_model_{tag}.safetensors"))
+    tree = json.load(open(os.path.join(data, "expected", f"{name}.tree.json")))["merged"]
+    model = dict(tree["$dict"])["model"]
+    order = [k for k, _ in model["$dict"]] if isinstance(model, dict) and "$dict" in model else list(model)
+    out = []
+    for key in order:
+        entry, raw = tensors[key]
+        ms_type = stio.TYPE_OF[entry["dtype"]]
+        array = np.frombuffer(raw, dtype=ckptio.NUMPY_DTYPES[ms_type]).reshape(entry["shape"])
+        out.append((key, ms_type, array))
+    return out
+
+
+def expected_rank(model, layouts, rank):
+    """(.ckpt bytes, .safetensors bytes) of one target rank, cut with the fixture generator's
+    layout math: named tensors first, in merged order, then the others whole."""
+    cut, whole = [], []
+    for key, ms_type, array in model:
+        if key in layouts:
+            dev, tmap, opt_size, opt_step = layouts[key]
+            box = Layout.from_map(dev, tmap, opt_size, opt_step).box(rank, array.shape)
+            cut.append((key, ms_type, array[tuple(slice(b, e) for b, e in box)]))
+        else:
+            whole.append((key, ms_type, array))
+    ckpt = b"".join(ckptio.encode_record(k, list(a.shape), t, np.ascontiguousarray(a).tobytes())
+                    for k, t, a in cut + whole if a.size)
+    entries = [stio.Entry(k, t, list(a.shape), a.nbytes, None) for k, t, a in cut + whole]
+    data = {k: np.ascontiguousarray(a).tobytes() for k, _, a in cut + whole}
+    ordered = stio.writer_order(entries)
+    st = stio.header_bytes(ordered, {"format": "ms"}) + b"".join(data[e.name] for e in ordered)
+    return ckpt, st
+
+
+def check_dst_strategy(args, name):
+    data = os.path.join(args.shared, "hfai")
+    strategy = write_strategy(os.path.join(args.work, "dst_strategy.json"), DST_LAYOUTS)
+    model = merged_arrays(data, name)
+    mnt = os.path.join(args.work, "mnt_dst_" + name)
+    with itest.mounted(args.ckptfs, os.path.join(data, name), mnt, dst_strategy=strategy,
+                       index_dir=os.path.join(args.work, "index")):
+        listing = sorted(os.listdir(mnt))
+        assert listing == ["extra.json", "optimizer.safetensors", "others.safetensors", "rank_0",
+                           "rank_1", "rank_2", "rank_3"], listing
+        for rank in range(4):
+            ckpt, st = expected_rank(model, DST_LAYOUTS, rank)
+            got = itest.read_file(os.path.join(mnt, f"rank_{rank}", f"checkpoint_{rank}.ckpt"))
+            assert got == ckpt, (rank, len(got), len(ckpt))
+            got = itest.read_file(os.path.join(mnt, f"rank_{rank}",
+                                               f"checkpoint_{rank}.safetensors"))
+            assert got == st, (rank, len(got), len(st))
+        # The optimizer state is still the merged one.
+        _, opt = read_safetensors(os.path.join(mnt, "optimizer.safetensors"))
+        manifest = json.load(open(os.path.join(data, "expected",
+                                               f"manifest_{name.split('_')[1]}.json")))
+        for t in manifest["tensors"]:
+            if t["path"][0] == "optimizer":
+                raw = opt[".".join(str(p) for p in t["path"][1:])][1]
+                assert hashlib.sha256(raw).hexdigest() == t["sha256"], t["path"]
+    # materialize writes the same files, the merged ones at the top of the output.
+    out = os.path.join(args.work, "materialized_" + name)
+    shutil.rmtree(out, ignore_errors=True)
+    itest.run([args.ckptfs, "materialize", os.path.join(data, name), out, "--dst-strategy",
+               strategy, "--index-dir", os.path.join(args.work, "index")])
+    assert itest.tree_files(out) == ["extra.json", "optimizer.safetensors", "others.safetensors"] + [
+        f"rank_{r}/checkpoint_{r}.{ext}" for r in range(4) for ext in ("ckpt", "safetensors")]
+    for rank in range(4):
+        ckpt, st = expected_rank(model, DST_LAYOUTS, rank)
+        assert itest.read_file(os.path.join(out, f"rank_{rank}", f"checkpoint_{rank}.ckpt")) == ckpt
+        assert itest.read_file(os.path.join(out, f"rank_{rank}",
+                                            f"checkpoint_{rank}.safetensors")) == st
+    # --ranks and --view narrow it like any source.
+    with itest.mounted(args.ckptfs, os.path.join(data, name), mnt, dst_strategy=strategy,
+                       index_dir=os.path.join(args.work, "index"),
+                       extra_args=["--ranks", "2", "--view", "safetensors"]):
+        assert sorted(os.listdir(mnt)) == ["extra.json", "optimizer.safetensors",
+                                           "others.safetensors", "rank_2"]
+        assert os.listdir(os.path.join(mnt, "rank_2")) == ["checkpoint_2.safetensors"]
+        assert itest.read_file(os.path.join(mnt, "rank_2", "checkpoint_2.safetensors")) == \
+            expected_rank(model, DST_LAYOUTS, 2)[1]
+
+
+def check_dst_refusals(args):
+    src = os.path.join(args.shared, "hfai", "hfai_t113_n4")
+    work = args.work
+
+    def bad(label, layouts, shapes=None):
+        return write_strategy(os.path.join(work, f"bad_{label}.json"), layouts, shapes)
+
+    strategy = bad("extra", dict(DST_LAYOUTS, **{"decoder.weight": ([2, 2], [0, -1], 0, 0)}))
+    refused(args, src, "bad_extra.json", "decoder.weight is not in the checkpoint",
+            dst_strategy=strategy)
+    strategy = bad("rank", {"fc2.weight": ([2, 2], [0], 0, 0)})
+    refused(args, src, "fc2.weight", dst_strategy=strategy)
+    strategy = bad("divide", {"proj.weight": ([2, 2], [0, -1], 0, 0)})
+    refused(args, src, "proj.weight", "divide", dst_strategy=strategy)
+    strategy = bad("shape", {"fc2.weight": ([2, 2], [1, 0], 0, 0)}, {"fc2.weight": [16, 24]})
+    refused(args, src, "fc2.weight", "[16,24]", "[24,16]", dst_strategy=strategy)
+    refused(args, src, "omit --src-strategy", src_strategy=strategy)
+
+
+def refused(args, src, *needles, **mount_args):
     mnt = os.path.join(args.work, "mnt_bad")
     os.makedirs(mnt, exist_ok=True)
     proc = itest.run(itest.mount_cmd(args.ckptfs, src, mnt,
-                                     index_dir=os.path.join(args.work, "index")), check=False)
+                                     index_dir=os.path.join(args.work, "index"), **mount_args),
+                     check=False)
     assert not itest.is_mounted(mnt), "a refused mount left a mount behind"
     assert proc.returncode != 0, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -188,7 +326,11 @@ def main():
         checks.run(f"merged views of {name}", check_set, args, name)
     for name in ["hfai_t113_n4", "hfai_t26_n2"]:
         checks.run(f"torch.load + hfai merge of {name} equals the mount", check_with_torch, args, name)
+    for name in ["hfai_t113_n4", "hfai_t113_n1", "hfai_t26_n2"]:
+        checks.run(f"--dst-strategy cuts the merged model of {name}", check_dst_strategy, args, name)
     checks.run("bad hfai directories are refused in one line", check_refusals, args)
+    checks.run("strategies that do not fit the model are refused in one line", check_dst_refusals,
+               args)
     checks.run("inspect of PART files", check_inspect, args)
     checks.finish()
 

@@ -271,5 +271,54 @@ TEST(StridedContent, EveryWindowMatchesElementwiseIndexing) {
   }
 }
 
+// A C-order tensor whose storage is cut into pieces in several files (hfai's torch.chunk pieces:
+// chunk length 269 elements of a [37,29] tensor, so pieces end mid-row), and boxes of it: every
+// byte window maps to the (file, offset) pairs element-by-element indexing gives.
+TEST(StridedContent, PiecesAndBoxesMatchElementwiseIndexing) {
+  const Shape shape{37, 29};
+  const int64_t n = product(shape), chunk = (n + 3) / 4;
+  const uint32_t e = 2;
+  auto pieces = std::make_shared<std::vector<StoragePiece>>();
+  for (int64_t i = 0; i * chunk < n; ++i) {
+    const uint64_t len = static_cast<uint64_t>(std::min(chunk, n - i * chunk)) * e;
+    pieces->push_back({static_cast<uint64_t>(i * chunk) * e, static_cast<uint32_t>(i),
+                       static_cast<uint64_t>(64 * (i + 1)), len});
+  }
+  StridedContent whole;
+  whole.pieces = pieces;
+  whole.element_size = e;
+  whole.shape = shape;
+  whole.strides = {29, 1};
+  struct Box {
+    Shape begin, extent;
+  };
+  for (const Box& b : {Box{{0, 0}, {37, 29}}, Box{{10, 0}, {9, 29}}, Box{{3, 7}, {20, 11}},
+                       Box{{36, 28}, {1, 1}}, Box{{5, 5}, {0, 3}}}) {
+    const StridedContent s = whole.box(b.begin, b.extent);
+    std::vector<std::pair<uint32_t, uint64_t>> want;
+    for (int64_t i = 0; i < product(b.extent); ++i) {
+      const Shape coord = unflatten(i, b.extent);
+      const int64_t elem = (b.begin[0] + coord[0]) * 29 + b.begin[1] + coord[1];
+      const int64_t c = elem / chunk;
+      for (uint32_t k = 0; k < e; ++k)
+        want.emplace_back(static_cast<uint32_t>(c),
+                          static_cast<uint64_t>(64 * (c + 1) + (elem - c * chunk) * e + k));
+    }
+    ASSERT_EQ(s.nbytes(), want.size());
+    for (uint64_t begin = 0; begin < want.size(); begin += 5)
+      for (uint64_t end : {begin + 1, begin + 61, uint64_t{want.size()}}) {
+        if (end > want.size()) continue;
+        std::vector<plan::Run> runs;
+        s.map(begin, end, runs);
+        std::vector<std::pair<uint32_t, uint64_t>> got;
+        for (const plan::Run& r : runs)
+          for (uint64_t k = 0; k < r.length; ++k) got.emplace_back(r.source, r.offset + k);
+        ASSERT_EQ(got, decltype(want)(want.begin() + begin, want.begin() + end))
+            << "window " << begin << ".." << end;
+      }
+  }
+  EXPECT_EQ(whole.sources(), (std::vector<uint32_t>{0, 1, 2, 3}));
+}
+
 }  // namespace
 }  // namespace ckptfs::plan

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,8 @@ struct TargetFile {
   VirtualFile file;
   std::string name;              // empty: "checkpoint_<rank>.ckpt"
   bool page_cache = false;       // its readers map it (fs: page cache where mmap needs it)
-  std::string dir_name() const;  // "rank_<rank>"
+  std::string dir_name() const;  // "rank_<rank>", or "" for a root file
+  std::string path() const;      // "rank_<rank>/<file>", or "<file>" for a root file
   std::string file_name() const;
 };
 
@@ -93,10 +95,32 @@ Plan make_located_plan(std::vector<index::IndexedSource> files, const std::vecto
 Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::Strategy* dst,
                        const ViewOptions& views = {});
 
+// One tensor of a full checkpoint held as a strided view (a merged hfai model's tensor).
+struct FullTensor {
+  std::string name;
+  std::string dtype;                              // MindSpore tensor_type
+  std::vector<int64_t> shape;                     // empty for a scalar
+  std::shared_ptr<const StridedContent> content;  // the whole tensor
+};
+
+// Appends to `plan` (whose sources the contents read) the files of every target rank of `dst`
+// (or of views.ranks): `tensors`, one full checkpoint in its order, cut as MindSpore's transform
+// cuts an unsharded source. A tensor `dst` lists for the target's stage is cut to the target's
+// block; one it lists only for other stages is left out; one it does not list is copied whole
+// (after the cut ones). Throws Error in one line for a parameter of `dst` the tensors lack, a
+// global tensor_shape in `dst` that disagrees, a map of another rank than the tensor, a
+// dimension that does not divide.
+void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
+                    const strategy::Strategy& dst, const ViewOptions& views);
+
 // A merged hfai checkpoint (hfai::merge of `parts`) as root files: model.safetensors,
 // optimizer.safetensors and others.safetensors (where they have tensors) in the reference
 // writer's layout with {"format":"pt"}, and extra.json for every other value. Throws Error for a
 // dtype safetensors cannot hold, naming the file and tensor.
-Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged& merged);
+// With `dst`, the model is not a root file but cut for every target rank (add_full_views, in
+// hfai's merged order); the optimizer state stays merged at the root, since hfai keys it by
+// parameter index, which names no parameter.
+Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged& merged,
+                    const strategy::Strategy* dst = nullptr, const ViewOptions& views = {});
 
 }  // namespace ckptfs::plan

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ckptfs/ckpt/scanner.h"
@@ -32,13 +33,25 @@ struct TensorContent {
   void map(uint64_t begin, uint64_t end, std::vector<Run>& out) const;
 };
 
-// A strided view of one source storage (a torch.save tensor): element (i0, ..., in) is at
-// byte base + (storage_offset + sum ik * strides[k]) * element_size of `source`. map() walks the
-// tensor in C order as runs as long as the trailing dimensions are contiguous in the source:
-// O(rank) arithmetic per run, nothing per element within a run.
+// A piece of a storage kept in several files (an hfai tensor's torch.chunk pieces): storage
+// bytes [start, start + length) are at `offset` of `source`.
+struct StoragePiece {
+  uint64_t start = 0;
+  uint32_t source = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// A strided view of one storage (a torch.save tensor): element (i0, ..., in) is storage byte
+// (storage_offset + sum ik * strides[k]) * element_size, which is at that offset from `base` in
+// `source`, or, with `pieces`, in the piece holding it. map() walks the tensor in C order as runs
+// as long as the trailing dimensions are contiguous in the storage: O(rank) arithmetic per run
+// (plus a search among the pieces), nothing per element within a run.
 struct StridedContent {
   uint32_t source = 0;
   uint64_t base = 0;
+  // Ascending, consecutive from storage byte 0; shared by the boxes cut from one tensor.
+  std::shared_ptr<const std::vector<StoragePiece>> pieces;
   uint32_t element_size = 0;
   uint64_t storage_offset = 0;
   std::vector<int64_t> shape;
@@ -47,6 +60,14 @@ struct StridedContent {
   uint64_t nbytes() const;
   // Appends runs for content bytes [begin, end) (begin <= end <= nbytes()).
   void map(uint64_t begin, uint64_t end, std::vector<Run>& out) const;
+  // The view of the box [begin, begin + extent) of this tensor (extent[k] <= shape[k] - begin[k]).
+  StridedContent box(const std::vector<int64_t>& begin, const std::vector<int64_t>& extent) const;
+  // Every source file the view may read.
+  std::vector<uint32_t> sources() const;
+
+ private:
+  // Storage bytes [pos, pos + length), which the pieces (if any) cover.
+  void emit_storage_bytes(uint64_t pos, uint64_t length, std::vector<Run>& out) const;
 };
 
 }  // namespace ckptfs::plan
