@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import struct
+from collections import OrderedDict
 
 import itest
 import numpy as np
@@ -96,27 +97,103 @@ def compare_tree(want, got, files):
 
 
 def check_with_torch(args, name):
-    """torch.load of every PART file, merged with hfai's rule, against the mounted model."""
-    import torch  # Debian's python3-torch (scripts/install-deps.sh)
+    """torch.load of every PART file, merged with hfai's rule, against the mounted model and
+    optimizer state."""
+    from ckptfix import hfai  # torch: Debian's python3-torch (scripts/install-deps.sh)
     data = os.path.join(args.shared, "hfai", name)
-    n = len([f for f in os.listdir(data) if f.startswith("PART_")])
-    parts = [torch.load(os.path.join(data, f"PART_{i:03d}.pt"), map_location="cpu") for i in range(n)]
-    merged, chunks = {}, {}
-    for p in parts:
-        small, large = p["model"][0]
-        merged.update(small)
-        for key, (shape, chunk) in large.items():
-            chunks.setdefault(key, (shape, []))[1].append(chunk)
-    for key, (shape, pieces) in chunks.items():
-        merged[key] = torch.cat(pieces).view(shape)
+    merged = hfai.load(data)
     mnt = os.path.join(args.work, "mnt_torch_" + name)
     with itest.mounted(args.ckptfs, data, mnt, index_dir=os.path.join(args.work, "index")):
-        _, tensors = read_safetensors(os.path.join(mnt, "model.safetensors"))
-    assert sorted(tensors) == sorted(merged), (sorted(tensors), sorted(merged))
-    for key, value in merged.items():
-        raw = value.contiguous().view(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b""
-        assert tensors[key][1] == raw, key
-        assert tensors[key][0]["shape"] == list(value.shape), key
+        _, model = read_safetensors(os.path.join(mnt, "model.safetensors"))
+        _, opt = read_safetensors(os.path.join(mnt, "optimizer.safetensors"))
+    compare_tensors(model, merged["model"])
+    compare_tensors(opt, hfai.flat_state(merged["optimizer"]))
+
+
+TORCH_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+               "float64": "F64", "int32": "I32", "uint8": "U8", "int8": "I8", "bool": "BOOL"}
+
+
+def compare_tensors(mounted, tensors):
+    """Every mounted safetensors entry equals the torch tensor of that name, bytes and type."""
+    from ckptfix import hfai
+    assert sorted(mounted) == sorted(tensors), (sorted(mounted), sorted(tensors))
+    for key, value in tensors.items():
+        entry, raw = mounted[key]
+        assert entry["shape"] == list(value.shape), (key, entry, value.shape)
+        assert entry["dtype"] == TORCH_CODES[str(value.dtype).split(".")[1]], (key, entry)
+        assert raw == hfai.tensor_bytes(value), key
+
+
+def torch_state():
+    """A model state larger than the fixtures, in the shapes hfai must handle: chunked tensors
+    whose pieces end mid-row (3 ranks), a transposed weight, buffers that are views into shared or
+    padded storages, a 0-d buffer, four dtypes; and Adam-like state with chunked moments."""
+    import torch
+    g = torch.Generator().manual_seed(14)
+    sd = OrderedDict()
+    sd["embed.weight"] = torch.randn(3000, 700, generator=g).to(torch.bfloat16)
+    sd["proj.weight"] = torch.randn(1111, 999, generator=g)
+    sd["fc.weight"] = torch.randn(256, 320, generator=g).t()
+    sd["fc.bias"] = torch.randn(320, generator=g).half()
+    sd["ids"] = torch.arange(10000, dtype=torch.int64).view(5000, 2)
+    shared = torch.arange(10000, dtype=torch.float32)
+    sd["bn.running_mean"] = shared[100:400]
+    sd["bn.running_var"] = shared[1000:1300]
+    sd["pos"] = torch.arange(64 * 64, dtype=torch.int64).view(64, 64)[::2, 1:33]
+    sd["bn.num_batches_tracked"] = torch.tensor(7)
+    buffers = ["bn.running_mean", "bn.running_var", "pos", "bn.num_batches_tracked"]
+    state = OrderedDict()
+    for i, key in enumerate(["embed.weight", "proj.weight", "fc.weight", "fc.bias"]):
+        state[i] = {"step": torch.tensor(float(i + 3)),
+                    "exp_avg": torch.randn(sd[key].shape, generator=g).to(sd[key].dtype),
+                    "exp_avg_sq": torch.rand(sd[key].shape, generator=g).to(sd[key].dtype)}
+    optimizer = {"state": state, "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999),
+                                                    "eps": 1e-8, "params": [0, 1, 2, 3, 4]}]}
+    return sd, buffers, optimizer
+
+
+def to_numpy(t):
+    import torch
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+MS_TYPES = {"F32": "Float32", "F16": "Float16", "BF16": "BFloat16", "I64": "Int64"}
+
+
+def check_torch_written(args):
+    """hfai PART files written by torch.save in hfai's layout: the mount against the state that
+    was saved, the merged view and a --dst-strategy cut."""
+    from ckptfix import hfai
+    sd, buffers, optimizer = torch_state()
+    src = os.path.join(args.work, "torch_written")
+    shutil.rmtree(src, ignore_errors=True)
+    hfai.save(src, sd, buffers, 3, optimizer, others={"epoch": 4}, large_size=1 << 20)
+    mnt = os.path.join(args.work, "mnt_torch_written")
+    with itest.mounted(args.ckptfs, src, mnt, index_dir=os.path.join(args.work, "index")):
+        _, model = read_safetensors(os.path.join(mnt, "model.safetensors"))
+        _, opt = read_safetensors(os.path.join(mnt, "optimizer.safetensors"))
+        assert json.load(open(os.path.join(mnt, "extra.json")))["$dict"][-1] == ["epoch", 4]
+    compare_tensors(model, sd)
+    compare_tensors(opt, hfai.flat_state(optimizer))
+    # The same state cut for 4 MindSpore ranks, against NumPy slices of the saved tensors in
+    # hfai's merged order (hfai.load's).
+    layouts = {"embed.weight": ([2, 2], [1, 0], 0, 0), "fc.weight": ([2, 2], [-1, 1], 2, 1),
+               "ids": ([2, 2], [0, -1], 0, 0), "pos": ([2, 2], [-1, 1], 0, 0)}
+    strategy = write_strategy(os.path.join(args.work, "torch_written_dst.json"), layouts)
+    order = list(hfai.load(src)["model"])
+    arrays = [(k, MS_TYPES[TORCH_CODES[str(sd[k].dtype).split(".")[1]]], to_numpy(sd[k]))
+              for k in order]
+    with itest.mounted(args.ckptfs, src, mnt, dst_strategy=strategy,
+                       index_dir=os.path.join(args.work, "index")):
+        for rank in range(4):
+            ckpt, st = expected_rank(arrays, layouts, rank)
+            d = os.path.join(mnt, f"rank_{rank}")
+            assert itest.read_file(os.path.join(d, f"checkpoint_{rank}.ckpt")) == ckpt, rank
+            assert itest.read_file(os.path.join(d, f"checkpoint_{rank}.safetensors")) == st, rank
 
 
 # A destination strategy for the fixtures' model, 4 devices: cuts along either dimension of a
@@ -324,8 +401,9 @@ def main():
     checks = itest.Checks(args.only)
     for name in SETS:
         checks.run(f"merged views of {name}", check_set, args, name)
-    for name in ["hfai_t113_n4", "hfai_t26_n2"]:
+    for name in SETS:
         checks.run(f"torch.load + hfai merge of {name} equals the mount", check_with_torch, args, name)
+    checks.run("hfai PART files written by torch.save, merged and cut", check_torch_written, args)
     for name in ["hfai_t113_n4", "hfai_t113_n1", "hfai_t26_n2"]:
         checks.run(f"--dst-strategy cuts the merged model of {name}", check_dst_strategy, args, name)
     checks.run("bad hfai directories are refused in one line", check_refusals, args)
