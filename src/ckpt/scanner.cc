@@ -58,8 +58,7 @@ std::string errno_text(int err) { return std::strerror(err); }
 // A fixed window over [0, end) of the file.
 class Window {
  public:
-  Window(int fd, const std::string& name, uint64_t end)
-      : fd_(fd), name_(name), end_(end), buf_(kWindowBytes) {}
+  Window(const ReadExact& read, uint64_t end) : read_(read), end_(end), buf_(kWindowBytes) {}
 
   // Up to n bytes at pos, fewer only where `limit` (<= end) cuts them.
   std::span<const uint8_t> peek(uint64_t pos, size_t n, uint64_t limit) {
@@ -72,7 +71,7 @@ class Window {
 
   void copy(uint64_t pos, std::span<uint8_t> out) {
     if (out.size() > buf_.size()) {
-      pread_exact(fd_, name_, pos, out);
+      read_(pos, out);
       return;
     }
     auto bytes = peek(pos, out.size(), end_);
@@ -85,13 +84,12 @@ class Window {
     const bool sequential = pos >= buf_off_ && pos <= buf_off_ + buf_len_;
     size_t want = std::max(need, sequential ? buf_.size() : kJumpReadBytes);
     want = static_cast<size_t>(std::min<uint64_t>(want, end_ - pos));
-    pread_exact(fd_, name_, pos, std::span<uint8_t>(buf_.data(), want));
+    read_(pos, std::span<uint8_t>(buf_.data(), want));
     buf_off_ = pos;
     buf_len_ = want;
   }
 
-  int fd_;
-  const std::string& name_;
+  const ReadExact& read_;
   uint64_t end_;
   std::vector<uint8_t> buf_;
   uint64_t buf_off_ = 0;
@@ -132,8 +130,8 @@ std::string describe(const What& what) {
 // names that message in errors ("file", "Checkpoint.Value", ...).
 class Parser {
  public:
-  Parser(int fd, const std::string& name, uint64_t end, std::string_view top_scope)
-      : name_(name), end_(end), top_scope_(top_scope), in_(fd, name, end) {}
+  Parser(const ReadExact& read, const std::string& name, uint64_t end, std::string_view top_scope)
+      : name_(name), end_(end), top_scope_(top_scope), in_(read, end) {}
 
   bool at(uint64_t limit) const { return pos_ >= limit; }
 
@@ -473,13 +471,13 @@ const char* encryption_mode(uint32_t magic) {
   }
 }
 
-void verify_crc(int fd, const std::string& name, uint64_t body_size, uint32_t expected_low,
-                bool high_bytes_zero) {
+void verify_crc(const ReadExact& read, const std::string& name, uint64_t body_size,
+                uint32_t expected_low, bool high_bytes_zero) {
   std::vector<uint8_t> block(kCrcBlockBytes);
   uint32_t crc = 0;
   for (uint64_t off = 0; off < body_size;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), body_size - off));
-    pread_exact(fd, name, off, std::span<uint8_t>(block.data(), n));
+    read(off, std::span<uint8_t>(block.data(), n));
     crc = crc32_update(crc, std::span<const uint8_t>(block.data(), n));
     off += n;
   }
@@ -496,8 +494,8 @@ void verify_crc(int fd, const std::string& name, uint64_t body_size, uint32_t ex
 // A torch.save view: one storage extent, and every element it reaches inside it.
 std::string check_view(const Param& p) {
   if (p.content.size() != 1 || p.strides.size() != p.shape.size() ||
-      (p.element_size != 1 && p.element_size != 2 && p.element_size != 4 &&
-       p.element_size != 8 && p.element_size != 16))
+      (p.element_size != 1 && p.element_size != 2 && p.element_size != 4 && p.element_size != 8 &&
+       p.element_size != 16))
     return fmt::format("parameter '{}' is a malformed view", p.name);
   unsigned __int128 last = p.storage_offset, numel = 1;
   for (size_t k = 0; k < p.shape.size(); ++k) {
@@ -573,14 +571,19 @@ FileScan scan_checkpoint_fd(int fd, const std::string& display_name, const ScanO
   struct stat st;
   if (::fstat(fd, &st) != 0) fail("{}: cannot stat: {}", display_name, errno_text(errno));
   if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", display_name);
+  return scan_checkpoint_bytes(read_exact_from(fd, display_name), static_cast<uint64_t>(st.st_size),
+                               display_name, options);
+}
 
+FileScan scan_checkpoint_bytes(const ReadExact& read, uint64_t size,
+                               const std::string& display_name, const ScanOptions& options) {
   FileScan scan;
-  scan.file_size = static_cast<uint64_t>(st.st_size);
+  scan.file_size = size;
   scan.body_size = scan.file_size;
 
   if (scan.file_size >= 4) {
     std::array<uint8_t, 4> head;
-    pread_exact(fd, display_name, 0, head);
+    read(0, head);
     const uint32_t magic = static_cast<uint32_t>(head[0]) | static_cast<uint32_t>(head[1]) << 8 |
                            static_cast<uint32_t>(head[2]) << 16 |
                            static_cast<uint32_t>(head[3]) << 24;
@@ -592,7 +595,7 @@ FileScan scan_checkpoint_fd(int fd, const std::string& display_name, const ScanO
   if (scan.file_size >= kCrcTrailerBytes) {
     std::array<uint8_t, kCrcTrailerBytes> trailer;
     const uint64_t at = scan.file_size - kCrcTrailerBytes;
-    pread_exact(fd, display_name, at, trailer);
+    read(at, trailer);
     if (std::equal(kCrcMagic.begin(), kCrcMagic.end(), trailer.begin())) {
       scan.has_crc_trailer = true;
       scan.body_size = at;
@@ -603,12 +606,12 @@ FileScan scan_checkpoint_fd(int fd, const std::string& display_name, const ScanO
         const uint32_t expected = static_cast<uint32_t>(trailer[13]) << 24 |
                                   static_cast<uint32_t>(trailer[14]) << 16 |
                                   static_cast<uint32_t>(trailer[15]) << 8 | trailer[16];
-        verify_crc(fd, display_name, scan.body_size, expected, high_zero);
+        verify_crc(read, display_name, scan.body_size, expected, high_zero);
       }
     }
   }
 
-  Parser parser(fd, display_name, scan.body_size,
+  Parser parser(read, display_name, scan.body_size,
                 scan.has_crc_trailer ? "checkpoint body (before the CRC trailer)" : "file");
   Grouper grouper(display_name);
   parser.walk([&](Record r) { grouper.add(std::move(r)); });

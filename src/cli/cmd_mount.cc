@@ -102,11 +102,13 @@ fs::MountOptions mount_options(const MountArgs& args) {
 void run_mount(MountArgs& args) {
   // Before the sources are read: a mountpoint that cannot be used is refused at once.
   fs::prepare_mountpoint(args.mountpoint, has_option(args.options, "nonempty"));
+  fs::check_log_file(args.log_file);
   if (has_option(args.options, kByStage)) args.view.by_stage = true;
   ViewNotes notes;
   std::unique_ptr<fs::Tree> tree = build_tree(args.view, notes, /*steps=*/true);
   fs::MountOptions options = mount_options(args);
   options.on_mounted = [&notes] { notes.say(); };
+  options.chosen = notes.chosen;
   const Owner owner = take_owner(options.fuse_options);
   tree->set_owner(owner.uid, owner.gid, owner.umask);
   const int rc = fs::mount(args.mountpoint, *tree, options);

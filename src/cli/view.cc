@@ -361,8 +361,9 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
       planning->plan(choice.files, choice.mixed_allowed, /*report=*/true));
   // Every step is offered, planned only when looked up: nothing more is read now.
   if (steps && !source::complete_steps(listing).empty()) {
+    // Absolute: the daemon serves from "/".
     tree->set_steps(std::make_shared<fs::Steps>(
-        args.src_dir, [planning](const std::map<int64_t, std::filesystem::path>& files) {
+        std::filesystem::absolute(args.src_dir), [planning](const std::map<int64_t, std::filesystem::path>& files) {
           return planning->plan(files, false);
         }));
   }

@@ -78,6 +78,7 @@ bool reply_spliced(fuse_req_t req, Server& s, fuse_ino_t ino, uint64_t off, size
   } else if (outcome == SpliceStage::Outcome::kFailed) {
     s.reads_failed.fetch_add(1, std::memory_order_relaxed);
     fuse_reply_err(req, err);
+    s.status->failed(ino, off, size, err);
   }
   // A reply that failed, or staging cut short, can leave bytes behind; the next READ must
   // start on an empty pipe.
@@ -85,6 +86,7 @@ bool reply_spliced(fuse_req_t req, Server& s, fuse_ino_t ino, uint64_t off, size
   if (outcome != SpliceStage::Outcome::kStaged) return outcome == SpliceStage::Outcome::kFailed;
   s.reads_served.fetch_add(1, std::memory_order_relaxed);
   s.reads_spliced.fetch_add(1, std::memory_order_relaxed);
+  s.status->served(ino, got);
   return true;
 }
 
@@ -97,10 +99,49 @@ StreamHandle* stream_of(const fuse_file_info* fi) {
   return fi == nullptr ? nullptr : reinterpret_cast<StreamHandle*>(fi->fh);
 }
 
+// What an open status file's handle points to: its bytes as of the open.
+struct StatusHandle {
+  std::string bytes;
+};
+
+// The tree and the status inodes side by side.
+bool stat_any(const Server& s, fuse_ino_t ino, struct stat& st) {
+  if (Status::owns(ino)) return s.status->stat(ino, st);
+  if (!s.tree->stat(ino, st)) return false;
+  if (ino == Tree::kRootIno) ++st.st_nlink;  // .ckptfs's ".."
+  return true;
+}
+
+uint64_t lookup_any(const Server& s, fuse_ino_t parent, const char* name) {
+  if (const uint64_t ino = s.status->lookup(parent, name)) return ino;
+  return Status::owns(parent) ? 0 : s.tree->lookup(parent, name);
+}
+
 // Why a non-file inode cannot be opened or read.
-int not_a_file(const Tree& tree, fuse_ino_t ino) {
+int not_a_file(const Server& s, fuse_ino_t ino) {
   struct stat st;
-  return tree.stat(ino, st) ? EISDIR : ENOENT;
+  return stat_any(s, ino, st) ? EISDIR : ENOENT;
+}
+
+ReadTotals read_totals(const Server& s) {
+  ReadTotals t;
+  t.spliced = s.reads_spliced.load(std::memory_order_relaxed);
+  if (s.prefetcher) {
+    t.read_ahead_hits = s.prefetcher->hits();
+    t.read_ahead_blocks = s.prefetcher->gathered_ahead();
+  }
+  return t;
+}
+
+// A reply to getxattr/listxattr: the size when asked for it (`size` 0), else the value if it
+// fits.
+void reply_xattr_value(fuse_req_t req, const std::string& value, size_t size) {
+  if (size == 0)
+    fuse_reply_xattr(req, value.size());
+  else if (size < value.size())
+    fuse_reply_err(req, ERANGE);
+  else
+    fuse_reply_buf(req, value.data(), value.size());
 }
 
 // In page-cache mode the kernel turns a reader's 1 MiB read() into READs of the mount's
@@ -118,6 +159,8 @@ void raise_readahead(const Server& s) {
 
 void op_init(void* userdata, fuse_conn_info* conn) {
   Server& s = *static_cast<Server*>(userdata);
+  // Here, in the serving process, once the logger it logs to is set up.
+  spdlog::default_logger()->sinks().push_back(s.status->log_sink());
   conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_SPLICE_READ);
   using Splice = Server::Splice;
   if (s.splice != Splice::kOff && (conn->capable & FUSE_CAP_SPLICE_WRITE) != 0) {
@@ -181,15 +224,15 @@ void op_destroy(void* userdata) {
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   guarded(req, "lookup", [&] {
-    const Tree& tree = *server(req).tree;
+    const Server& s = server(req);
     fuse_entry_param e{};
     e.attr_timeout = kTimeout;
     // Names in /steps come and go while mounted: the kernel asks again every time.
     e.entry_timeout = parent == Tree::kStepsIno ? 0 : kTimeout;
-    e.ino = tree.lookup(parent, name);
+    e.ino = lookup_any(s, parent, name);
     if (e.ino == 0) {
       struct stat st;
-      if (!tree.stat(parent, st)) {
+      if (!stat_any(s, parent, st)) {
         fuse_reply_err(req, ENOENT);
         return;
       }
@@ -202,7 +245,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
       fuse_reply_entry(req, &e);
       return;
     }
-    tree.stat(e.ino, e.attr);
+    stat_any(s, e.ino, e.attr);
     fuse_reply_entry(req, &e);
   });
 }
@@ -210,7 +253,7 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
   guarded(req, "getattr", [&] {
     struct stat st;
-    if (!server(req).tree->stat(ino, st)) {
+    if (!stat_any(server(req), ino, st)) {
       fuse_reply_err(req, ENOENT);
       return;
     }
@@ -221,7 +264,7 @@ void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
 void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   guarded(req, "opendir", [&] {
     struct stat st;
-    if (!server(req).tree->stat(ino, st)) {
+    if (!stat_any(server(req), ino, st)) {
       fuse_reply_err(req, ENOENT);
       return;
     }
@@ -242,12 +285,14 @@ void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
   guarded(req, "readdir", [&] {
-    const Tree& tree = *server(req).tree;
-    const std::vector<Tree::DirEntry> entries = tree.list(ino);
+    const Server& s = server(req);
+    std::vector<Tree::DirEntry> entries =
+        Status::owns(ino) ? s.status->list(ino) : s.tree->list(ino);
     if (entries.empty()) {
-      fuse_reply_err(req, not_a_file(tree, ino) == ENOENT ? ENOENT : ENOTDIR);
+      fuse_reply_err(req, not_a_file(s, ino) == ENOENT ? ENOENT : ENOTDIR);
       return;
     }
+    if (ino == Tree::kRootIno) entries.push_back({Status::kDirIno, Status::kDirName, true});
     std::vector<char> buf(size);
     size_t used = 0;
     // The offset handed back with each entry is the index of the next one.
@@ -268,9 +313,24 @@ void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_fil
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   guarded(req, "open", [&] {
     const Server& s = server(req);
+    if (Status::owns(ino) && s.status->is_file(ino)) {
+      if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC) != 0) {
+        fuse_reply_err(req, EROFS);
+        return;
+      }
+      // Made now, whole: its size is known only now (stat shows 0), so direct I/O.
+      auto handle = std::make_unique<StatusHandle>();
+      handle->bytes = s.status->content(ino, read_totals(s));
+      fi->direct_io = 1;
+      fi->keep_cache = 0;
+      fi->noflush = 1;
+      fi->fh = reinterpret_cast<uint64_t>(handle.get());
+      if (fuse_reply_open(req, fi) == 0) static_cast<void>(handle.release());
+      return;
+    }
     const plan::TargetFile* target = s.tree->target(ino);
     if (target == nullptr) {
-      fuse_reply_err(req, not_a_file(*s.tree, ino));
+      fuse_reply_err(req, not_a_file(s, ino));
       return;
     }
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC) != 0) {
@@ -281,6 +341,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
       fuse_reply_err(req, err);
       return;
     }
+    s.status->opened(ino);
     // Per file. Where the kernel lets direct_io files be mapped shared, every file is opened
     // with direct_io (read() at full speed) until it has been mapped, and with keep_cache from
     // then on (MappedFiles says why). Elsewhere a file its readers map (the .safetensors view)
@@ -307,9 +368,15 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   guarded(req, "read", [&] {
     Server& s = server(req);
     const Tree& tree = *s.tree;
+    if (Status::owns(ino) && fi != nullptr && fi->fh != 0) {
+      const std::string& bytes = reinterpret_cast<const StatusHandle*>(fi->fh)->bytes;
+      const size_t from = std::min<uint64_t>(std::max<off_t>(off, 0), bytes.size());
+      fuse_reply_buf(req, bytes.data() + from, std::min(size, bytes.size() - from));
+      return;
+    }
     const plan::TargetFile* target = tree.target(ino);
     if (target == nullptr) {
-      fuse_reply_err(req, not_a_file(tree, ino));
+      fuse_reply_err(req, not_a_file(s, ino));
       return;
     }
     const plan::VirtualFile* file = &target->file;
@@ -361,17 +428,22 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
       s.reads_failed.fetch_add(1, std::memory_order_relaxed);
       fuse_reply_err(req, err);
       s.buffers.give(std::move(buf));
+      s.status->failed(ino, static_cast<uint64_t>(off), size, err);
       return;
     }
     s.reads_served.fetch_add(1, std::memory_order_relaxed);
     fuse_reply_buf(req, buf.data(), got);
     s.buffers.give(std::move(buf));
+    s.status->served(ino, got);
     if (stream) s.prefetcher->start(*stream);
   });
 }
 
-void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  delete stream_of(fi);
+void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (Status::owns(ino))
+    delete reinterpret_cast<StatusHandle*>(fi->fh);
+  else
+    delete stream_of(fi);
   fuse_reply_err(req, 0);
 }
 
@@ -389,31 +461,43 @@ void op_statfs(fuse_req_t req, fuse_ino_t) {
   });
 }
 
-void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char*, size_t) {
+void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   guarded(req, "getxattr", [&] {
+    const Server& s = server(req);
+    const std::optional<std::string> value =
+        Status::owns(ino) ? std::nullopt : s.status->xattr(ino, name);
+    if (value) {
+      reply_xattr_value(req, *value, size);
+      return;
+    }
     struct stat st;
-    fuse_reply_err(req, server(req).tree->stat(ino, st) ? ENODATA : ENOENT);
+    fuse_reply_err(req, stat_any(s, ino, st) ? ENODATA : ENOENT);
   });
 }
 
 void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   guarded(req, "listxattr", [&] {
+    const Server& s = server(req);
     struct stat st;
-    if (!server(req).tree->stat(ino, st)) {
+    if (!stat_any(s, ino, st)) {
       fuse_reply_err(req, ENOENT);
       return;
     }
-    if (size == 0)
-      fuse_reply_xattr(req, 0);
-    else
-      fuse_reply_buf(req, nullptr, 0);
+    reply_xattr_value(req, Status::owns(ino) ? std::string() : s.status->xattr_names(ino), size);
   });
 }
+
+// Attributes are facts about the mount, not the user's to change.
+void op_setxattr(fuse_req_t req, fuse_ino_t, const char*, const char*, size_t, int) {
+  fuse_reply_err(req, EROFS);
+}
+
+void op_removexattr(fuse_req_t req, fuse_ino_t, const char*) { fuse_reply_err(req, EROFS); }
 
 void op_access(fuse_req_t req, fuse_ino_t ino, int mask) {
   guarded(req, "access", [&] {
     struct stat st;
-    if (!server(req).tree->stat(ino, st)) {
+    if (!stat_any(server(req), ino, st)) {
       fuse_reply_err(req, ENOENT);
       return;
     }
@@ -463,6 +547,8 @@ fuse_lowlevel_ops make_ops() {
   ops.statfs = op_statfs;
   ops.getxattr = op_getxattr;
   ops.listxattr = op_listxattr;
+  ops.setxattr = op_setxattr;
+  ops.removexattr = op_removexattr;
   ops.access = op_access;
   // Everything that writes stays unset: the mount is "ro", so the kernel answers EROFS
   // before asking us, and libfuse answers ENOSYS otherwise.

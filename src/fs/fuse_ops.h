@@ -19,6 +19,7 @@
 #include "ckptfs/fs/prefetcher.h"
 #include "ckptfs/fs/reply_buffer.h"
 #include "ckptfs/fs/splice_stage.h"
+#include "ckptfs/fs/status.h"
 #include "ckptfs/fs/tree.h"
 
 namespace ckptfs::fs::detail {
@@ -95,6 +96,8 @@ struct Server {
   std::atomic<uint64_t> reads_paged{0};  // asked for by the page cache (no lock owner)
   // Who read last (file handle, or inode without one), for -o splice.
   OtherReaders readers;
+  // MOUNTPOINT/.ckptfs/, the extended attributes and the per-file counters.
+  std::unique_ptr<Status> status;
 };
 
 const fuse_lowlevel_ops& lowlevel_ops();

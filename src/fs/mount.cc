@@ -362,6 +362,15 @@ stdfs::path resolve_mountpoint(const stdfs::path& mountpoint) {
 
 }  // namespace
 
+void check_log_file(const std::string& log_file) {
+  if (log_file.empty()) return;
+  const int fd = ::open(log_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    fail("--log-file {}: cannot write to it: {}; give a writable path", log_file,
+         errno_text(errno));
+  ::close(fd);
+}
+
 void prepare_mountpoint(const std::filesystem::path& mountpoint, bool nonempty) {
   const stdfs::path where = resolve_mountpoint(mountpoint);
   // statfs, not stat: the kernel may answer stat of a dead mount from its attribute cache (just
@@ -416,6 +425,7 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
     fail("cannot mount at {}: ckptfs already mounted there ({})", where.string(), entry->device);
   std::string log_file;
   if (!options.log_file.empty()) log_file = stdfs::absolute(options.log_file).string();
+  check_log_file(log_file);
 
   const std::string fsname = options.fsname.empty() ? common_source_dir(tree) : options.fsname;
   std::vector<std::string> argv = {
@@ -434,6 +444,7 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   server.read_ahead = parsed.read_ahead && !parsed.cache;
   server.splice = parsed.splice;
   server.max_read = parsed.max_read;
+  server.status = std::make_unique<Status>(tree, options.chosen);
 
   begin_setup();
   FuseArgs args(argv);

@@ -122,6 +122,15 @@ std::pair<std::shared_ptr<const Tree>, uint64_t> Tree::step_of(uint64_t ino, boo
   return {plan ? steps_->tree(i) : steps_->planned(i), local};
 }
 
+std::pair<const Tree*, uint64_t> Tree::resolve(uint64_t ino,
+                                               std::shared_ptr<const Tree>& keep) const {
+  if (!in_steps(ino)) return {this, ino};
+  auto [tree, local] = step_of(ino, false);
+  keep = std::move(tree);
+  return keep ? std::pair<const Tree*, uint64_t>{keep.get(), local}
+              : std::pair<const Tree*, uint64_t>{nullptr, 0};
+}
+
 uint64_t Tree::lookup(uint64_t parent, std::string_view name) const {
   if (in_steps(parent)) {
     if (!steps_) return 0;

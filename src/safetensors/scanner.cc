@@ -137,13 +137,17 @@ Header read_header(int fd, const std::string& name) {
   struct stat st;
   if (::fstat(fd, &st) != 0) fail("{}: cannot stat: {}", name, std::strerror(errno));
   if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", name);
+  return read_header(read_exact_from(fd, name), static_cast<uint64_t>(st.st_size), name);
+}
+
+Header read_header(const ReadExact& read, uint64_t size, const std::string& name) {
   Header h;
-  h.file_size = static_cast<uint64_t>(st.st_size);
+  h.file_size = size;
   if (h.file_size < kLengthBytes)
     fail("{}: {} bytes, too short for a safetensors file (8-byte header length first)", name,
          h.file_size);
   std::array<uint8_t, kLengthBytes> len;
-  pread_exact(fd, name, 0, len);
+  read(0, len);
   for (size_t i = 0; i < kLengthBytes; ++i) h.header_bytes |= uint64_t{len[i]} << (8 * i);
   if (h.header_bytes > kMaxHeaderBytes)
     fail(
@@ -157,8 +161,7 @@ Header read_header(int fd, const std::string& name) {
         name, h.header_bytes, h.file_size);
 
   std::string text(h.header_bytes, '\0');
-  pread_exact(fd, name, kLengthBytes,
-              std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size()));
+  read(kLengthBytes, std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size()));
   const Json header = parse_header(text, name);
 
   for (const auto& [key, value] : header.items()) {

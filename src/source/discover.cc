@@ -74,6 +74,8 @@ std::vector<int64_t> integers(std::string_view s) {
   return out;
 }
 
+}  // namespace
+
 Candidate make_candidate(std::string name) {
   Candidate c;
   std::string_view stem(name);
@@ -96,6 +98,8 @@ Candidate make_candidate(std::string name) {
   c.name = std::move(name);
   return c;
 }
+
+namespace {
 
 // The last two integers of a name, missing ones -1 (so fewer integers sort first).
 std::pair<int64_t, int64_t> last_two(std::string_view name) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "ckptfs/util/pread.h"
+
 namespace ckptfs::ckpt {
 
 // A byte range of a source file, in absolute file offsets.
@@ -73,6 +75,9 @@ struct FileScan {
 FileScan scan_checkpoint(const std::string& path, const ScanOptions& options = {});
 FileScan scan_checkpoint_fd(int fd, const std::string& display_name,
                             const ScanOptions& options = {});
+// The same for `size` bytes read through `read` (a mounted view's own bytes).
+FileScan scan_checkpoint_bytes(const ReadExact& read, uint64_t size,
+                               const std::string& display_name, const ScanOptions& options = {});
 
 // Why `scan` could not have come from scan_checkpoint of a file of `file_size` bytes, or "" if it
 // could: every extent inside the body, the body inside the file, each tensor's element size that

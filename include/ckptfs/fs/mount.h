@@ -21,6 +21,8 @@ struct MountOptions {
   // "nonempty" (mount over a directory that is not empty). "ro" is always forced.
   std::vector<std::string> fuse_options;
   std::string log_file;  // where the daemon logs once detached
+  // What is mounted and why (the sources chosen), in one line: MOUNTPOINT/.ckptfs/sources.json.
+  std::string chosen;
   // Shown as "ckptfs:<fsname>" in /proc/mounts; empty: the directory the sources share.
   std::string fsname;
   // Called once the kernel mount exists, before serving starts: what the caller has to say
@@ -33,6 +35,10 @@ struct MountOptions {
 // leaves no mount) if mounting failed. The server reads `tree` in place (the child's copy of
 // it after the fork), so it must outlive the call.
 int mount(const std::filesystem::path& mountpoint, const Tree& tree, const MountOptions& options);
+
+// Throws Error in one line unless `log_file` can be opened for appending (it is created if
+// missing), so that a daemon is never started with nowhere to log.
+void check_log_file(const std::string& log_file);
 
 // Unmounts a ckptfs mount; `lazy` detaches it now and lets open files finish (umount -l). Throws
 // Error naming the mountpoint.

@@ -81,6 +81,9 @@ class Tree {
   // The same file with its name and read mode; null unless `ino` is a checkpoint file.
   const plan::TargetFile* target(uint64_t ino) const;
   const plan::Plan& plan() const { return plan_; }
+  // The Tree that serves `ino` itself (this one, or a step's under /steps, then held by `keep`)
+  // and the inode there; {nullptr, 0} if none.
+  std::pair<const Tree*, uint64_t> resolve(uint64_t ino, std::shared_ptr<const Tree>& keep) const;
   // File inodes plus directories, and the bytes of all files (for statfs).
   uint64_t inode_count() const { return 1 + nodes_.size(); }
   uint64_t total_bytes() const { return total_bytes_; }

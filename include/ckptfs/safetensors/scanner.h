@@ -37,12 +37,15 @@ struct Header {
 // size != extent, extents with a hole or an overlap or not ending at the end of the file,
 // `__metadata__` not a string-to-string map, an Int4 marker naming no tensor.
 Header read_header(int fd, const std::string& display_name);
+// The same for `size` bytes read through `read` (a mounted view's own bytes).
+Header read_header(const ReadExact& read, uint64_t size, const std::string& display_name);
 
 // The same file as the scan records the index stores: one Param per tensor, dtype as its
 // MindSpore tensor_type (Int4-marked tensors: the type they are stored as, kind Opaque, so
-// they are copied whole and never split), content one absolute extent. Params come in data-offset order, the order MindSpore's transform loads them in
-// (safetensors.numpy.load_file iterates offset_keys() in the 0.7 release MindSpore is pinned to;
-// 0.4 iterated sorted names); format is SourceFormat::Safetensors.
+// they are copied whole and never split), content one absolute extent. Params come in data-offset
+// order, the order MindSpore's transform loads them in (safetensors.numpy.load_file iterates
+// offset_keys() in the 0.7 release MindSpore is pinned to; 0.4 iterated sorted names); format is
+// SourceFormat::Safetensors.
 ckpt::FileScan scan_safetensors_fd(int fd, const std::string& display_name);
 ckpt::FileScan scan_safetensors(const std::string& path);
 

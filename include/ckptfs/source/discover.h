@@ -32,6 +32,10 @@ struct Candidate {
   bool breakpoint = false;  // the stem ends in "_breakpoint" (a save made on an exception)
 };
 
+// What a checkpoint file name says (its step, whether a breakpoint save); `name` is a file name
+// ending in ".ckpt" or ".safetensors".
+Candidate make_candidate(std::string name);
+
 // Candidate order within a rank directory: numerically by the last two integers of the name
 // (missing ones count as -1), then by name. MindSpore's safetensors rule; its .ckpt transform
 // (2.4-2.10) takes plain string order instead, where net-9_2.ckpt beats net-12_2.ckpt, which is

@@ -6,8 +6,10 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "ckptfs/error.h"
 
@@ -28,6 +30,16 @@ inline void pread_exact(int fd, const std::string& name, uint64_t offset, std::s
       fail("{}: byte offset {}: file ended early (was it truncated?)", name, offset + done);
     done += static_cast<size_t>(n);
   }
+}
+
+// What the header scanners read through: exactly out.size() bytes at `offset`, or an Error. A
+// file's is pread_exact on its descriptor; a mounted view's reads its virtual bytes.
+using ReadExact = std::function<void(uint64_t offset, std::span<uint8_t> out)>;
+
+inline ReadExact read_exact_from(int fd, std::string name) {
+  return [fd, name = std::move(name)](uint64_t offset, std::span<uint8_t> out) {
+    pread_exact(fd, name, offset, out);
+  };
 }
 
 }  // namespace ckptfs
