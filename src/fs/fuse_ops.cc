@@ -106,10 +106,7 @@ struct StatusHandle {
 
 // The tree and the status inodes side by side.
 bool stat_any(const Server& s, fuse_ino_t ino, struct stat& st) {
-  if (Status::owns(ino)) return s.status->stat(ino, st);
-  if (!s.tree->stat(ino, st)) return false;
-  if (ino == Tree::kRootIno) ++st.st_nlink;  // .ckptfs's ".."
-  return true;
+  return Status::owns(ino) ? s.status->stat(ino, st) : s.tree->stat(ino, st);
 }
 
 uint64_t lookup_any(const Server& s, fuse_ino_t parent, const char* name) {
@@ -286,13 +283,12 @@ void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
   guarded(req, "readdir", [&] {
     const Server& s = server(req);
-    std::vector<Tree::DirEntry> entries =
+    const std::vector<Tree::DirEntry> entries =
         Status::owns(ino) ? s.status->list(ino) : s.tree->list(ino);
     if (entries.empty()) {
       fuse_reply_err(req, not_a_file(s, ino) == ENOENT ? ENOENT : ENOTDIR);
       return;
     }
-    if (ino == Tree::kRootIno) entries.push_back({Status::kDirIno, Status::kDirName, true});
     std::vector<char> buf(size);
     size_t used = 0;
     // The offset handed back with each entry is the index of the next one.

@@ -425,7 +425,11 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
     fail("cannot mount at {}: ckptfs already mounted there ({})", where.string(), entry->device);
   std::string log_file;
   if (!options.log_file.empty()) log_file = stdfs::absolute(options.log_file).string();
-  check_log_file(log_file);
+  try {
+    check_log_file(log_file);
+  } catch (const Error& e) {
+    fail("cannot mount at {}: {}", where.string(), e.what());
+  }
 
   const std::string fsname = options.fsname.empty() ? common_source_dir(tree) : options.fsname;
   std::vector<std::string> argv = {

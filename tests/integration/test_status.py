@@ -121,10 +121,14 @@ def status_tree(args):
     log = os.path.join(work, "daemon.log")
     with itest.mounted(args.ckptfs, fx.src_dir, mnt, log_file=log, log_level="info",
                        **kw(fx, work)):
-        # Hidden from ls, shown by ls -a, never inside a rank directory.
+        # Not listed (not even by ls -a, find or os.listdir), yet there by name.
         listing = itest.run(["ls", mnt]).stdout.split()
         assert ".ckptfs" not in listing and "rank_0" in listing, listing
-        assert ".ckptfs" in itest.run(["ls", "-a", mnt]).stdout.split()
+        assert ".ckptfs" not in itest.run(["ls", "-a", mnt]).stdout.split()
+        assert ".ckptfs" not in os.listdir(mnt)
+        assert not [p for p in itest.run(["find", mnt]).stdout.split() if ".ckptfs" in p]
+        assert os.path.isdir(os.path.join(mnt, ".ckptfs"))
+        assert "sources.json" in itest.run(["ls", os.path.join(mnt, ".ckptfs")]).stdout.split()
         assert sorted(os.listdir(os.path.join(mnt, ".ckptfs"))) == [
             "log", "plan", "sources.json", "stats.json"]
         copy = os.path.join(work, "copy")

@@ -1,7 +1,9 @@
 // What a mount is doing, without FUSE: the read-only tree MOUNTPOINT/.ckptfs/ (sources.json,
 // plan/<dir>.json, stats.json, log), the user.ckptfs.* extended attributes of the served files,
 // the per-file read counters behind stats.json, and the info lines for first opens and failed
-// reads. The FUSE adapter only routes inodes and calls here.
+// reads. The FUSE adapter only routes inodes and calls here. ".ckptfs" is found by name but not
+// listed in the root (as ZFS's hidden .zfs): listings of the mount, `find`, `rsync -a` and
+// loaders walking the rank directories never meet it.
 //
 // Nothing is generated ahead: a status file's bytes are made when it is opened (the caller
 // keeps them for that open handle), an attribute's when it is asked for; both walk one target
