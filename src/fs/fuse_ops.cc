@@ -206,6 +206,7 @@ void op_init(void* userdata, fuse_conn_info* conn) {
 
 void op_destroy(void* userdata) {
   Server& s = *static_cast<Server*>(userdata);
+  std::erase(spdlog::default_logger()->sinks(), s.status->log_sink());
   uint64_t ahead = 0, hits = 0;
   if (s.prefetcher) {
     ahead = s.prefetcher->gathered_ahead();

@@ -414,15 +414,18 @@ std::string Status::plan_json(size_t index) const {
   bool first_file = true;
   for (const Tree::DirEntry& e : tree_.list(dir)) {
     if (e.is_dir) continue;
-    const plan::TargetFile* target = tree_.target(e.ino);
+    // The tree whose source table the file's runs index.
+    std::shared_ptr<const Tree> keep;
+    const auto [tree, local] = tree_.resolve(e.ino, keep);
+    const plan::TargetFile* target = tree ? tree->target(local) : nullptr;
     if (target == nullptr) continue;
-    const FilePlan fp = describe_file(tree_, e.ino);
+    const FilePlan fp = describe_file(*tree, local);
     const std::vector<uint32_t>& sources = target->file.sources();
     out += fmt::format("{}\n{{\"file\": {}, \"format\": \"{}\", \"size\": {},\n \"sources\": [",
                        first_file ? "" : ",", json_string(path_of(e.ino)), fp.format, fp.size);
     first_file = false;
     for (size_t i = 0; i < sources.size(); ++i)
-      out += fmt::format("{}{}", i == 0 ? "" : ", ", json_string(source_path(tree_, sources[i])));
+      out += fmt::format("{}{}", i == 0 ? "" : ", ", json_string(source_path(*tree, sources[i])));
     out += "],\n \"records\": [";
     for (size_t r = 0; r < fp.records.size(); ++r) {
       const RecordPlan& rec = fp.records[r];

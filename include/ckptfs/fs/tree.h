@@ -82,7 +82,8 @@ class Tree {
   const plan::TargetFile* target(uint64_t ino) const;
   const plan::Plan& plan() const { return plan_; }
   // The Tree that serves `ino` itself (this one, or a step's under /steps, then held by `keep`)
-  // and the inode there; {nullptr, 0} if none.
+  // and the inode there; {nullptr, 0} if none. Its plan().sources is the table the file's runs
+  // index: every Tree that serves files from another table must answer here.
   std::pair<const Tree*, uint64_t> resolve(uint64_t ino, std::shared_ptr<const Tree>& keep) const;
   // File inodes plus directories, and the bytes of all files (for statfs).
   uint64_t inode_count() const { return 1 + nodes_.size(); }
