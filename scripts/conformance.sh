@@ -14,8 +14,10 @@ if [ "${CKPTFS_CONFORMANCE:-1}" = "0" ]; then
 fi
 
 requirements=tests/conformance/requirements.txt
+# MindFormers, pinned with everything it imports, without pip's resolver (the file says why).
+requirements_mf=tests/conformance/requirements-mindformers.txt
 venv=build/conformance-venv
-stamp=$(sha256sum "$requirements" | cut -d' ' -f1)
+stamp=$(cat "$requirements" "$requirements_mf" | sha256sum | cut -d' ' -f1)
 mkdir -p build
 
 if [ "$(cat "$venv/requirements.sha256" 2>/dev/null)" != "$stamp" ]; then
@@ -31,10 +33,12 @@ if [ "$(cat "$venv/requirements.sha256" 2>/dev/null)" != "$stamp" ]; then
     exit 1
   fi
   echo "conformance: installing $requirements into $venv"
-  if ! "$venv/bin/pip" install --quiet --requirement "$requirements" >build/conformance-pip.log 2>&1; then
+  if ! { "$venv/bin/pip" install --quiet --requirement "$requirements" &&
+         "$venv/bin/pip" install --quiet --no-deps --requirement "$requirements_mf"; } \
+      >build/conformance-pip.log 2>&1; then
     cat build/conformance-pip.log >&2
     rm -rf "$venv"
-    echo "conformance: pip could not install $requirements (log above and in build/conformance-pip.log)" >&2
+    echo "conformance: pip could not install $requirements and $requirements_mf (log above and in build/conformance-pip.log)" >&2
     exit 1
   fi
   echo "$stamp" >"$venv/requirements.sha256"

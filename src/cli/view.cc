@@ -33,8 +33,9 @@ void add_view_options(CLI::App* command, ViewArgs& args) {
   command
       ->add_option("SRC_DIR", args.src_dir,
                    "Directory holding rank_<N>/*.ckpt or *.safetensors, a MindFormers "
-                   "output/ directory, or a MindFormers metadata checkpoint (the directory of "
-                   "latest_checkpointed_iteration.txt, or one iteration_<N>/)")
+                   "output/ directory, a MindFormers metadata checkpoint (the directory of "
+                   "latest_checkpointed_iteration.txt, or one iteration_<N>/), or an hfai "
+                   "checkpoint (a directory of PART_000.pt ...)")
       ->required()
       ->check(CLI::ExistingDirectory);
   command->add_option("--src-strategy", args.src_strategy,

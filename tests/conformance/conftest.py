@@ -12,7 +12,7 @@ import pytest
 import msconf
 import report
 
-FRAMEWORKS = {"MindSpore": "mindspore"}
+FRAMEWORKS = {"MindSpore": "mindspore", "MindFormers": "mindformers"}
 
 
 def pytest_addoption(parser):
