@@ -311,6 +311,33 @@ def check_dst_strategy(args, name):
             expected_rank(model, DST_LAYOUTS, 2)[1]
 
 
+def check_dst_pipeline(args):
+    """A two-stage destination strategy: each stage's ranks cut that stage's tensors, leave out
+    the other stage's, and copy the tensors no stage names."""
+    data = os.path.join(args.shared, "hfai")
+    stages = [{"fc2.weight": ([2], [0, -1], 0, 0)}, {"embed.weight": ([2], [-1, 0], 0, 0)}]
+    items = {}
+    for stage, layouts in enumerate(stages):
+        for name, (dev, tmap, opt_size, opt_step) in layouts.items():
+            items[f"{stage}-{name}"] = {"dev_matrix": dev, "tensor_map": tmap, "field": 0,
+                                        "opt_weight_shard_step": opt_step,
+                                        "opt_weight_shard_size": opt_size}
+    strategy = os.path.join(args.work, "dst_pipeline.json")
+    with open(strategy, "w") as f:
+        json.dump({"parallel_layout_item": items}, f)
+    model = merged_arrays(data, "hfai_t113_n4")
+    mnt = os.path.join(args.work, "mnt_dst_pipeline")
+    with itest.mounted(args.ckptfs, os.path.join(data, "hfai_t113_n4"), mnt,
+                       dst_strategy=strategy, index_dir=os.path.join(args.work, "index")):
+        for rank in range(4):
+            stage, other = stages[rank // 2], stages[1 - rank // 2]
+            kept = [m for m in model if m[0] not in other]
+            ckpt, st = expected_rank(kept, stage, rank % 2)
+            d = os.path.join(mnt, f"rank_{rank}")
+            assert itest.read_file(os.path.join(d, f"checkpoint_{rank}.ckpt")) == ckpt, rank
+            assert itest.read_file(os.path.join(d, f"checkpoint_{rank}.safetensors")) == st, rank
+
+
 def check_dst_refusals(args):
     src = os.path.join(args.shared, "hfai", "hfai_t113_n4")
     work = args.work
@@ -406,6 +433,7 @@ def main():
     checks.run("hfai PART files written by torch.save, merged and cut", check_torch_written, args)
     for name in ["hfai_t113_n4", "hfai_t113_n1", "hfai_t26_n2"]:
         checks.run(f"--dst-strategy cuts the merged model of {name}", check_dst_strategy, args, name)
+    checks.run("--dst-strategy of two pipeline stages", check_dst_pipeline, args)
     checks.run("bad hfai directories are refused in one line", check_refusals, args)
     checks.run("strategies that do not fit the model are refused in one line", check_dst_refusals,
                args)
