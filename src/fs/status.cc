@@ -545,7 +545,13 @@ std::string Status::path_of(uint64_t ino) const {
   if (t == nullptr) return fmt::format("inode {}", ino);
   std::string path =
       t->rank == plan::kRootRank ? t->file_name() : t->dir_name() + "/" + t->file_name();
-  return Tree::in_steps(ino) ? fmt::format("{}/(a step)/{}", Tree::kStepsName, path) : path;
+  if (!Tree::in_steps(ino)) return path;
+  std::string step = "?";
+  std::shared_ptr<const Tree> keep;
+  if (const Tree* tree = tree_.resolve(ino, keep).first; tree && tree_.steps())
+    for (const Steps::Entry& e : tree_.steps()->list())
+      if (e.index == tree->step_index()) step = e.name;
+  return fmt::format("{}/{}/{}", Tree::kStepsName, step, path);
 }
 
 std::string Status::xattr_names(uint64_t ino) const {

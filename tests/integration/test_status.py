@@ -363,6 +363,10 @@ def steps_view(args):
         srcs = os.getxattr(f, "user.ckptfs.sources").decode().split("\n")
         assert all(os.path.isfile(s) for s in srcs), srcs
         assert os.getxattr(f, "user.ckptfs.layout").decode().startswith("ckpt ")
+        with open(f, "rb") as fh:
+            fh.read(10)
+        stats = load_json(os.path.join(mnt, ".ckptfs", "stats.json"))
+        assert stats["files"][f"steps/{steps[0]}/rank_0/checkpoint_0.ckpt"]["reads"] >= 1, stats
 
 
 def main():

@@ -53,6 +53,7 @@ class Tree {
 
   // Adds "/steps" (shared: the mount's Tree and the tests may both hold it).
   void set_steps(std::shared_ptr<Steps> steps);
+  const std::shared_ptr<Steps>& steps() const { return steps_; }
   // Which step this Tree serves under "/steps" (set by Steps).
   void set_step_index(uint32_t index) { step_index_ = index; }
   uint32_t step_index() const { return step_index_; }
