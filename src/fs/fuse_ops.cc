@@ -156,8 +156,11 @@ void raise_readahead(const Server& s) {
 
 void op_init(void* userdata, fuse_conn_info* conn) {
   Server& s = *static_cast<Server*>(userdata);
-  // Here, in the serving process, once the logger it logs to is set up.
-  spdlog::default_logger()->sinks().push_back(s.status->log_sink());
+  // Here, in the serving process, once the logger it logs to is set up (--log-file replaces the
+  // one mount() hooked it to).
+  auto& sinks = spdlog::default_logger()->sinks();
+  if (std::find(sinks.begin(), sinks.end(), s.status->log_sink()) == sinks.end())
+    sinks.push_back(s.status->log_sink());
   conn->want &= ~(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_SPLICE_READ);
   using Splice = Server::Splice;
   if (s.splice != Splice::kOff && (conn->capable & FUSE_CAP_SPLICE_WRITE) != 0) {

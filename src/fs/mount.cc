@@ -449,6 +449,15 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   server.splice = parsed.splice;
   server.max_read = parsed.max_read;
   server.status = std::make_unique<Status>(tree, options.chosen);
+  // .ckptfs/log keeps the lines from here on: the mount and the notes on the sources (the
+  // daemon forks with them), then whatever the server logs (init hooks the ring to the logger
+  // it serves with). This process's logger lets go of it on the way out.
+  const std::shared_ptr<spdlog::sinks::sink> ring = server.status->log_sink();
+  spdlog::default_logger()->sinks().push_back(ring);
+  struct Unhook {
+    const std::shared_ptr<spdlog::sinks::sink>& ring;
+    ~Unhook() { std::erase(spdlog::default_logger()->sinks(), ring); }
+  } unhook{ring};
 
   begin_setup();
   FuseArgs args(argv);

@@ -189,6 +189,7 @@ def status_tree(args):
             time.sleep(0.05)
         ring = itest.run(["cat", os.path.join(mnt, ".ckptfs", "log")]).stdout
         assert "first open of rank_2/checkpoint_2.ckpt" in ring, ring
+        assert f"mounted {os.path.realpath(mnt)}" in ring, ring
 
 
 def xattrs(args):
