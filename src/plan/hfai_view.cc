@@ -109,6 +109,9 @@ Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged&
   plan.sources = std::move(parts);
   for (size_t r = 0; r < plan.sources.size(); ++r)
     plan.source_ranks.push_back(static_cast<int64_t>(r));
+  if (!dst && (!views.ranks.empty() || views.by_stage))
+    fail("an hfai checkpoint is shown as one merged model; {} needs a --dst-strategy to cut it by",
+         views.by_stage ? "--by-stage" : "--ranks");
   if (dst) {
     std::vector<FullTensor> model;
     for (const hfai::Tensor& t : merged.model) {

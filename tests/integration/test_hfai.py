@@ -355,6 +355,9 @@ def check_dst_refusals(args):
     strategy = bad("shape", {"fc2.weight": ([2, 2], [1, 0], 0, 0)}, {"fc2.weight": [16, 24]})
     refused(args, src, "fc2.weight", "[16,24]", "[24,16]", dst_strategy=strategy)
     refused(args, src, "omit --src-strategy", src_strategy=strategy)
+    refused(args, src, "--ranks needs a --dst-strategy", extra_args=["--ranks", "1"])
+    refused(args, src, "--ranks: the view has no rank 4", dst_strategy=bad("ok", DST_LAYOUTS),
+            extra_args=["--ranks", "4"])
 
 
 def refused(args, src, *needles, **mount_args):

@@ -119,7 +119,8 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
 // dtype safetensors cannot hold, naming the file and tensor.
 // With `dst`, the model is not a root file but cut for every target rank (add_full_views, in
 // hfai's merged order); the optimizer state stays merged at the root, since hfai keys it by
-// parameter index, which names no parameter.
+// parameter index, which names no parameter. Without `dst`, views.ranks and views.by_stage are
+// refused (there is nothing to choose among).
 Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged& merged,
                     const strategy::Strategy* dst = nullptr, const ViewOptions& views = {});
 
