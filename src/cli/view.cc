@@ -277,10 +277,12 @@ std::unique_ptr<fs::Tree> build_hfai_tree(const ViewArgs& args, ViewNotes& notes
   notes.chosen = fmt::format("{}: an hfai checkpoint of {} PART files", args.src_dir, files.size());
   std::optional<strategy::Strategy> dst;
   if (!args.dst_strategy.empty()) dst = strategy::read_strategy(args.dst_strategy);
-  const plan::ViewOptions views = view_options(args);
+  plan::ViewOptions views = view_options(args);
   std::vector<index::IndexedSource> parts =
       index_files(index_dir(args), args.shipped_index, files, args.quiet);
   const hfai::Merged merged = hfai::merge(parts);
+  Progress progress("plan", "target ranks", Progress::mode_for(args.quiet));
+  report_planning(views, progress);
   return std::make_unique<fs::Tree>(
       plan::make_hfai_plan(std::move(parts), merged, dst ? &*dst : nullptr, views));
 }
@@ -364,7 +366,8 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
   if (steps && !source::complete_steps(listing).empty()) {
     // Absolute: the daemon serves from "/".
     tree->set_steps(std::make_shared<fs::Steps>(
-        std::filesystem::absolute(args.src_dir), [planning](const std::map<int64_t, std::filesystem::path>& files) {
+        std::filesystem::absolute(args.src_dir),
+        [planning](const std::map<int64_t, std::filesystem::path>& files) {
           return planning->plan(files, false);
         }));
   }

@@ -921,7 +921,9 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
   std::vector<int64_t> targets = views.ranks;
   if (targets.empty())
     for (int64_t t = 0; t < target_count(&dst); ++t) targets.push_back(t);
-  for (int64_t t : targets) {
+  if (views.on_planned) views.on_planned(0, targets.size());
+  for (size_t k = 0; k < targets.size(); ++k) {
+    const int64_t t = targets[k];
     const TargetMaps maps(nullptr, &dst, t);
     std::vector<Entry> entries, passthrough;
     for (const FullTensor& full : tensors) {
@@ -937,8 +939,8 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
           const Layout layout = maps.dst_layout(full.name, full.shape.size());
           try {
             layout.slice_shape(full.shape, full.name);  // divisibility, named
-          } catch (const Error& e) {
-            fail("{}: {}", dst.origin, e.what());
+          } catch (const Error& err) {
+            fail("{}: {}", dst.origin, err.what());
           }
           const strategy::Box box = layout.slice_of(maps.target_local(), full.shape);
           for (size_t k = 0; k < full.shape.size(); ++k) e.shape[k] = box.end[k] - box.begin[k];
@@ -957,6 +959,7 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
       plan.targets.push_back(TargetFile{t, safetensors_view(entries, left_out),
                                         fmt::format("{}{}.safetensors", views.prefix, t), true});
     if (!left_out.empty()) fail("tensor {}: no safetensors type for it", *left_out.begin());
+    if (views.on_planned) views.on_planned(k + 1, targets.size());
   }
 }
 
