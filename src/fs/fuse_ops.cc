@@ -71,14 +71,16 @@ bool reply_spliced(fuse_req_t req, Server& s, fuse_ino_t ino, uint64_t off, size
     throw;
   }
   if (outcome == SpliceStage::Outcome::kStaged) {
+    // Counted (and a failure logged) before the reply: a reader who sees it also sees them.
+    s.status->served(ino, got);
     fuse_bufvec data = FUSE_BUFVEC_INIT(got);
     data.buf[0].flags = FUSE_BUF_IS_FD;
     data.buf[0].fd = pipe->read_end();
     fuse_reply_data(req, &data, static_cast<fuse_buf_copy_flags>(0));
   } else if (outcome == SpliceStage::Outcome::kFailed) {
     s.reads_failed.fetch_add(1, std::memory_order_relaxed);
-    fuse_reply_err(req, err);
     s.status->failed(ino, off, size, err);
+    fuse_reply_err(req, err);
   }
   // A reply that failed, or staging cut short, can leave bytes behind; the next READ must
   // start on an empty pipe.
@@ -86,7 +88,6 @@ bool reply_spliced(fuse_req_t req, Server& s, fuse_ino_t ino, uint64_t off, size
   if (outcome != SpliceStage::Outcome::kStaged) return outcome == SpliceStage::Outcome::kFailed;
   s.reads_served.fetch_add(1, std::memory_order_relaxed);
   s.reads_spliced.fetch_add(1, std::memory_order_relaxed);
-  s.status->served(ino, got);
   return true;
 }
 
@@ -426,15 +427,16 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     }
     if (err != 0) {
       s.reads_failed.fetch_add(1, std::memory_order_relaxed);
+      // Logged and counted before the reply: a reader who sees it also sees them.
+      s.status->failed(ino, static_cast<uint64_t>(off), size, err);
       fuse_reply_err(req, err);
       s.buffers.give(std::move(buf));
-      s.status->failed(ino, static_cast<uint64_t>(off), size, err);
       return;
     }
     s.reads_served.fetch_add(1, std::memory_order_relaxed);
+    s.status->served(ino, got);
     fuse_reply_buf(req, buf.data(), got);
     s.buffers.give(std::move(buf));
-    s.status->served(ino, got);
     if (stream) s.prefetcher->start(*stream);
   });
 }

@@ -463,27 +463,44 @@ Status::FileCounters* Status::counters(uint64_t ino) const {
   return slot.get();
 }
 
-void Status::opened(uint64_t ino) {
-  FileCounters* c = counters(ino);
-  if (c->opens.fetch_add(1, std::memory_order_relaxed) == 0) {
-    const plan::VirtualFile* f = tree_.file(ino);
-    spdlog::info("first open of {} ({} bytes from {} source files)", c->path, f ? f->size() : 0,
-                 f ? f->sources().size() : 0);
+void Status::opened(uint64_t ino) noexcept {
+  try {
+    FileCounters* c = counters(ino);
+    if (c->opens.fetch_add(1, std::memory_order_relaxed) == 0) {
+      const plan::VirtualFile* f = tree_.file(ino);
+      spdlog::info("first open of {} ({} bytes from {} source files)", c->path, f ? f->size() : 0,
+                   f ? f->sources().size() : 0);
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("status: {}", e.what());
   }
 }
 
-void Status::served(uint64_t ino, uint64_t bytes) {
+void Status::served(uint64_t ino, uint64_t bytes) noexcept {
   reads_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  FileCounters* c = counters(ino);
-  c->reads.fetch_add(1, std::memory_order_relaxed);
-  c->bytes.fetch_add(bytes, std::memory_order_relaxed);
+  try {
+    FileCounters* c = counters(ino);
+    c->reads.fetch_add(1, std::memory_order_relaxed);
+    c->bytes.fetch_add(bytes, std::memory_order_relaxed);
+  } catch (const std::exception& e) {
+    spdlog::warn("status: {}", e.what());
+  }
 }
 
-void Status::failed(uint64_t ino, uint64_t offset, uint64_t size, int err) {
+void Status::failed(uint64_t ino, uint64_t offset, uint64_t size, int err) noexcept {
   failed_.fetch_add(1, std::memory_order_relaxed);
-  FileCounters* c = counters(ino);
-  c->failed.fetch_add(1, std::memory_order_relaxed);
+  try {
+    FileCounters* c = counters(ino);
+    c->failed.fetch_add(1, std::memory_order_relaxed);
+    log_failed(*c, ino, offset, size, err);
+  } catch (const std::exception& e) {
+    spdlog::warn("status: {}", e.what());
+  }
+}
+
+void Status::log_failed(const FileCounters& c, uint64_t ino, uint64_t offset, uint64_t size,
+                        int err) const {
   // Which sources the range reads, changed ones first: those are why it failed.
   std::string sources;
   std::shared_ptr<const Tree> keep;
@@ -508,7 +525,7 @@ void Status::failed(uint64_t ino, uint64_t offset, uint64_t size, int err) {
           fmt::join(others.begin(), others.begin() + std::min<size_t>(4, others.size()), ", "),
           others.size() > 4 ? fmt::format(" and {} more", others.size() - 4) : "");
   }
-  spdlog::info("read of {} at byte offset {} ({} bytes) failed: {} ({}){}", c->path, offset, size,
+  spdlog::info("read of {} at byte offset {} ({} bytes) failed: {} ({}){}", c.path, offset, size,
                std::strerror(err), err == EIO ? "EIO" : std::to_string(err), sources);
 }
 

@@ -74,10 +74,11 @@ class Status {
   std::string content(uint64_t ino, const ReadTotals& totals) const;
 
   // Counters. opened: at each open of a served file (logs the first at info). served / failed:
-  // after each read; failed logs the file, offset, errno and the sources at info.
-  void opened(uint64_t ino);
-  void served(uint64_t ino, uint64_t bytes);
-  void failed(uint64_t ino, uint64_t offset, uint64_t size, int err);
+  // for each read, before its reply; failed logs the file, offset, errno and the sources at
+  // info. Never throw (a failure to count or log is itself logged).
+  void opened(uint64_t ino) noexcept;
+  void served(uint64_t ino, uint64_t bytes) noexcept;
+  void failed(uint64_t ino, uint64_t offset, uint64_t size, int err) noexcept;
 
   // The attribute names of `ino`, each NUL-terminated (empty for directories and status files).
   std::string xattr_names(uint64_t ino) const;
@@ -93,6 +94,8 @@ class Status {
     std::atomic<uint64_t> opens{0}, reads{0}, bytes{0}, failed{0};
   };
   FileCounters* counters(uint64_t ino) const;
+  void log_failed(const FileCounters& c, uint64_t ino, uint64_t offset, uint64_t size,
+                  int err) const;
   std::string sources_json() const;
   std::string stats_json(const ReadTotals& totals) const;
   std::string plan_json(size_t index) const;
