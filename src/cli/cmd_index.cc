@@ -1,4 +1,4 @@
-// ckptfs index list|clear|build: look after the persistent index of source scans.
+// ckptfs index list|prune|clear|build: look after the persistent index of source scans.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckptfs/error.h"
@@ -41,14 +42,58 @@ void add_index_dir_option(CLI::App* command, IndexOptions& options) {
                       "~/.cache/ckptfs/index)");
 }
 
+// "ok", "stale" (gone or changed) or "?" (cannot be checked).
+std::string_view state_word(const index::Freshness& f) {
+  if (f.state == index::Freshness::kCurrent) return "ok";
+  return f.state == index::Freshness::kUnknown ? "?" : "stale";
+}
+
 void list(const IndexOptions& options) {
   const index::Store store(index_dir(options));
-  const std::vector<index::Entry> entries = store.entries();
-  if (!entries.empty()) fmt::print("{:>10} {:>16}  {}\n", "PARAMS", "BYTES", "PATH");
+  std::vector<std::string> unreadable;
+  const std::vector<index::Entry> entries = store.entries(&unreadable);
+  if (!entries.empty())
+    fmt::print("{:>10} {:>16}  {:<5}  {}\n", "PARAMS", "BYTES", "STATE", "PATH");
+  size_t stale = 0;
   for (const index::Entry& entry : entries) {
-    fmt::print("{:>10} {:>16}  {}\n", entry.params, entry.fingerprint.size, entry.path);
+    const index::Freshness f = index::freshness(entry);
+    if (f.state == index::Freshness::kGone || f.state == index::Freshness::kChanged) ++stale;
+    fmt::print("{:>10} {:>16}  {:<5}  {}{}\n", entry.params, entry.fingerprint.size, state_word(f),
+               entry.path, f.why.empty() ? "" : " (" + f.why + ")");
   }
-  fmt::print("{} files in {}\n", entries.size(), store.dir().string());
+  fmt::print("{} files in {}", entries.size(), store.dir().string());
+  if (stale + unreadable.size() > 0)
+    fmt::print("; {} stale{}: `ckptfs index prune{}` drops them", stale,
+               unreadable.empty()
+                   ? ""
+                   : fmt::format(", {} written by another ckptfs version", unreadable.size()),
+               options.index_dir.empty() ? "" : " --index-dir " + options.index_dir);
+  fmt::print("\n");
+}
+
+// Drops the entries no file has any more (gone, or changed so that it is scanned again anyway)
+// and those of other index versions; entries whose file cannot be checked are kept.
+void prune(const IndexOptions& options) {
+  index::Store store(index_dir(options));
+  std::vector<std::string> doomed;
+  const std::vector<index::Entry> entries = store.entries(&doomed);
+  const size_t foreign = doomed.size();
+  size_t gone = 0, changed = 0;
+  for (const index::Entry& entry : entries) {
+    const index::Freshness f = index::freshness(entry);
+    if (f.state == index::Freshness::kCurrent) continue;
+    if (f.state == index::Freshness::kUnknown) {
+      spdlog::warn("{}: kept, {}", entry.path, f.why);
+      continue;
+    }
+    (f.state == index::Freshness::kGone ? gone : changed) += 1;
+    fmt::print("removed {}: {}\n", entry.path, f.why);
+    doomed.push_back(entry.fingerprint.key());
+  }
+  const size_t removed = store.remove(doomed);
+  fmt::print(
+      "removed {} entries from {} ({} file missing, {} changed, {} of another version); {} kept\n",
+      removed, store.dir().string(), gone, changed, foreign, entries.size() + foreign - removed);
 }
 
 void clear(const IndexOptions& options) {
@@ -120,9 +165,19 @@ void add_index_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand("index", "Manage the index of scanned source checkpoints");
   command->require_subcommand(1);
 
-  CLI::App* list_command = command->add_subcommand("list", "List the indexed source files");
+  CLI::App* list_command = command->add_subcommand("list",
+                                                   "List the indexed source files; STATE marks "
+                                                   "the stale ones (file missing, size or mtime "
+                                                   "changed)");
   add_index_dir_option(list_command, *options);
   list_command->callback([options] { list(*options); });
+
+  CLI::App* prune_command = command->add_subcommand(
+      "prune",
+      "Remove the entries whose file is gone or has changed since it was scanned (each named "
+      "with the reason), and those written by another ckptfs version");
+  add_index_dir_option(prune_command, *options);
+  prune_command->callback([options] { prune(*options); });
 
   CLI::App* clear_command = command->add_subcommand("clear", "Remove every entry of the index");
   add_index_dir_option(clear_command, *options);

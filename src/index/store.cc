@@ -1,5 +1,6 @@
 #include "ckptfs/index/store.h"
 
+#include <fmt/format.h>
 #include <google/protobuf/arena.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -417,7 +418,7 @@ void Store::insert(std::span<const NewEntry> items) {
   }
 }
 
-std::vector<Entry> Store::entries() const {
+std::vector<Entry> Store::entries(std::vector<std::string>* unreadable) const {
   std::vector<Entry> out;
   {
     std::lock_guard lock(impl_->mu);
@@ -431,6 +432,7 @@ std::vector<Entry> Store::entries() const {
       if (!fingerprint || !message ||
           !file.ParseFromArray(message->data(), static_cast<int>(message->size())) ||
           file.format_version() != kFormatVersion) {
+        if (unreadable) unreadable->emplace_back(key);
         continue;
       }
       out.push_back(Entry{file.path(), *fingerprint, static_cast<uint64_t>(file.params_size())});
@@ -440,6 +442,56 @@ std::vector<Entry> Store::entries() const {
     return a.path != b.path ? a.path < b.path : a.fingerprint.key() < b.fingerprint.key();
   });
   return out;
+}
+
+size_t Store::remove(std::span<const std::string> keys) {
+  if (impl_->read_only) fail("{}: a shipped index is never written by a mount", dir().string());
+  if (keys.empty()) return 0;
+  const std::set<std::string_view> doomed(keys.begin(), keys.end());
+  std::lock_guard lock(impl_->mu);
+  for (;;) {
+    lmdb::Txn txn = impl_->begin(0);
+    size_t removed = 0;
+    bool ok = true;
+    for (const std::string_view key : doomed) {
+      if (!txn.get(impl_->scans, key)) continue;
+      ok = ok && txn.del(impl_->scans, key);
+      ++removed;
+    }
+    // A path record names its scan by key; one naming a removed scan would only mislead.
+    std::vector<std::string> paths;
+    {
+      lmdb::Cursor cursor(txn, impl_->paths);
+      std::string_view key, value;
+      while (cursor.next(key, value))
+        if (value.size() >= source::Fingerprint::kKeySize &&
+            doomed.count(value.substr(0, source::Fingerprint::kKeySize)))
+          paths.emplace_back(key);
+    }
+    for (const std::string& key : paths) ok = ok && txn.del(impl_->paths, key);
+    if (ok && txn.commit()) return removed;
+    txn.abort();
+    impl_->grow();
+  }
+}
+
+Freshness freshness(const Entry& entry) {
+  struct stat st;
+  if (::stat(entry.path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return {Freshness::kGone, "file missing"};
+    return {Freshness::kUnknown, fmt::format("cannot be checked: {}", std::strerror(errno))};
+  }
+  const source::Fingerprint& was = entry.fingerprint;
+  const source::Fingerprint now = source::Fingerprint::from_stat(st);
+  if (!S_ISREG(st.st_mode)) return {Freshness::kGone, "no longer a regular file"};
+  if (now.size != was.size)
+    return {Freshness::kChanged, fmt::format("size changed: {} -> {} bytes", was.size, now.size)};
+  if (now.mtime_ns != was.mtime_ns) return {Freshness::kChanged, "mtime changed"};
+  if (now.ino != was.ino || now.dev != was.dev)
+    return {Freshness::kChanged, "replaced by another file (inode changed)"};
+  if (now.ctime_ns != was.ctime_ns)
+    return {Freshness::kChanged, "rewritten or its attributes changed (ctime changed)"};
+  return {};
 }
 
 size_t Store::clear() {

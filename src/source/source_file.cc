@@ -22,7 +22,9 @@ uint64_t get_big_endian(std::string_view bytes) {
   return value;
 }
 
-Fingerprint from_stat(const struct stat& st) {
+}  // namespace
+
+Fingerprint Fingerprint::from_stat(const struct stat& st) {
   Fingerprint fp;
   fp.dev = static_cast<uint64_t>(st.st_dev);
   fp.ino = static_cast<uint64_t>(st.st_ino);
@@ -31,8 +33,6 @@ Fingerprint from_stat(const struct stat& st) {
   fp.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
   return fp;
 }
-
-}  // namespace
 
 std::string Fingerprint::key() const {
   std::string out;
@@ -59,7 +59,7 @@ std::optional<Fingerprint> Fingerprint::from_key(std::string_view key) {
 Fingerprint fingerprint_of(int fd, const std::string& display_name) {
   struct stat st;
   if (::fstat(fd, &st) != 0) fail("{}: fstat failed: {}", display_name, std::strerror(errno));
-  return from_stat(st);
+  return Fingerprint::from_stat(st);
 }
 
 SourceFile SourceFile::open(const std::filesystem::path& path) {
@@ -73,14 +73,14 @@ SourceFile SourceFile::open(const std::filesystem::path& path) {
   }
   // Opening a directory read-only succeeds; reading it would fail later with a worse message.
   if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", path.string());
-  file.fingerprint = from_stat(st);
+  file.fingerprint = Fingerprint::from_stat(st);
   return file;
 }
 
 bool SourceFile::unchanged() const {
   struct stat st;
   if (!fd || ::fstat(fd.get(), &st) != 0) return false;
-  Fingerprint now = from_stat(st);
+  Fingerprint now = Fingerprint::from_stat(st);
   if (st.st_nlink == 0) now.ctime_ns = fingerprint.ctime_ns;
   return now == fingerprint;
 }

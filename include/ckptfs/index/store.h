@@ -50,6 +50,16 @@ struct Entry {
   uint64_t params = 0;  // FileScan::params.size()
 };
 
+// Whether an entry still describes the file at its path (the scan is only used for a file of
+// exactly that fingerprint). kGone: no file there; kChanged: another file or the same one
+// changed (`why` says what: size, mtime, another inode, ctime); kUnknown: it cannot be told
+// (stat failed for another reason, e.g. a directory that cannot be searched).
+struct Freshness {
+  enum State { kCurrent, kGone, kChanged, kUnknown } state = kCurrent;
+  std::string why;  // "" when current
+};
+Freshness freshness(const Entry& entry);
+
 // Safe to share between threads (operations take turns) and between processes (LMDB's locks).
 // A process can hold only one Store per directory at a time (LMDB's rule); a second one throws.
 class Store {
@@ -87,8 +97,12 @@ class Store {
   };
   // All in one write transaction; the map grows as needed.
   void insert(std::span<const NewEntry> items);
-  // The current-version entries, sorted by path.
-  std::vector<Entry> entries() const;
+  // The current-version entries, sorted by path. With `unreadable`, also the keys of the
+  // entries written by another kFormatVersion or damaged (never used, so dead weight).
+  std::vector<Entry> entries(std::vector<std::string>* unreadable = nullptr) const;
+  // Removes the entries stored under these keys (Fingerprint::key(), or keys from entries'
+  // `unreadable`) and the path records that point to them; returns how many were there.
+  size_t remove(std::span<const std::string> keys);
   size_t clear();  // removes every entry (of any version), returns how many
 
  private:

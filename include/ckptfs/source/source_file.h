@@ -2,6 +2,8 @@
 // and tells whether the file changed underneath a mount.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -29,6 +31,8 @@ struct Fingerprint {
   // dev, ino, size, mtime_ns, ctime_ns as 8-byte big-endian words (times two's complement): the
   // LMDB key.
   std::string key() const;
+  // The fingerprint of a file with this stat.
+  static Fingerprint from_stat(const struct stat& st);
   // The inverse of key(); nullopt unless `key` is kKeySize bytes.
   static std::optional<Fingerprint> from_key(std::string_view key);
 };
