@@ -224,6 +224,9 @@ struct Planning {
           for (const auto& [stage, layout] : param.stages)
             needed.insert(static_cast<int64_t>(stage) * n + passthrough);
     }
+    // No parameter the targets read is in both strategies (a strategy of another model): every
+    // file goes to the planner, which says what does not fit, as a mount of all ranks would.
+    if (needed.empty()) return;
     size_t kept = 0;
     for (size_t i = 0; i < ranks.size(); ++i) {
       if (!needed.count(ranks[i])) continue;

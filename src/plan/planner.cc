@@ -826,7 +826,7 @@ void check_target_ranks(const std::vector<int64_t>& ranks, const strategy::Strat
   const int64_t n = target_count(dst);
   for (int64_t r : ranks)
     if (r < 0 || r >= n)
-      fail("--ranks: the view has no rank {} (its ranks are 0 to {}, from {})", r, n - 1,
+      fail("the view has no rank {} (its ranks are 0 to {}, from {})", r, n - 1,
            dst ? dst->origin : "the unsharded destination");
 }
 

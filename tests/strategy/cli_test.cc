@@ -131,7 +131,7 @@ TEST_F(Cli, ErrorsAreOneLineWithNonZeroStatus) {
   const Result range = run("ranks 9 --src-strategy " + kRealStrategy.string() + " --dst-strategy " +
                            kRealStrategy.string() + " 2>&1");
   EXPECT_EQ(range.status, 1);
-  EXPECT_THAT(range.out, HasSubstr("target rank 9"));
+  EXPECT_THAT(range.out, HasSubstr("the view has no rank 9"));
 }
 
 TEST_F(Cli, HelpOnEachCommand) {
