@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,8 +51,8 @@ bool has_option(const std::vector<std::string>& lists, std::string_view word) {
 // -o uid=N, gid=N and umask=OCTAL, as other FUSE filesystems take them; the words are removed
 // from `options`.
 struct Owner {
-  uid_t uid = ::getuid();
-  gid_t gid = ::getgid();
+  std::optional<uid_t> uid;  // default: derived from the sources (fs::Tree)
+  std::optional<gid_t> gid;
   mode_t umask = 0;
 };
 
@@ -135,16 +136,16 @@ void add_mount_commands(CLI::App& app) {
       ->required();
   mount->add_flag("-f,--foreground", args->foreground, "Stay in the foreground until unmounted");
   mount
-      ->add_option(
-          "-o", args->options,
-          "Mount options, comma-separated: cache (page-cache mode for mmap users; "
-          "default is direct I/O), noreadahead (no read-ahead thread for sequential "
-          "readers), by_stage (one _part<stage> file per source pipeline stage, as "
-          "MindSpore's by-stage transform writes; same as --by-stage), splice (splice "
-          "long runs while several files are read; needs "
-          "fs.pipe-max-size >= 2 MiB), splice=always, max_read=N, max_threads=N, or any "
-          "uid=N, gid=N, umask=OCTAL (owner and modes shown: files 0444, directories 0555, "
-          "minus umask), or any libfuse option such as allow_other")
+      ->add_option("-o", args->options,
+                   "Mount options, comma-separated: cache (page-cache mode for mmap users; "
+                   "default is direct I/O), noreadahead (no read-ahead thread for sequential "
+                   "readers), by_stage (one _part<stage> file per source pipeline stage, as "
+                   "MindSpore's by-stage transform writes; same as --by-stage), splice (splice "
+                   "long runs while several files are read; needs "
+                   "fs.pipe-max-size >= 2 MiB), splice=always, max_read=N, max_threads=N, or any "
+                   "uid=N, gid=N, umask=OCTAL (owner and modes shown; by default a file has its "
+                   "sources' owner and no read bit a source lacks, directories are 0555), or any "
+                   "libfuse option such as allow_other")
       ->allow_extra_args(false);
   mount->add_option("--log-file", args->log_file,
                     "Log file of the mounted daemon (default: none once detached)");

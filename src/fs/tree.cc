@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "access.h"
 #include "ckptfs/error.h"
 #include "source_marks.h"
 
@@ -60,6 +61,7 @@ Tree::Tree(plan::Plan plan)
   }
   for (size_t i = 0; i < plan_.sources.size(); ++i) reported_[i].store(false);
   set_mtimes();
+  set_access();
   mapped_ = std::make_unique<MappedSources>(plan_.sources);
 }
 
@@ -70,6 +72,31 @@ bool later(const struct timespec& a, const struct timespec& b) {
 }
 
 }  // namespace
+
+void Tree::set_access() {
+  DirStats dirs;
+  std::vector<Access> sources(plan_.sources.size());
+  for (size_t s = 0; s < plan_.sources.size(); ++s) {
+    struct stat st {};
+    // A source that cannot be stat'ed now (gone since the scan) grants nothing but to the
+    // mounter; reading it fails anyway.
+    if (::stat(plan_.sources[s].file.path.c_str(), &st) != 0) {
+      sources[s] = {uid_, gid_, S_IRUSR};
+      continue;
+    }
+    sources[s] = source_access(plan_.sources[s].file.path, st, dirs);
+  }
+  file_access_.clear();
+  file_access_.reserve(plan_.targets.size());
+  std::vector<Access> of_file;
+  for (const plan::TargetFile& target : plan_.targets) {
+    of_file.clear();
+    for (uint32_t s : target.file.sources())
+      if (s < sources.size()) of_file.push_back(sources[s]);
+    const Access a = combine_access(of_file, uid_, gid_);
+    file_access_.push_back({a.uid, a.gid, a.read});
+  }
+}
 
 void Tree::set_mtimes() {
   file_mtimes_.assign(plan_.targets.size(), time_);
@@ -168,6 +195,9 @@ bool Tree::stat(uint64_t ino, struct stat& st) const {
     const auto [tree, local] = step_of(ino, false);
     if (!tree || !tree->stat(local, st)) return false;
     st.st_ino = ino;
+    if (uid_override_) st.st_uid = *uid_override_;
+    if (gid_override_) st.st_gid = *gid_override_;
+    st.st_mode &= ~umask_;
     return true;
   }
   const Node* n = node(ino);
@@ -184,7 +214,10 @@ bool Tree::stat(uint64_t ino, struct stat& st) const {
     st.st_nlink = 2;
   } else if (n != nullptr) {
     const uint64_t size = plan_.targets[n->index].file.size();
-    st.st_mode = S_IFREG | 0444;
+    const FileAccess& access = file_access_[n->index];
+    st.st_mode = S_IFREG | access.read;
+    st.st_uid = access.uid;
+    st.st_gid = access.gid;
     st.st_nlink = 1;
     st.st_size = static_cast<off_t>(size);
     st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
@@ -192,8 +225,12 @@ bool Tree::stat(uint64_t ino, struct stat& st) const {
     return false;
   }
   st.st_ino = ino;
-  st.st_uid = uid_;
-  st.st_gid = gid_;
+  if (n == nullptr || n->is_dir) {
+    st.st_uid = uid_;
+    st.st_gid = gid_;
+  }
+  if (uid_override_) st.st_uid = *uid_override_;
+  if (gid_override_) st.st_gid = *gid_override_;
   st.st_mode &= ~umask_;
   st.st_blksize = kBlockSize;
   st.st_atim = st.st_mtim = mtime(ino);

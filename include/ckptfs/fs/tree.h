@@ -15,6 +15,7 @@
 #include <ctime>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -39,7 +40,11 @@ class Tree {
   // splicing (their runs index this tree's sources).
   static bool in_steps(uint64_t ino) { return ino >= kStepsIno; }
 
-  // Takes the uid/gid of the calling user as every inode's owner. A file's mtime and atime are
+  // A file is never more readable than the sources it reads (the mount always has
+  // default_permissions, so the kernel enforces it): its owner and group are its sources' if
+  // they all agree, else the calling user's (and then no group bit); each read bit is kept only
+  // if every source grants it, counting the directories above each source (access.h).
+  // Directories are the calling user's, 0555. A file's mtime and atime are
   // the newest mtime of the sources it reads (so `rsync -a` of an unchanged view transfers
   // nothing after a remount), a rank directory's the newest of its files', the root's the
   // newest of all; ctime is the mount time. All are fixed for the life of the mount. Maps
@@ -58,11 +63,12 @@ class Tree {
   void set_step_index(uint32_t index) { step_index_ = index; }
   uint32_t step_index() const { return step_index_; }
 
-  // Owner and modes stat gives every inode from now on (-o uid=,gid=,umask=): files are
-  // 0444 & ~umask, directories 0555 & ~umask. Call before serving; not for /steps trees.
-  void set_owner(uid_t uid, gid_t gid, mode_t umask) {
-    uid_ = uid;
-    gid_ = gid;
+  // -o uid=,gid=,umask=, on top of what the files derive from their sources (see the
+  // constructor): a given uid or gid replaces every inode's, and umask takes bits away from
+  // every mode, "/steps" included. Call before serving; not for /steps trees.
+  void set_owner(std::optional<uid_t> uid, std::optional<gid_t> gid, mode_t umask) {
+    uid_override_ = uid;
+    gid_override_ = gid;
     umask_ = umask & 0777;
   }
 
@@ -135,6 +141,7 @@ class Tree {
     std::vector<size_t> files;  // indexes into plan_.targets
   };
   void set_mtimes();  // at construction, once the nodes are laid out
+  void set_access();  // likewise: file_access_ from the sources' stat
   // Null for the root and for inodes that do not exist.
   const Node* node(uint64_t ino) const;
 
@@ -155,9 +162,17 @@ class Tree {
   std::vector<uint64_t> file_ino_;                           // by target
   std::map<std::string, uint64_t, std::less<>> root_index_;  // dir name -> ino
   uint64_t total_bytes_ = 0;
-  uid_t uid_ = 0;
+  uid_t uid_ = 0;  // the calling user: directories, and files of sources of several owners
   gid_t gid_ = 0;
+  std::optional<uid_t> uid_override_;
+  std::optional<gid_t> gid_override_;
   mode_t umask_ = 0;
+  struct FileAccess {
+    uid_t uid;
+    gid_t gid;
+    mode_t read;
+  };
+  std::vector<FileAccess> file_access_;  // by target
   struct timespec time_ {};
   std::vector<struct timespec> file_mtimes_;  // by target
   std::vector<struct timespec> dir_mtimes_;   // by dir
