@@ -88,12 +88,15 @@ void Tree::set_access() {
   }
   file_access_.clear();
   file_access_.reserve(plan_.targets.size());
+  // A file that reads no source bytes (names, shapes and inline values only) still tells what
+  // the sources hold: it takes the access of all of them.
+  const Access of_all = combine_access(sources, uid_, gid_);
   std::vector<Access> of_file;
   for (const plan::TargetFile& target : plan_.targets) {
     of_file.clear();
     for (uint32_t s : target.file.sources())
       if (s < sources.size()) of_file.push_back(sources[s]);
-    const Access a = combine_access(of_file, uid_, gid_);
+    const Access a = of_file.empty() ? of_all : combine_access(of_file, uid_, gid_);
     file_access_.push_back({a.uid, a.gid, a.read});
   }
 }

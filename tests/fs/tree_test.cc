@@ -123,7 +123,10 @@ TEST_F(TreeTest, StatGivesModesSizesAndOwner) {
 
     ASSERT_TRUE(tree_.stat(3 + 2 * i, st)) << i;
     EXPECT_TRUE(S_ISREG(st.st_mode));
-    EXPECT_EQ(st.st_mode & 07777, 0444u);
+    // The sources sit in a mkdtemp directory (0700): only their owner may read them, so only
+    // the owner may read what is made of them.
+    EXPECT_EQ(st.st_mode & 07777, 0400u);
+    EXPECT_EQ(st.st_uid, ::getuid());
     EXPECT_EQ(st.st_nlink, 1u);
     EXPECT_EQ(static_cast<uint64_t>(st.st_size), data_.expected(i).size()) << i;
     EXPECT_EQ(static_cast<uint64_t>(st.st_blocks), (data_.expected(i).size() + 511) / 512);

@@ -43,7 +43,8 @@ class Tree {
   // A file is never more readable than the sources it reads (the mount always has
   // default_permissions, so the kernel enforces it): its owner and group are its sources' if
   // they all agree, else the calling user's (and then no group bit); each read bit is kept only
-  // if every source grants it, counting the directories above each source (access.h).
+  // if every source grants it, counting the directories above each source (access.h); a file
+  // that reads no source bytes takes the access of all the sources.
   // Directories are the calling user's, 0555. A file's mtime and atime are
   // the newest mtime of the sources it reads (so `rsync -a` of an unchanged view transfers
   // nothing after a remount), a rank directory's the newest of its files', the root's the
