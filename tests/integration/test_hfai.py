@@ -356,7 +356,7 @@ def check_dst_refusals(args):
     refused(args, src, "fc2.weight", "[16,24]", "[24,16]", dst_strategy=strategy)
     refused(args, src, "omit --src-strategy", src_strategy=strategy)
     refused(args, src, "--ranks needs a --dst-strategy", extra_args=["--ranks", "1"])
-    refused(args, src, "--ranks: the view has no rank 4", dst_strategy=bad("ok", DST_LAYOUTS),
+    refused(args, src, "the view has no rank 4", dst_strategy=bad("ok", DST_LAYOUTS),
             extra_args=["--ranks", "4"])
 
 
