@@ -20,6 +20,9 @@
 #   --workdir DIR  data + scratch (default build-bench/bench-data); generated data sets are kept
 #                  there and reused when their parameters match
 #   --json FILE    also write the result table as JSON
+#   --no-hfai      skip the hfai row (scripts/bench_hfai.py: the merged hfai model read through
+#                  the mount against torch.load of every PART file and hfai's merge; ~1 GiB of
+#                  data generated once with Debian's python3-torch; skipped with --only)
 #
 # Exit status: 0 when every checksum matched (whether targets are met or not is in the table),
 # 1 on a mismatch or any failure. Needs root (or fuse permissions), /usr/bin/python3 with numpy
@@ -29,12 +32,15 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 build=${CKPTFS_BENCH_BUILD:-$repo/build-bench}
 workdir=$build/bench-data
 args=()
+hfai=1
 while [ $# -gt 0 ]; do
   case $1 in
     --workdir) workdir=$2; shift 2 ;;
     --small|--keep|--no-knobs) args+=("$1"); shift ;;
-    --runs|--size-gib|--many-params|--huge-params|--json|--only) args+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    --no-hfai) hfai=0; shift ;;
+    --only) args+=("$1" "$2"); hfai=0; shift 2 ;;
+    --runs|--size-gib|--many-params|--huge-params|--json) args+=("$1" "$2"); shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -60,3 +66,8 @@ cleanup() {
 trap cleanup EXIT
 
 /usr/bin/python3 "$repo/scripts/bench.py" --workdir "$workdir" --build-dir "$build" "${args[@]}"
+if [ "$hfai" = 1 ]; then
+  hfai_args=(--workdir "$workdir/hfai" --ckptfs "$build/ckptfs")
+  for a in "${args[@]}"; do [ "$a" = --small ] && hfai_args+=(--runs 3); done
+  /usr/bin/python3 "$repo/scripts/bench_hfai.py" "${hfai_args[@]}"
+fi
