@@ -18,6 +18,11 @@ import time
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Under a sanitized build (scripts/test.sh sets these variables for its sanitizer stages), memory
+# figures grow: ASan reserves terabytes of address space up front and keeps up to 256 MiB of
+# freed blocks in quarantine.
+SANITIZED = any(os.environ.get(v) for v in ("ASAN_OPTIONS", "TSAN_OPTIONS"))
+ASAN_QUARANTINE_KIB = 256 * 1024
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 
@@ -103,17 +108,43 @@ def unmount(ckptfs, mnt):
 
 
 @contextlib.contextmanager
+def unmounting(ckptfs, mnt):
+    """Whatever the body mounts at `mnt` (a mount expected to be refused that was not, a mount by
+    mount(8), a daemon killed and mounted again) is unmounted afterwards, also on a failure."""
+    try:
+        yield mnt
+    finally:
+        unmount(ckptfs, mnt)
+
+
+@contextlib.contextmanager
 def mounted(ckptfs, src, mnt, **kwargs):
     """Mounts in the background (the command returns once the mount serves) and always unmounts."""
     os.makedirs(mnt, exist_ok=True)
-    proc = run(mount_cmd(ckptfs, src, mnt, **kwargs), timeout=120, check=False)
-    try:
+    with unmounting(ckptfs, mnt):
+        proc = run(mount_cmd(ckptfs, src, mnt, **kwargs), timeout=120, check=False)
         if proc.returncode != 0:
             raise AssertionError(f"mount failed ({proc.returncode}): {proc.stderr}")
         assert is_mounted(mnt), "mount returned 0 but nothing is mounted"
         yield mnt
-    finally:
-        unmount(ckptfs, mnt)
+
+
+def daemon_pids(ckptfs, mnt):
+    """Processes of the binary `ckptfs` serving `mnt`: a mount command whose arguments name it."""
+    binary = os.path.realpath(ckptfs).encode()
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            exe = os.path.realpath(f"/proc/{pid}/exe").encode()
+        except OSError:
+            continue
+        if exe == binary and b"mount" in argv and mnt.encode() in argv:
+            pids.append(int(pid))
+    return pids
 
 
 def read_file(path):
