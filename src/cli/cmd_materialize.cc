@@ -52,11 +52,11 @@ void run(const MaterializeArgs& args) {
 
 void add_materialize_command(CLI::App& app) {
   auto args = std::make_shared<MaterializeArgs>();
-  CLI::App* command = app.add_subcommand(
-      "materialize",
+  CLI::App* command = add_view_command(
+      app, "materialize",
       "Write the view `mount` would show as real files OUT/rank_N/checkpoint_N.ckpt, without "
-      "mounting; a rerun keeps the files already complete");
-  add_view_options(command, args->view);
+      "mounting; a rerun keeps the files already complete",
+      args->view);
   command->add_option("OUT", args->out, "Directory to write rank_N/checkpoint_N.ckpt into")
       ->required();
   command

@@ -124,12 +124,12 @@ void run_mount(MountArgs& args) {
 
 void add_mount_commands(CLI::App& app) {
   auto args = std::make_shared<MountArgs>();
-  CLI::App* mount = app.add_subcommand(
-      "mount",
+  CLI::App* mount = add_view_command(
+      app, "mount",
       "Mount SRC_DIR's checkpoints (.ckpt or .safetensors) at MOUNTPOINT as "
       "rank_N/checkpoint_N.ckpt and rank_N/checkpoint_N.safetensors files resharded from the "
-      "source strategy to the destination strategy, synthesized on read");
-  add_view_options(mount, args->view);
+      "source strategy to the destination strategy, synthesized on read",
+      args->view);
   mount
       ->add_option("MOUNTPOINT", args->mountpoint,
                    "Empty directory to mount on (created if missing)")

@@ -401,12 +401,12 @@ void verify_against(const VerifyArgs& args) {
 
 void add_verify_command(CLI::App& app) {
   auto args = std::make_shared<VerifyArgs>();
-  CLI::App* command = app.add_subcommand(
-      "verify",
+  CLI::App* command = add_view_command(
+      app, "verify",
       "Check that SRC_DIR can be served (files parse, CRCs match, strategies fit, every block "
       "present, every target byte readable); with --against DIR, compare the view SRC_DIR "
-      "(mounted or materialized) with files another tool wrote, tensor by tensor");
-  add_view_options(command, args->view);
+      "(mounted or materialized) with files another tool wrote, tensor by tensor",
+      args->view);
   command->add_option("--against", args->against,
                       "Directory of rank_N/ files written by another tool (e.g. "
                       "transform_checkpoints) to compare the view SRC_DIR with");

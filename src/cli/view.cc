@@ -29,7 +29,9 @@
 
 namespace ckptfs::cli {
 
-void add_view_options(CLI::App* command, ViewArgs& args) {
+CLI::App* add_view_command(CLI::App& app, std::string name, std::string description,
+                           ViewArgs& args) {
+  CLI::App* command = app.add_subcommand(std::move(name), std::move(description));
   command
       ->add_option("SRC_DIR", args.src_dir,
                    "Directory holding rank_<N>/*.ckpt or *.safetensors, a MindFormers "
@@ -77,6 +79,7 @@ void add_view_options(CLI::App* command, ViewArgs& args) {
   command->add_flag("-q,--quiet", args.quiet,
                     "No progress lines (shown on stderr for scanning, planning and writing that "
                     "take more than a second)");
+  return command;
 }
 
 void ViewNotes::say() const {

@@ -30,10 +30,12 @@ struct ViewArgs {
   bool quiet = false;  // no progress lines
 };
 
-// Adds the SRC_DIR positional (first, so the caller's positionals follow it), --src-strategy,
-// --dst-strategy, --step, --allow-mixed-steps, --view, --prefix, --by-stage, --ranks,
-// --index, --index-dir and -q/--quiet to `command`.
-void add_view_options(CLI::App* command, ViewArgs& args);
+// Adds the subcommand `name` of a command that works on a view (mount, materialize, verify) with
+// the SRC_DIR positional (first, so the caller's positionals follow it), --src-strategy,
+// --dst-strategy, --step, --allow-mixed-steps, --view, --prefix, --by-stage, --ranks, --index,
+// --index-dir and -q/--quiet, filled into `args`.
+CLI::App* add_view_command(CLI::App& app, std::string name, std::string description,
+                           ViewArgs& args);
 
 // What a command says about its view once it is sure to use it: said only then, so that a
 // refusal stays one line.

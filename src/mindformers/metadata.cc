@@ -12,8 +12,10 @@
 #include <sstream>
 #include <system_error>
 
+#include "ckptfs/ckpt/dtype.h"
 #include "ckptfs/error.h"
 #include "ckptfs/strategy/layout.h"
+#include "ckptfs/util/json_int.h"
 
 namespace ckptfs::mindformers {
 
@@ -68,19 +70,11 @@ struct Place {
 }
 
 int64_t int_of(const Json& value, const Place& at, int64_t lo, int64_t hi) {
-  if (!value.is_number_integer()) bad(at, "is not an integer");
-  if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(hi))
-    bad(at, "is out of range");
-  const int64_t v = value.get<int64_t>();
-  if (v < lo || v > hi) bad(at, "is out of range");
-  return v;
+  return util::json_int(value, lo, hi, [&](std::string_view why) { bad(at, why); });
 }
 
 std::vector<int64_t> ints_of(const Json& value, const Place& at, int64_t lo, int64_t hi) {
-  if (!value.is_array()) bad(at, "is not a list of integers");
-  std::vector<int64_t> out;
-  for (const Json& v : value) out.push_back(int_of(v, at, lo, hi));
-  return out;
+  return util::json_ints(value, lo, hi, [&](std::string_view why) { bad(at, why); });
 }
 
 const Json& member(const Json& object, std::string_view key, const std::string& file,
@@ -91,18 +85,18 @@ const Json& member(const Json& object, std::string_view key, const std::string& 
   return *it;
 }
 
-// MindSpore's dtype names, the spelling the safetensors scans use.
-constexpr std::array<std::string_view, 14> kDtypes = {
-    "Bool",  "UInt8",  "Int8",    "Int16",   "UInt16", "Float16", "BFloat16",
-    "Int32", "UInt32", "Float32", "Float64", "Int64",  "UInt64",  "Int4"};
-
+// MindSpore's dtype name (the spelling the safetensors scans use) of `text`, in any case.
 std::optional<std::string> dtype_name(std::string_view text) {
-  for (std::string_view d : kDtypes)
-    if (d.size() == text.size() && std::equal(d.begin(), d.end(), text.begin(), [](char a, char b) {
-          return std::tolower(static_cast<unsigned char>(a)) ==
-                 std::tolower(static_cast<unsigned char>(b));
-        }))
-      return std::string(d);
+  const auto same = [text](std::string_view name) {
+    return name.size() == text.size() &&
+           std::equal(name.begin(), name.end(), text.begin(), [](char a, char b) {
+             return std::tolower(static_cast<unsigned char>(a)) ==
+                    std::tolower(static_cast<unsigned char>(b));
+           });
+  };
+  for (const ckpt::DenseType& t : ckpt::kDenseTypes)
+    if (same(t.name)) return std::string(t.name);
+  if (same("Int4")) return "Int4";
   return std::nullopt;
 }
 

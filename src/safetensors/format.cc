@@ -5,28 +5,36 @@
 
 #include <algorithm>
 #include <array>
+#include <utility>
+
+#include "ckptfs/ckpt/dtype.h"
 
 namespace ckptfs::safetensors {
 
 namespace {
 
-// Ranks are the Rust enum's order; only their relative order matters, and it is the same for
-// these 13 codes in every writer version since 0.3 (spec §4.3).
-constexpr std::array<Dtype, 13> kDtypes{{
-    {"BOOL", "Bool", 1, 0},
-    {"U8", "UInt8", 1, 1},
-    {"I8", "Int8", 1, 2},
-    {"I16", "Int16", 2, 3},
-    {"U16", "UInt16", 2, 4},
-    {"F16", "Float16", 2, 5},
-    {"BF16", "BFloat16", 2, 6},
-    {"I32", "Int32", 4, 7},
-    {"U32", "UInt32", 4, 8},
-    {"F32", "Float32", 4, 9},
-    {"F64", "Float64", 8, 10},
-    {"I64", "Int64", 8, 11},
-    {"U64", "UInt64", 8, 12},
-}};
+// The writer's Dtype enum order, which is each code's rank; only the relative order matters, and
+// it is the same for these 13 codes in every writer version since 0.3 (spec §4.3). Sizes are
+// MindSpore's for the same type.
+constexpr std::array<std::pair<std::string_view, std::string_view>, 13> kCodes{
+    {{"BOOL", "Bool"},
+     {"U8", "UInt8"},
+     {"I8", "Int8"},
+     {"I16", "Int16"},
+     {"U16", "UInt16"},
+     {"F16", "Float16"},
+     {"BF16", "BFloat16"},
+     {"I32", "Int32"},
+     {"U32", "UInt32"},
+     {"F32", "Float32"},
+     {"F64", "Float64"},
+     {"I64", "Int64"},
+     {"U64", "UInt64"}}};
+
+Dtype dtype_at(size_t rank) {
+  const auto& [code, mindspore] = kCodes[rank];
+  return {code, mindspore, ckpt::element_size(mindspore), static_cast<int>(rank)};
+}
 
 int rank_of(std::string_view code) {
   const std::optional<Dtype> d = dtype_by_code(code);
@@ -36,14 +44,14 @@ int rank_of(std::string_view code) {
 }  // namespace
 
 std::optional<Dtype> dtype_by_code(std::string_view code) {
-  for (const Dtype& d : kDtypes)
-    if (d.code == code) return d;
+  for (size_t i = 0; i < kCodes.size(); ++i)
+    if (kCodes[i].first == code) return dtype_at(i);
   return std::nullopt;
 }
 
 std::optional<Dtype> dtype_by_mindspore(std::string_view tensor_type) {
-  for (const Dtype& d : kDtypes)
-    if (d.mindspore == tensor_type) return d;
+  for (size_t i = 0; i < kCodes.size(); ++i)
+    if (kCodes[i].second == tensor_type) return dtype_at(i);
   return std::nullopt;
 }
 

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "ckptfs/error.h"
+#include "ckptfs/util/json_int.h"
 #include "strategy.pb.h"
 
 namespace ckptfs::strategy {
@@ -126,24 +127,11 @@ struct JsonPlace {
 }
 
 int64_t json_int(const Json& value, const JsonPlace& at, int64_t lo, int64_t hi) {
-  if (!value.is_number_integer()) json_fail(at, "is not an integer");
-  int64_t v = 0;
-  if (value.is_number_unsigned()) {
-    const uint64_t u = value.get<uint64_t>();
-    if (u > static_cast<uint64_t>(hi)) json_fail(at, "is out of range");
-    v = static_cast<int64_t>(u);
-  } else {
-    v = value.get<int64_t>();
-  }
-  if (v < lo || v > hi) json_fail(at, fmt::format("value {} is out of range", v));
-  return v;
+  return util::json_int(value, lo, hi, [&](std::string_view why) { json_fail(at, why); });
 }
 
 std::vector<int64_t> json_ints(const Json& value, const JsonPlace& at, int64_t lo, int64_t hi) {
-  if (!value.is_array()) json_fail(at, "is not a list of integers");
-  std::vector<int64_t> out;
-  for (const Json& v : value) out.push_back(json_int(v, at, lo, hi));
-  return out;
+  return util::json_ints(value, lo, hi, [&](std::string_view why) { json_fail(at, why); });
 }
 
 const Json& json_required(const Json& object, const JsonPlace& at) {
