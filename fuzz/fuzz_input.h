@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace ckptfs::fuzz {
 
@@ -64,6 +66,19 @@ inline std::filesystem::path write_named(const std::string& name, const uint8_t*
   }
   ::close(fd);
   return path;
+}
+
+// The input as text, split at each '\n' (an input without one is one line).
+inline std::vector<std::string_view> lines_of(const uint8_t* data, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  std::vector<std::string_view> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t nl = text.find('\n', begin);
+    out.push_back(text.substr(begin, nl == std::string_view::npos ? nl : nl - begin));
+    if (nl == std::string_view::npos) return out;
+    begin = nl + 1;
+  }
 }
 
 }  // namespace ckptfs::fuzz

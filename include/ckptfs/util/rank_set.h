@@ -12,7 +12,9 @@
 
 namespace ckptfs::util {
 
-// Throws Error naming the bad item: an empty item, a non-number, a negative or reversed range.
+// Throws Error naming the bad item: an empty item, a non-number, a negative or reversed range;
+// and for more than 2^20 ranks in all (many long ranges would otherwise take gigabytes).
+inline constexpr size_t kMaxRanks = size_t{1} << 20;
 inline std::vector<int64_t> parse_rank_set(std::string_view text) {
   auto number = [&](std::string_view s) {
     int64_t v = -1;
@@ -33,9 +35,11 @@ inline std::vector<int64_t> parse_rank_set(std::string_view text) {
     } else {
       const int64_t lo = number(item.substr(0, dash)), hi = number(item.substr(dash + 1));
       if (hi < lo) fail("--ranks {}: range {} runs backwards", text, item);
-      if (hi - lo > (1 << 20)) fail("--ranks {}: range {} is too long", text, item);
+      if (hi - lo >= static_cast<int64_t>(kMaxRanks))
+        fail("--ranks {}: range {} is too long", text, item);
       for (int64_t r = lo; r <= hi; ++r) out.insert(r);
     }
+    if (out.size() > kMaxRanks) fail("--ranks {}: more than {} ranks", text, kMaxRanks);
     if (comma == std::string_view::npos) break;
     begin = comma + 1;
   }
