@@ -37,7 +37,10 @@ std::vector<Entry> entries_of(const strategy::Strategy& s) {
   std::vector<Entry> out;
   for (const auto& [name, param] : s.params) {
     const size_t first = out.size();
-    for (const auto& [stage, layout] : param.stages) {
+    for (const auto& stage_layout : param.stages) {
+      // Named, not a structured binding: clang 14 cannot capture those in a lambda.
+      const uint32_t stage = stage_layout.first;
+      const ParamLayout& layout = stage_layout.second;
       auto same = std::find_if(out.begin() + first, out.end(),
                                [&](const Entry& e) { return *e.layout == layout; });
       if (same != out.end()) {

@@ -32,7 +32,7 @@ struct Slot {
 
 class Prefetcher::Stream : public std::enable_shared_from_this<Stream> {
  public:
-  Stream(uint64_t ino, uint64_t size) : ino(ino), size(size) {}
+  Stream(uint64_t inode, uint64_t file_size) : ino(inode), size(file_size) {}
 
   const uint64_t ino;
   const uint64_t size;

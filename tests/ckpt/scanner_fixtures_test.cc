@@ -168,8 +168,8 @@ TEST_P(RealCheckpoint, ContentOffsetsMatchGoogleParser) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, RealCheckpoint, ::testing::ValuesIn(fixtures()),
-                         [](const auto& info) {
-                           std::string name = info.param.file.substr(0, info.param.file.size() - 5);
+                         [](const auto& test) {  // not "info": gtest's own name
+                           std::string name = test.param.file.substr(0, test.param.file.size() - 5);
                            for (char& ch : name)
                              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return name;
