@@ -183,7 +183,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"OneDimensionalBytes", {30}, {6}, {7}, {17}, 1},
         // inner dimensions whole and aligned, outer cut: long runs spanning blocks
         Case{"LongRunsAcrossBlocks", {12, 4, 4}, {4, 1, 1}, {2, 0, 0}, {9, 4, 4}, 2}),
-    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+    [](const ::testing::TestParamInfo<Case>& test) { return std::string(test.param.name); });
 
 TEST(VirtualFile, MapsHeadersRangesAndMergesNeighbours) {
   VirtualFile::Builder builder;
@@ -223,11 +223,11 @@ namespace {
 // StridedContent against element-by-element indexing: for views (transposed, offset, padded
 // rows, size-1 and 0-d dims) every byte window maps to the runs that hold exactly those bytes.
 TEST(StridedContent, EveryWindowMatchesElementwiseIndexing) {
-  struct Case {
+  struct View {
     std::vector<int64_t> shape, strides;
     uint64_t offset;
   };
-  const std::vector<Case> cases{
+  const std::vector<View> cases{
       {{24, 16}, {1, 24}, 0},      // transposed weight
       {{4, 6}, {8, 1}, 17},        // pos_ids: padded rows at an offset
       {{2, 3}, {3, 1}, 0},         // contiguous
@@ -237,7 +237,7 @@ TEST(StridedContent, EveryWindowMatchesElementwiseIndexing) {
   };
   const uint32_t e = 4;
   const uint64_t base = 1000;
-  for (const Case& c : cases) {
+  for (const View& c : cases) {
     StridedContent s;
     s.source = 3;
     s.base = base;

@@ -71,15 +71,33 @@ inline void write_zip(const std::filesystem::path& path, const std::vector<ZipEn
   ::close(fd);
 }
 
-// Pickle pieces (protocol 2).
-inline std::string str(std::string_view s) { return "X" + u32(s.size()) + std::string(s); }
-inline std::string global(std::string_view module, std::string_view name) {
-  return "c" + std::string(module) + "\n" + std::string(name) + "\n";
+// Pickle pieces (protocol 2). Built by appending: GCC 12 takes `"literal" + std::string` for
+// possibly overlapping copies (-Wrestrict, a false positive).
+inline std::string str(std::string_view s) {
+  std::string out = "X";
+  out += u32(s.size());
+  out += s;
+  return out;
 }
-inline std::string int1(int v) { return "K" + std::string(1, static_cast<char>(v)); }
+inline std::string global(std::string_view module, std::string_view name) {
+  std::string out = "c";
+  out += module;
+  out += '\n';
+  out += name;
+  out += '\n';
+  return out;
+}
+inline std::string int1(int v) {
+  std::string out = "K";
+  out += static_cast<char>(v);
+  return out;
+}
 inline std::string ints_tuple(const std::vector<int>& v) {
   std::string s = "(";
-  for (int x : v) s += "J" + u32(static_cast<uint32_t>(x));
+  for (int x : v) {
+    s += 'J';
+    s += u32(static_cast<uint32_t>(x));
+  }
   return s + "t";
 }
 // _rebuild_tensor_v2(storage(key, FloatStorage, numel), offset, size, stride, False, OrderedDict())
