@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-protobuf python3-venv
   python3-torch  # tests/integration/test_hfai.py loads hfai PART files with torch.load
+  clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer
 )
 
 missing=()

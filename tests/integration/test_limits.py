@@ -38,13 +38,9 @@ def many_sources(args):
         itest.unmount(args.ckptfs, mnt)
 
 
-# Address-space limits mean nothing to a sanitized build, which reserves terabytes of shadow
-# memory up front; scripts/test.sh sets these variables for its sanitizer stages.
-SANITIZED = any(os.environ.get(v) for v in ("ASAN_OPTIONS", "TSAN_OPTIONS"))
-
-
 def limit_as(cmd, nbytes):
-    return cmd if SANITIZED else ["prlimit", f"--as={nbytes}", "--"] + cmd
+    """Address-space limits mean nothing to a sanitized build (itest.SANITIZED)."""
+    return cmd if itest.SANITIZED else ["prlimit", f"--as={nbytes}", "--"] + cmd
 
 
 def small_fixture(args, name):
