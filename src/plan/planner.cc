@@ -943,7 +943,7 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
             fail("{}: {}", dst.origin, err.what());
           }
           const strategy::Box box = layout.slice_of(maps.target_local(), full.shape);
-          for (size_t k = 0; k < full.shape.size(); ++k) e.shape[k] = box.end[k] - box.begin[k];
+          for (size_t d = 0; d < full.shape.size(); ++d) e.shape[d] = box.end[d] - box.begin[d];
           e.view = std::make_shared<StridedContent>(full.content->box(box.begin, e.shape));
           entries.push_back(std::move(e));
           break;
