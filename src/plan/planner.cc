@@ -11,6 +11,7 @@
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ckptfs/ckpt/encoder.h"
 #include "ckptfs/error.h"
@@ -417,6 +418,7 @@ class Planner {
     if (located_) return every_rank_;
     std::set<int64_t> locals;
     std::set<uint32_t> stages;
+    std::unordered_set<const Needed*> merged_lists;
     for (const auto& [name, param] : src_->params) {
       if (maps.role(name) != TargetMaps::Role::Reshard) continue;
       // The checkpoint's own tensor rank, so a map of the wrong length is blamed on its file.
@@ -424,8 +426,12 @@ class Planner {
       const size_t rank =
           copy ? copy->shape.size() : param.stages.begin()->second.tensor_map.size();
       const LayoutCache::Pair& pair = layouts_.layouts(maps, name, rank);
-      for (int64_t r : layouts_.needed(pair, maps.target_local()).ranks) locals.insert(r);
-      for (uint32_t st : pair.src_stages) stages.insert(st);
+      const Needed& needed = layouts_.needed(pair, maps.target_local());
+      // Thousands of parameters share a few rank lists: each is merged in once.
+      if (merged_lists.insert(&needed).second)
+        locals.insert(needed.ranks.begin(), needed.ranks.end());
+      if (pair.src_stages.size() != 1 || !stages.count(pair.src_stages[0]))
+        stages.insert(pair.src_stages.begin(), pair.src_stages.end());
     }
     if (locals.empty())
       fail("target rank {}: the source strategy {} has no parameter for this target's stage",

@@ -241,6 +241,8 @@ std::vector<int64_t> rank_list_for_transform(const Strategy* src, const Strategy
   std::set<int64_t> locals;
   std::set<uint32_t> stages;
   std::set<int64_t, std::greater<>> global;
+  // Thousands of parameters share a few (rank list, stage) pairs: each is merged in once.
+  std::set<std::pair<const std::vector<int64_t>*, uint32_t>> merged;
   for (const auto& [name, param] : src->params) {
     if (!maps.in_effective_src(name) || !maps.in_effective_dst(name)) continue;
     const size_t rank = param.stages.begin()->second.tensor_map.size();
@@ -252,6 +254,7 @@ std::vector<int64_t> rank_list_for_transform(const Strategy* src, const Strategy
       fail("parameter {}: {}", name, e.what());
     }
     if (minimal) {
+      if (!merged.emplace(ranks, param.stages.begin()->first).second) continue;
       for (int64_t local : *ranks)
         global.insert(param.stages.begin()->first * maps.src_devices() + local);
     } else {

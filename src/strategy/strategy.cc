@@ -30,9 +30,62 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace pb = mindspore::straspb;
-// Ordered, because the stage of a JSON file is the stage of its FIRST strategy item in file
-// order, and MindSpore's two writers order keys differently (§2.3).
-using Json = nlohmann::ordered_json;
+// Keys sorted (std::map): nlohmann's ordered_json finds each key by a linear search, so parsing
+// a strategy of n parameters would cost O(n^2) (tens of seconds at 32k parameters). The one
+// fact that depends on file order, the FIRST strategy item (whose stage is the file's, and
+// MindSpore's two writers order keys differently, §2.3), comes from first_strategy_item().
+using Json = nlohmann::json;
+
+// The first key of the top-level "parallel_strategy_item" object in file order, or "" if there
+// is none; a SAX pass that builds nothing.
+class FirstItem : public nlohmann::json_sax<Json> {
+ public:
+  std::string found;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    ++depth_;
+    return true;
+  }
+  bool key(string_t& key) override {
+    if (depth_ == 1) in_items_ = key == "parallel_strategy_item";
+    if (depth_ == 2 && in_items_) {
+      found = key;
+      return false;  // all that was wanted
+    }
+    return true;
+  }
+  bool end_object() override {
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    ++depth_;
+    return true;
+  }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+ private:
+  int depth_ = 0;
+  bool in_items_ = false;
+};
+
+std::string first_strategy_item(const std::string& text) {
+  FirstItem sax;
+  Json::sax_parse(text, &sax, nlohmann::detail::input_format_t::json, false);
+  return sax.found;
+}
 
 // One strategy file as written, before stages are merged.
 struct FileStrategy {
@@ -212,6 +265,7 @@ FileStrategy parse_json(const std::string& text, const std::string& file) {
   out.file = file;
   if (auto items = doc.find("parallel_strategy_item"); items != doc.end()) {
     if (!items->is_object()) fail("{}: \"parallel_strategy_item\" is not a JSON object", file);
+    const std::string first = first_strategy_item(text);
     for (const auto& [node, item] : items->items()) {
       if (!item.is_object()) fail("{}: strategy item {} is not a JSON object", file, node);
       const JsonPlace stage_at{file, node, "stage"};
@@ -228,7 +282,7 @@ FileStrategy parse_json(const std::string& text, const std::string& file) {
           op.inputs.push_back(std::move(dims));
         }
       }
-      if (!out.first_stage) out.first_stage = op.stage;
+      if (node == first) out.first_stage = op.stage;
       out.operators.emplace_back(node, std::move(op));
     }
   }
