@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
 #include "ckptfs/source/unified.h"
 #include "commands.h"
 #include "progress.h"
+#include "view.h"
 
 namespace ckptfs::cli {
 
@@ -30,6 +32,8 @@ struct IndexOptions {
   std::string src_dir;
   std::string output;  // index build --output: a shipped index
   bool quiet = false;  // index build: no progress lines
+  // index build --output with strategies: the view whose target summaries are stored too.
+  ViewArgs view;
 };
 
 fs::path index_dir(const IndexOptions& options) {
@@ -117,7 +121,8 @@ std::vector<fs::path> files_to_index(const IndexOptions& options) {
   if (const std::optional<source::UnifiedDir> unified = source::read_unified(options.src_dir))
     return unified->files;
   const source::Listing listing = source::list_sources(options.src_dir);
-  const source::Choice choice = source::choose(listing, {});
+  const source::Choice choice = source::choose(
+      listing, source::StepRequest::parse(options.view.step, options.view.allow_mixed_steps));
   if (const std::string ignored = source::ignored_summary(listing); !ignored.empty())
     spdlog::warn("{}", ignored);
   spdlog::info("{}: {}", listing.root.string(), choice.summary);
@@ -127,7 +132,16 @@ std::vector<fs::path> files_to_index(const IndexOptions& options) {
   return paths;
 }
 
-void build(const IndexOptions& options) {
+bool summaries_wanted(const IndexOptions& options) {
+  return !options.view.src_strategy.empty() || !options.view.dst_strategy.empty();
+}
+
+void build(IndexOptions& options) {
+  options.view.src_dir = options.src_dir;
+  if (summaries_wanted(options) && options.output.empty())
+    fail(
+        "index build: --src-strategy and --dst-strategy store target summaries, which only a "
+        "shipped index (--output DIR) holds");
   const std::vector<fs::path> paths = files_to_index(options);
   const fs::path dir = options.output.empty() ? index_dir(options) : fs::path(options.output);
 
@@ -137,25 +151,37 @@ void build(const IndexOptions& options) {
   progress.also_count("tensors");
   progress.only_if_slow();
   progress.start_items(paths.size());
-  const std::vector<index::IndexedSource> sources =
-      index::index_sources(store, paths, [&progress](const ckpt::FileScan& scan) {
+  const index::BuildResult built =
+      index::build_index(store, paths, [&progress](const ckpt::FileScan& scan) {
         progress.add_also(scan.params.size());
         progress.item_done();
       });
   progress.finish();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  uint64_t params = 0;
-  size_t hits = 0;
-  for (const index::IndexedSource& source : sources) {
-    params += source.scan.params.size();
-    hits += source.from_index ? 1 : 0;
-  }
+  const uint64_t params = built.params;
   fmt::print(
       "{} files, {} parameters: {} from the index, {} scanned; index in {}; {:.2f} s, {:.0f} "
       "source tensors/s\n",
-      sources.size(), params, hits, sources.size() - hits, store.dir().string(), seconds,
-      seconds > 0 ? static_cast<double>(params) / seconds : 0.0);
+      built.files, params, built.from_index, built.files - built.from_index, store.dir().string(),
+      seconds, seconds > 0 ? static_cast<double>(params) / seconds : 0.0);
+  if (!summaries_wanted(options)) return;
+  const auto planned = std::chrono::steady_clock::now();
+  Progress ranks_progress("index build", "target ranks", Progress::mode_for(options.quiet));
+  ranks_progress.only_if_slow();
+  std::once_flag started;
+  const size_t ranks = summarize_targets(options.view, store, [&](size_t /*done*/, size_t total) {
+    std::call_once(started, [&] { ranks_progress.start_items(total); });
+    ranks_progress.item_done();
+  });
+  ranks_progress.finish();
+  const auto end = std::chrono::steady_clock::now();
+  fmt::print(
+      "{} target ranks summarized (sizes for listing, sources for checking) in {:.2f} s; {:.2f} "
+      "s in all, {:.0f} source tensors/s\n",
+      ranks, std::chrono::duration<double>(end - planned).count(),
+      std::chrono::duration<double>(end - start).count(),
+      static_cast<double>(params) / std::chrono::duration<double>(end - start).count());
 }
 
 }  // namespace
@@ -195,6 +221,27 @@ void add_index_command(CLI::App& app) {
   build_command->add_flag("-q,--quiet", options->quiet,
                           "No progress lines (shown on stderr if the build takes more than a "
                           "second)");
+  build_command->add_option(
+      "--src-strategy", options->view.src_strategy,
+      "With --output: also plan every target rank of this view and store what listing it needs "
+      "(exact sizes, mtimes, sources read), so that a mount with --index lists its ranks at once "
+      "and plans each on first open; the strategy the sources were saved with");
+  build_command->add_option("--dst-strategy", options->view.dst_strategy,
+                            "With --output: the strategy the mounts present");
+  build_command
+      ->add_option("--view", options->view.views,
+                   "With --output and a strategy: the files the mounts show (default "
+                   "ckpt,safetensors); a mount with other views plans at mount")
+      ->delimiter(',');
+  build_command->add_option("--prefix", options->view.prefix,
+                            "With --output and a strategy: the file name prefix the mounts use");
+  build_command
+      ->add_option("--step", options->view.step,
+                   "Which checkpoint of each rank to index, as mount's --step (default latest)")
+      ->capture_default_str();
+  build_command->add_flag(
+      "--allow-mixed-steps", options->view.allow_mixed_steps,
+      "With --step FILE-GLOB: index the named files even if their steps differ");
   build_command->callback([options] { build(*options); });
 }
 

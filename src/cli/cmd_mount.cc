@@ -108,6 +108,9 @@ void run_mount(MountArgs& args) {
   ViewNotes notes;
   std::unique_ptr<fs::Tree> tree = build_tree(args.view, notes, /*steps=*/true);
   fs::MountOptions options = mount_options(args);
+  // A tree planned on first open has no sources yet to name the mount after.
+  if (tree->lazy() != nullptr)
+    options.fsname = std::filesystem::absolute(args.view.src_dir).lexically_normal().string();
   options.on_mounted = [&notes] { notes.say(); };
   options.chosen = notes.chosen;
   const Owner owner = take_owner(options.fuse_options);

@@ -1,19 +1,31 @@
 #include "view.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string_view>
+#include <thread>
 #include <vector>
 
+#include "ckptfs/ckpt/crc32.h"
 #include "ckptfs/error.h"
+#include "ckptfs/fs/lazy_ranks.h"
 #include "ckptfs/fs/steps.h"
 #include "ckptfs/hfai/merge.h"
 #include "ckptfs/index/store.h"
@@ -24,6 +36,7 @@
 #include "ckptfs/source/unified.h"
 #include "ckptfs/strategy/rank_list.h"
 #include "ckptfs/strategy/strategy.h"
+#include "ckptfs/util/fd.h"
 #include "ckptfs/util/rank_set.h"
 #include "progress.h"
 
@@ -126,6 +139,13 @@ std::unique_ptr<index::Store> open_index(const std::optional<std::filesystem::pa
   }
 }
 
+// A process may open an index directory only once at a time (LMDB's rule), and ranks or steps
+// planned on first use may be planned by two FUSE workers at once.
+std::mutex& shipped_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 std::vector<index::IndexedSource> index_files(const std::optional<std::filesystem::path>& dir,
                                               const std::string& shipped,
                                               const std::vector<std::filesystem::path>& paths,
@@ -140,8 +160,10 @@ std::vector<index::IndexedSource> index_files(const std::optional<std::filesyste
   };
   // The LMDB environment is closed before a mount's daemon forks.
   // A shipped index is the only source of scans: a stale one is refused, never repaired.
-  if (!shipped.empty())
+  if (!shipped.empty()) {
+    std::lock_guard lock(shipped_mutex());
     return index::index_sources_shipped(index::Store::open_shipped(shipped), paths, on_file);
+  }
   std::unique_ptr<index::Store> store = open_index(dir);
   return index::index_sources(store.get(), paths, on_file);
 }
@@ -171,11 +193,21 @@ struct Planning {
   std::string root;     // the directory holding rank_<N>/, for messages
   plan::ViewOptions views;
   bool quiet = false;
+  // index build: the scans come from this store (being built), not from index_dir or shipped.
+  const index::Store* store = nullptr;
 
   // With `report`, scanning and planning report progress (the first plan, not a step's plan
   // made later by the daemon, which has no terminal).
   plan::Plan plan(const std::map<int64_t, std::filesystem::path>& files, bool mixed_allowed,
                   bool report = false) const {
+    return plan_ranks(files, mixed_allowed, views.ranks, report);
+  }
+
+  // The same, exposing `ranks_shown` (empty: all).
+  plan::Plan plan_ranks(const std::map<int64_t, std::filesystem::path>& files, bool mixed_allowed,
+                        const std::vector<int64_t>& ranks_shown, bool report = false) const {
+    plan::ViewOptions shown = views;
+    shown.ranks = ranks_shown;
     std::vector<std::filesystem::path> paths;
     std::vector<int64_t> ranks;
     for (const auto& [rank, path] : files) {
@@ -184,16 +216,16 @@ struct Planning {
     }
     // Before indexing: a wrong strategy is refused without scanning every file first.
     plan::check_rank_count(ranks, src.get(), root);
-    if (!views.ranks.empty()) keep_needed(ranks, paths);
+    if (!shown.ranks.empty()) keep_needed(shown.ranks, ranks, paths);
     std::vector<index::IndexedSource> indexed =
-        index_files(index_dir, shipped, paths, !report || quiet);
+        store != nullptr ? index::index_sources_shipped(*store, paths)
+                         : index_files(index_dir, shipped, paths, !report || quiet);
     std::map<int64_t, index::IndexedSource> sources;
     for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
     if (!mixed_allowed) plan::check_step_scalars(sources);
     Progress progress("plan", "target ranks", Progress::mode_for(!report || quiet));
-    plan::ViewOptions reported = views;
-    report_planning(reported, progress);
-    return plan::make_plan(std::move(sources), src.get(), dst.get(), reported);
+    report_planning(shown, progress);
+    return plan::make_plan(std::move(sources), src.get(), dst.get(), shown);
   }
 
   // Narrows the files to those the exposed target ranks load, so a node opens, scans and maps
@@ -201,10 +233,11 @@ struct Planning {
   // minimal list) and, in each stage the target walks, the passthrough source t_local mod N_src,
   // as the planner's load order has them. Record order follows each stage's names, so it does
   // not depend on which files of a stage are loaded.
-  void keep_needed(std::vector<int64_t>& ranks, std::vector<std::filesystem::path>& paths) const {
-    plan::check_target_ranks(views.ranks, dst.get());
+  void keep_needed(const std::vector<int64_t>& shown, std::vector<int64_t>& ranks,
+                   std::vector<std::filesystem::path>& paths) const {
+    plan::check_target_ranks(shown, dst.get());
     std::set<int64_t> needed;
-    for (int64_t t : views.ranks) {
+    for (int64_t t : shown) {
       const strategy::TargetMaps maps(src.get(), dst.get(), t);
       const int64_t n = maps.src_devices();
       const int64_t passthrough = maps.target_local() % n;
@@ -333,43 +366,205 @@ std::unique_ptr<fs::Tree> build_metadata_tree(const ViewArgs& args,
   return std::make_unique<fs::Tree>(std::move(plan));
 }
 
+// A directory of rank_<N>/ checkpoints: which files, and how to plan them.
+struct RankDirs {
+  source::Listing listing;
+  source::Choice choice;
+  std::string src_strategy;  // the path given, or a MindFormers output's own
+  std::shared_ptr<Planning> planning;
+};
+
+RankDirs prepare_rank_dirs(const ViewArgs& args, ViewNotes& notes) {
+  RankDirs out;
+  out.listing = source::list_sources(args.src_dir);
+  out.choice =
+      source::choose(out.listing, source::StepRequest::parse(args.step, args.allow_mixed_steps));
+  notes.chosen = fmt::format("{}: {}", out.listing.root.string(), out.choice.summary);
+  notes.ignored = source::ignored_summary(out.listing);
+  for (const source::Ignored& entry : out.listing.ignored)
+    notes.detail.push_back(fmt::format("{}: ignored, {}", entry.path.string(), entry.why));
+
+  out.src_strategy = args.src_strategy;
+  if (out.src_strategy.empty() && out.listing.mindformers_strategy) {
+    out.src_strategy = out.listing.mindformers_strategy->string();
+    notes.chosen += fmt::format(
+        "; source strategy {} (a MindFormers output directory; --src-strategy overrides it)",
+        out.src_strategy);
+  }
+  auto planning = std::make_shared<Planning>();
+  if (!out.src_strategy.empty())
+    planning->src = std::make_shared<strategy::Strategy>(strategy::read_strategy(out.src_strategy));
+  if (!args.dst_strategy.empty())
+    planning->dst =
+        std::make_shared<strategy::Strategy>(strategy::read_strategy(args.dst_strategy));
+  planning->index_dir = index_dir(args);
+  planning->root = out.listing.root.string();
+  planning->views = view_options(args);
+  planning->shipped = args.shipped_index;
+  planning->quiet = args.quiet;
+  out.planning = std::move(planning);
+  return out;
+}
+
+// Size and CRC-32 of a strategy file's bytes (a directory's files in name order): what a
+// shipped index's summaries are compared by, without parsing.
+std::string strategy_digest(const std::string& path) {
+  if (path.empty()) return "none";
+  std::vector<std::filesystem::path> files;
+  if (std::filesystem::is_directory(path)) {
+    for (const auto& entry : std::filesystem::directory_iterator(path))
+      if (entry.is_regular_file()) files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  uint64_t size = 0;
+  uint32_t crc = 0;
+  std::vector<uint8_t> buf(1 << 20);
+  for (const std::filesystem::path& file : files) {
+    UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) fail("{}: cannot open: {}", file.string(), std::strerror(errno));
+    for (;;) {
+      const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail("{}: cannot read: {}", file.string(), std::strerror(errno));
+      if (n == 0) break;
+      crc = ckpt::crc32_update(crc, std::span(buf.data(), static_cast<size_t>(n)));
+      size += static_cast<uint64_t>(n);
+    }
+  }
+  return fmt::format("{} bytes crc {:08x} in {} files", size, crc, files.size());
+}
+
+std::string absolute_name(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  return (ec ? path : absolute.lexically_normal()).string();
+}
+
+// Everything a target summary depends on, in one comparable string.
+std::string view_key(const RankDirs& dirs, const ViewArgs& args) {
+  const plan::ViewOptions& views = dirs.planning->views;
+  std::string files;
+  for (const auto& [rank, path] : dirs.choice.files)
+    files += fmt::format("{}\t{}\n", rank, absolute_name(path));
+  const uint32_t files_crc = ckpt::crc32_update(
+      0, std::span(reinterpret_cast<const uint8_t*>(files.data()), files.size()));
+  return fmt::format(
+      "ckptfs target summaries 1\nsrc strategy: {}\ndst strategy: {}\nviews: {}{}\nprefix: "
+      "{}\nmixed steps: {}\nsource files: {} crc {:08x}\n",
+      strategy_digest(dirs.src_strategy), strategy_digest(args.dst_strategy),
+      views.ckpt ? "ckpt " : "", views.safetensors ? "safetensors" : "", views.prefix,
+      dirs.choice.mixed_allowed ? 1 : 0, dirs.choice.files.size(), files_crc);
+}
+
+index::TargetSummary summarize(const plan::Plan& plan, int64_t rank) {
+  index::TargetSummary out;
+  out.rank = rank;
+  for (const plan::TargetFile& target : plan.targets) {
+    int64_t mtime = -1;  // none: the mount time
+    for (uint32_t s : target.file.sources())
+      if (s < plan.sources.size())
+        mtime = std::max(mtime, plan.sources[s].file.fingerprint.mtime_ns);
+    out.files.push_back({target.file_name(), target.file.size(), mtime, target.page_cache});
+  }
+  out.source_ranks = plan.source_ranks;
+  return out;
+}
+
+// The ranks a mount exposes listed from a shipped index's summaries and planned on first open;
+// null (and the mount plans them now) where the index has no summaries for this view.
+std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) {
+  const Planning& planning = *dirs.planning;
+  if (args.shipped_index.empty() || planning.views.by_stage) return nullptr;
+  std::vector<int64_t> shown = planning.views.ranks;
+  plan::check_target_ranks(shown, planning.dst.get());
+  if (shown.empty())
+    for (int64_t t = 0; t < plan::target_count(planning.dst.get()); ++t) shown.push_back(t);
+  std::vector<fs::LazyRanks::File> files;
+  {
+    std::lock_guard lock(shipped_mutex());
+    const index::Store store = index::Store::open_shipped(args.shipped_index);
+    const std::optional<std::string> view = store.targets_view();
+    if (!view) {
+      spdlog::info(
+          "--index {}: no target summaries (built without --dst-strategy): planning the exposed "
+          "ranks now",
+          args.shipped_index);
+      return nullptr;
+    }
+    if (*view != view_key(dirs, args)) {
+      spdlog::warn(
+          "--index {}: its target summaries were built for another view (the strategies, "
+          "--view, --prefix, --step or the source files differ): planning the exposed ranks now "
+          "instead of on first open",
+          args.shipped_index);
+      return nullptr;
+    }
+    std::set<int64_t> sources;
+    for (int64_t t : shown) {
+      const std::optional<index::TargetSummary> summary = store.target(t);
+      if (!summary) {
+        spdlog::warn("--index {}: no usable summary of rank {}: planning the exposed ranks now",
+                     args.shipped_index, t);
+        return nullptr;
+      }
+      for (const index::TargetSummary::File& f : summary->files)
+        files.push_back({t, f.name, f.size, f.mtime_ns, f.page_cache});
+      sources.insert(summary->source_ranks.begin(), summary->source_ranks.end());
+    }
+    // Only the sources the exposed ranks read, by size and mtime as at build time.
+    for (int64_t r : sources) {
+      auto it = dirs.choice.files.find(r);
+      if (it == dirs.choice.files.end()) return nullptr;  // the eager path names what is missing
+      const std::string name = absolute_name(it->second);
+      struct stat st;
+      if (::stat(name.c_str(), &st) != 0) fail("{}: cannot stat: {}", name, std::strerror(errno));
+      const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+      const std::optional<source::Fingerprint> built = store.fingerprint(name);
+      if (!built)
+        fail(
+            "{}: the index {} has no entry for it; rebuild it with `ckptfs index build SRC "
+            "--output {}`",
+            name, args.shipped_index, args.shipped_index);
+      if (built->size != static_cast<uint64_t>(st.st_size) || built->mtime_ns != mtime)
+        fail(
+            "{}: the index {} was built when it had {} bytes and mtime {} ns; it has {} and {} "
+            "now; rebuild it with `ckptfs index build SRC --output {}`",
+            name, args.shipped_index, built->size, built->mtime_ns, st.st_size, mtime,
+            args.shipped_index);
+    }
+  }
+  auto planning_ptr = dirs.planning;
+  const std::map<int64_t, std::filesystem::path> chosen = dirs.choice.files;
+  const bool mixed = dirs.choice.mixed_allowed;
+  auto lazy = std::make_shared<fs::LazyRanks>(
+      std::move(files), [planning_ptr, chosen, mixed](int64_t rank) {
+        plan::Plan plan = planning_ptr->plan_ranks(chosen, mixed, {rank});
+        for (const std::string& line : plan.warnings) spdlog::warn("rank {}: {}", rank, line);
+        return plan;
+      });
+  spdlog::info("--index {}: {} ranks listed from its summaries, each planned on first open",
+               args.shipped_index, shown.size());
+  return std::make_unique<fs::Tree>(std::move(lazy));
+}
+
 std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes, bool steps) {
   if (hfai::is_hfai_dir(args.src_dir)) return build_hfai_tree(args, notes);
   if (const auto iteration = mindformers::find_iteration(args.src_dir, args.step))
     return build_metadata_tree(args, *iteration, notes);
   if (const std::optional<source::UnifiedDir> unified = source::read_unified(args.src_dir))
     return build_unified_tree(args, *unified, notes);
-  const source::Listing listing = source::list_sources(args.src_dir);
-  const source::Choice choice =
-      source::choose(listing, source::StepRequest::parse(args.step, args.allow_mixed_steps));
-  notes.chosen = fmt::format("{}: {}", listing.root.string(), choice.summary);
-  notes.ignored = source::ignored_summary(listing);
-  for (const source::Ignored& entry : listing.ignored)
-    notes.detail.push_back(fmt::format("{}: ignored, {}", entry.path.string(), entry.why));
+  const RankDirs dirs = prepare_rank_dirs(args, notes);
+  const std::shared_ptr<Planning>& planning = dirs.planning;
 
-  std::string src_strategy = args.src_strategy;
-  if (src_strategy.empty() && listing.mindformers_strategy) {
-    src_strategy = listing.mindformers_strategy->string();
-    notes.chosen += fmt::format(
-        "; source strategy {} (a MindFormers output directory; --src-strategy overrides it)",
-        src_strategy);
-  }
-  auto planning = std::make_shared<Planning>();
-  if (!src_strategy.empty())
-    planning->src = std::make_shared<strategy::Strategy>(strategy::read_strategy(src_strategy));
-  if (!args.dst_strategy.empty())
-    planning->dst =
-        std::make_shared<strategy::Strategy>(strategy::read_strategy(args.dst_strategy));
-  planning->index_dir = index_dir(args);
-  planning->root = listing.root.string();
-  planning->views = view_options(args);
-  planning->shipped = args.shipped_index;
-  planning->quiet = args.quiet;
-
-  auto tree = std::make_unique<fs::Tree>(
-      planning->plan(choice.files, choice.mixed_allowed, /*report=*/true));
+  // Only a mount plans lazily: materialize and verify read every file at once anyway.
+  std::unique_ptr<fs::Tree> tree = steps ? lazy_tree(dirs, args) : nullptr;
+  if (!tree)
+    tree = std::make_unique<fs::Tree>(
+        planning->plan(dirs.choice.files, dirs.choice.mixed_allowed, /*report=*/true));
   // Every step is offered, planned only when looked up: nothing more is read now.
-  if (steps && !source::complete_steps(listing).empty()) {
+  if (steps && !source::complete_steps(dirs.listing).empty()) {
     // Absolute: the daemon serves from "/".
     tree->set_steps(std::make_shared<fs::Steps>(
         std::filesystem::absolute(args.src_dir),
@@ -381,6 +576,47 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
 }
 
 }  // namespace
+
+size_t summarize_targets(const ViewArgs& args, index::Store& store,
+                         const std::function<void(size_t, size_t)>& progress) {
+  if (hfai::is_hfai_dir(args.src_dir) || mindformers::find_iteration(args.src_dir, args.step) ||
+      source::read_unified(args.src_dir))
+    fail("{}: target summaries are for directories of rank_<N>/ checkpoints only", args.src_dir);
+  if (args.by_stage) fail("index build: --by-stage views are planned at mount; omit it");
+  ViewNotes notes;
+  const RankDirs dirs = prepare_rank_dirs(args, notes);
+  Planning& planning = *dirs.planning;
+  planning.store = &store;
+  const int64_t count = plan::target_count(planning.dst.get());
+  std::vector<index::TargetSummary> summaries(static_cast<size_t>(count));
+  std::atomic<int64_t> next{0};
+  std::atomic<size_t> done{0};
+  std::exception_ptr error;
+  std::mutex mu;
+  const auto worker = [&] {
+    for (int64_t t; (t = next.fetch_add(1)) < count;) {
+      try {
+        const plan::Plan plan =
+            planning.plan_ranks(dirs.choice.files, dirs.choice.mixed_allowed, {t});
+        summaries[static_cast<size_t>(t)] = summarize(plan, t);
+        if (progress) progress(done.fetch_add(1) + 1, static_cast<size_t>(count));
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!error) error = std::current_exception();
+        next = count;
+      }
+    }
+  };
+  {
+    std::vector<std::jthread> helpers;
+    for (unsigned i = 1; i < std::clamp(std::thread::hardware_concurrency(), 1u, 2u); ++i)
+      helpers.emplace_back(worker);
+    worker();
+  }
+  if (error) std::rethrow_exception(error);
+  store.put_targets(view_key(dirs, args), summaries);
+  return summaries.size();
+}
 
 std::unique_ptr<fs::Tree> build_tree(const ViewArgs& args, ViewNotes& notes, bool steps) {
   std::unique_ptr<fs::Tree> tree = build_step_tree(args, notes, steps);

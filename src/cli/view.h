@@ -3,11 +3,14 @@
 // what a view is.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ckptfs/fs/tree.h"
+#include "ckptfs/index/store.h"
 
 namespace CLI {
 class App;
@@ -53,6 +56,16 @@ struct ViewNotes {
 // than a second (not with ViewArgs::quiet). Throws Error naming the file or parameter. The index is
 // only a cache: if its directory cannot be used, one warning is logged and the sources are scanned
 // without it.
+// With `steps` (a mount) and a shipped index (--index) holding target summaries of this very
+// view, the exposed ranks are listed from the summaries and each is planned on first open;
+// summaries of another view are ignored with a warning and the ranks planned now.
 std::unique_ptr<fs::Tree> build_tree(const ViewArgs& args, ViewNotes& notes, bool steps);
+
+// index build with strategies: plans every target rank of the view from the scans in `store`
+// (which must hold every chosen source) and stores each rank's summary (file names, exact sizes,
+// mtimes, the source ranks read) with the view they are for. Returns how many ranks.
+// `progress(done, total)` is called after each rank. Throws Error naming what is wrong.
+size_t summarize_targets(const ViewArgs& args, index::Store& store,
+                         const std::function<void(size_t, size_t)>& progress = {});
 
 }  // namespace ckptfs::cli

@@ -115,10 +115,12 @@ uint64_t lookup_any(const Server& s, fuse_ino_t parent, const char* name) {
   return Status::owns(parent) ? 0 : s.tree->lookup(parent, name);
 }
 
-// Why a non-file inode cannot be opened or read.
+// Why an inode cannot be opened or read: not there, a directory, or a file whose rank could
+// not be planned (lazily planned ranks).
 int not_a_file(const Server& s, fuse_ino_t ino) {
   struct stat st;
-  return stat_any(s, ino, st) ? EISDIR : ENOENT;
+  if (!stat_any(s, ino, st)) return ENOENT;
+  return S_ISDIR(st.st_mode) ? EISDIR : EIO;
 }
 
 ReadTotals read_totals(const Server& s) {
@@ -405,7 +407,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     // one copy per byte (splice) beats two (gather, then reply) although the kernel's copy out
     // of the page cache is slower. A lone reader is served faster by gathering ahead while its
     // previous reply is copied.
-    if (s.stage && !Tree::in_steps(ino) &&
+    if (s.stage && tree.own_runs(ino) &&
         (s.splice == Server::Splice::kAlways ||
          s.readers.note(fi != nullptr && fi->fh != 0 ? fi->fh : ino)) &&
         reply_spliced(req, s, ino, static_cast<uint64_t>(off), size, got)) {

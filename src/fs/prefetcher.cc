@@ -164,7 +164,7 @@ int Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf, size
   if (hit) {
     // The blocks were gathered a moment ago: the sources they were read from must still be
     // what was mounted, or they may hold a mix of old and new bytes.
-    err = tree_.check_sources(std::span<const uint32_t>(served_from));
+    err = tree_.check_sources(s.ino, std::span<const uint32_t>(served_from));
     if (err == 0) hits_.fetch_add(1, std::memory_order_relaxed);
   } else {
     buf.resize(len);

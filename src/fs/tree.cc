@@ -67,6 +67,35 @@ Tree::Tree(plan::Plan plan)
 
 namespace {
 
+// Placeholders for the listed files: their names and read modes, no content.
+plan::Plan listed_plan(const LazyRanks& lazy) {
+  plan::Plan plan;
+  for (const LazyRanks::File& f : lazy.files())
+    plan.targets.push_back(plan::TargetFile{f.rank, plan::VirtualFile(), f.name, f.page_cache});
+  return plan;
+}
+
+}  // namespace
+
+Tree::Tree(std::shared_ptr<LazyRanks> lazy) : Tree(listed_plan(*lazy)) {
+  lazy_ = std::move(lazy);
+  total_bytes_ = 0;
+  for (const LazyRanks::File& f : lazy_->files()) total_bytes_ += f.size;
+  set_mtimes();
+}
+
+uint64_t Tree::file_size(size_t target) const {
+  return lazy_ ? lazy_->files()[target].size : plan_.targets[target].file.size();
+}
+
+std::pair<const Tree*, uint64_t> Tree::lazy_of(uint64_t ino, bool plan) const {
+  const Node* n = lazy_ ? node(ino) : nullptr;
+  if (n == nullptr || n->is_dir) return {nullptr, 0};
+  return plan ? lazy_->resolve(n->index) : lazy_->planned(n->index);
+}
+
+namespace {
+
 bool later(const struct timespec& a, const struct timespec& b) {
   return a.tv_sec != b.tv_sec ? a.tv_sec > b.tv_sec : a.tv_nsec > b.tv_nsec;
 }
@@ -104,6 +133,13 @@ void Tree::set_access() {
 void Tree::set_mtimes() {
   file_mtimes_.assign(plan_.targets.size(), time_);
   for (size_t i = 0; i < plan_.targets.size(); ++i) {
+    if (lazy_) {
+      const int64_t ns = lazy_->files()[i].mtime_ns;
+      if (ns < 0) continue;  // reads no source: the mount time
+      file_mtimes_[i] = {static_cast<time_t>(ns / 1'000'000'000),
+                         static_cast<long>(ns % 1'000'000'000)};
+      continue;
+    }
     bool found = false;
     for (uint32_t s : plan_.targets[i].file.sources()) {
       if (s >= plan_.sources.size()) continue;
@@ -216,7 +252,7 @@ bool Tree::stat(uint64_t ino, struct stat& st) const {
     st.st_mode = S_IFDIR | 0555;
     st.st_nlink = 2;
   } else if (n != nullptr) {
-    const uint64_t size = plan_.targets[n->index].file.size();
+    const uint64_t size = file_size(n->index);
     const FileAccess& access = file_access_[n->index];
     st.st_mode = S_IFREG | access.read;
     st.st_uid = access.uid;
@@ -289,7 +325,12 @@ const plan::TargetFile* Tree::target(uint64_t ino) const {
     return tree ? tree->target(local) : nullptr;
   }
   const Node* n = node(ino);
-  return n == nullptr || n->is_dir ? nullptr : &plan_.targets[n->index];
+  if (n == nullptr || n->is_dir) return nullptr;
+  if (lazy_) {
+    const auto [tree, local] = lazy_->resolve(n->index);
+    return tree ? tree->target(local) : nullptr;
+  }
+  return &plan_.targets[n->index];
 }
 
 void Tree::report(uint32_t source, std::string_view what) const {
@@ -337,6 +378,10 @@ int Tree::check_file(uint64_t ino) const {
     const auto [tree, local] = step_of(ino, false);
     return tree ? tree->check_file(local) : ENOENT;
   }
+  if (const Node* n = node(ino); lazy_ && n != nullptr && !n->is_dir) {
+    const auto [tree, local] = lazy_of(ino, true);
+    return tree ? tree->check_file(local) : EIO;
+  }
   const plan::VirtualFile* f = file(ino);
   if (f == nullptr) return ino == kRootIno || node(ino) != nullptr ? EISDIR : ENOENT;
   for (uint32_t s : f->sources()) {
@@ -372,6 +417,14 @@ int Tree::gather(std::span<const plan::Run> runs, char* out) const {
   return EIO;
 }
 
+int Tree::check_sources(uint64_t ino, std::span<const uint32_t> sources) const {
+  if (lazy_) {
+    const auto [tree, local] = lazy_of(ino, false);
+    return tree ? tree->check_sources(sources) : EIO;
+  }
+  return check_sources(sources);
+}
+
 int Tree::check_sources(std::span<const uint32_t> sources) const {
   for (uint32_t source : sources) {
     if (source >= plan_.sources.size()) return EIO;
@@ -386,6 +439,10 @@ int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got
   if (in_steps(ino) && ino != kStepsIno) {
     // A step dropped after its grace period: its sources are closed, the bytes gone.
     const auto [tree, local] = step_of(ino, false);
+    return tree ? tree->read_into(local, off, buf, got, sources) : EIO;
+  }
+  if (const Node* n = node(ino); lazy_ && n != nullptr && !n->is_dir) {
+    const auto [tree, local] = lazy_of(ino, true);
     return tree ? tree->read_into(local, off, buf, got, sources) : EIO;
   }
   const plan::VirtualFile* f = file(ino);

@@ -118,6 +118,33 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
   return sources;
 }
 
+BuildResult build_index(Store& store, const std::vector<fs::path>& paths, const OnFile& on_file) {
+  std::atomic<uint64_t> params{0};
+  std::atomic<size_t> hits{0};
+  std::exception_ptr error;
+  store.defer_sync(true);
+  parallel_in_order(paths.size(), error, [&](size_t i) {
+    const source::SourceFile file = source::SourceFile::open(paths[i]);
+    const std::string name = file.path.string();
+    if (const std::optional<ckpt::FileScan> known = store.lookup(file.fingerprint)) {
+      params += known->params.size();
+      ++hits;
+      if (on_file) on_file(*known);
+    } else {
+      const ckpt::FileScan scan = scan_source(file.fd.get(), name);
+      if (source::fingerprint_of(file.fd.get(), name) != file.fingerprint)
+        fail("{}: changed while being indexed; index it again once it is complete", name);
+      const Store::NewEntry entry{absolute_name(file.path), file.fingerprint, &scan};
+      store.insert(std::span(&entry, 1));
+      params += scan.params.size();
+      if (on_file) on_file(scan);
+    }
+  });
+  store.defer_sync(false);
+  if (error) std::rethrow_exception(error);
+  return {paths.size(), params.load(), hits.load()};
+}
+
 std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::path>& paths,
                                          const OnFile& on_file) {
   return index_sources(&store, paths, on_file);

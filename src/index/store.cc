@@ -57,15 +57,6 @@ std::string path_key(std::string_view path) {
   return key;
 }
 
-void to_proto(const std::vector<ckpt::Extent>& extents,
-              google::protobuf::RepeatedField<uint64_t>* out) {
-  out->Reserve(static_cast<int>(2 * extents.size()));
-  for (const ckpt::Extent& e : extents) {
-    out->Add(e.offset);
-    out->Add(e.length);
-  }
-}
-
 bool from_proto(const google::protobuf::RepeatedField<uint64_t>& pairs,
                 std::vector<ckpt::Extent>& out) {
   if (pairs.size() % 2 != 0) return false;
@@ -93,33 +84,96 @@ std::optional<std::string_view> checked_message(std::string_view entry) {
   return message;
 }
 
-std::string encode(const std::string& path, const ckpt::FileScan& scan) {
-  indexpb::ScannedFile file;
-  file.set_format_version(kFormatVersion);
-  file.set_path(path);
-  file.set_file_size(scan.file_size);
-  file.set_body_size(scan.body_size);
-  file.set_has_crc_trailer(scan.has_crc_trailer);
-  file.set_source_format(static_cast<uint32_t>(scan.format));
-  file.set_tree(scan.tree);
-  file.mutable_params()->Reserve(static_cast<int>(scan.params.size()));
-  for (const ckpt::Param& param : scan.params) {
-    indexpb::ScannedParam* p = file.add_params();
-    p->set_name(param.name);
-    p->set_dtype(param.dtype);
-    for (int64_t dim : param.shape) p->add_shape(dim);
-    p->set_dims_zero(param.dims_zero);
-    p->set_kind(static_cast<uint32_t>(param.kind));
-    p->set_element_size(param.element_size);
-    to_proto(param.content, p->mutable_content());
-    to_proto(param.records, p->mutable_records());
-    if (param.view) {
-      p->set_view(true);
-      p->set_storage_offset(param.storage_offset);
-      for (int64_t s : param.strides) p->add_strides(s);
+// Protobuf wire bytes written by hand: index build encodes millions of parameters, and going
+// through generated messages costs several allocations for each. The layout is
+// indexpb::ScannedFile's (proto/index.proto); decode_entry reads it with the generated parser.
+class Wire {
+ public:
+  explicit Wire(std::string& out) : out_(out) {}
+  void varint(uint64_t v) {
+    while (v >= 0x80) {
+      out_.push_back(static_cast<char>(v | 0x80));
+      v >>= 7;
+    }
+    out_.push_back(static_cast<char>(v));
+  }
+  void tag(uint32_t field, uint32_t wire_type) { varint(uint64_t{field} << 3 | wire_type); }
+  void uint(uint32_t field, uint64_t v) {
+    if (v == 0) return;  // proto3: a zero is not written
+    tag(field, 0);
+    varint(v);
+  }
+  void bytes(uint32_t field, std::string_view v) {
+    if (v.empty()) return;
+    tag(field, 2);
+    varint(v.size());
+    out_.append(v);
+  }
+  template <typename Int>
+  void packed(uint32_t field, const std::vector<Int>& values) {
+    if (values.empty()) return;
+    size_t n = 0;
+    for (Int v : values) n += varint_size(static_cast<uint64_t>(v));
+    tag(field, 2);
+    varint(n);
+    for (Int v : values) varint(static_cast<uint64_t>(v));
+  }
+  void extents(uint32_t field, const std::vector<ckpt::Extent>& values) {
+    if (values.empty()) return;
+    size_t n = 0;
+    for (const ckpt::Extent& e : values) n += varint_size(e.offset) + varint_size(e.length);
+    tag(field, 2);
+    varint(n);
+    for (const ckpt::Extent& e : values) {
+      varint(e.offset);
+      varint(e.length);
     }
   }
-  std::string out = file.SerializeAsString();
+  static size_t varint_size(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+      v >>= 7;
+      ++n;
+    }
+    return n;
+  }
+
+ private:
+  std::string& out_;
+};
+
+std::string encode(const std::string& path, const ckpt::FileScan& scan) {
+  std::string out;
+  out.reserve(64 + path.size() + scan.tree.size() + scan.params.size() * 96);
+  Wire file(out);
+  file.uint(1, kFormatVersion);
+  file.bytes(2, path);
+  file.uint(3, scan.file_size);
+  file.uint(4, scan.body_size);
+  file.uint(5, scan.has_crc_trailer ? 1 : 0);
+  std::string param;
+  for (const ckpt::Param& p : scan.params) {
+    param.clear();
+    Wire w(param);
+    w.bytes(1, p.name);
+    w.bytes(2, p.dtype);
+    w.packed(3, p.shape);
+    w.uint(4, p.dims_zero ? 1 : 0);
+    w.uint(5, static_cast<uint32_t>(p.kind));
+    w.uint(6, p.element_size);
+    w.extents(7, p.content);
+    w.extents(8, p.records);
+    if (p.view) {
+      w.uint(9, 1);
+      w.uint(10, p.storage_offset);
+      w.packed(11, p.strides);
+    }
+    file.tag(6, 2);
+    file.varint(param.size());
+    out.append(param);
+  }
+  file.uint(7, static_cast<uint32_t>(scan.format));
+  file.bytes(8, scan.tree);
   const uint32_t crc = checksum(out);
   for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(crc >> shift));
   return out;
@@ -235,6 +289,7 @@ struct Store::Impl {
   lmdb::Env env;
   MDB_dbi scans = 0;
   MDB_dbi paths = 0;
+  std::optional<MDB_dbi> targets;  // absent in a shipped index built by an older ckptfs
   // One operation at a time: a map resize is only allowed while this process has no
   // transaction open, and the index is far from any hot path.
   mutable std::mutex mu;
@@ -264,7 +319,7 @@ Store::Store(const fs::path& dir, size_t initial_map_size) {
   make_dirs(dir);
   impl_ = std::make_unique<Impl>(dir);
   try {
-    impl_->env = lmdb::Env::open(dir, initial_map_size, 2, MDB_NOTLS);
+    impl_->env = lmdb::Env::open(dir, initial_map_size, 3, MDB_NOTLS);
   } catch (const Error& e) {
     if (!fs::exists(dir / "data.mdb")) throw;
     fail("{}; the index is only a cache: `ckptfs index clear --index-dir {}` removes it", e.what(),
@@ -279,9 +334,11 @@ Store::Store(const fs::path& dir, size_t initial_map_size) {
     lmdb::Txn txn = impl_->begin(MDB_RDONLY);
     const std::optional<MDB_dbi> scans = txn.open_db(kScansDb, 0);
     const std::optional<MDB_dbi> paths = txn.open_db(kPathsDb, 0);
-    if (scans && paths && txn.commit()) {  // a read-only commit keeps the handles open
+    const std::optional<MDB_dbi> targets = txn.open_db(kTargetsDb, 0);
+    if (scans && paths && targets && txn.commit()) {  // a read-only commit keeps the handles open
       impl_->scans = *scans;
       impl_->paths = *paths;
+      impl_->targets = *targets;
       return;
     }
   }
@@ -289,6 +346,7 @@ Store::Store(const fs::path& dir, size_t initial_map_size) {
     lmdb::Txn txn = impl_->begin(0);
     impl_->scans = *txn.open_db(kScansDb, MDB_CREATE);
     impl_->paths = *txn.open_db(kPathsDb, MDB_CREATE);
+    impl_->targets = *txn.open_db(kTargetsDb, MDB_CREATE);
     if (txn.commit()) break;
     impl_->grow();
   }
@@ -303,10 +361,11 @@ Store Store::open_shipped(const fs::path& dir) {
   store.impl_ = std::make_unique<Impl>(dir);
   store.impl_->read_only = true;
   // No lock file: nodes share the index on storage that may be read-only and lock nothing.
-  store.impl_->env = lmdb::Env::open(dir, kDefaultMapSize, 2, MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS);
+  store.impl_->env = lmdb::Env::open(dir, kDefaultMapSize, 3, MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS);
   lmdb::Txn txn = store.impl_->begin(MDB_RDONLY);
   const std::optional<MDB_dbi> scans = txn.open_db(kScansDb, 0);
   const std::optional<MDB_dbi> paths = txn.open_db(kPathsDb, 0);
+  store.impl_->targets = txn.open_db(kTargetsDb, 0);
   if (!scans || !paths || !txn.commit())
     fail("--index {}: not a ckptfs index; build one with `ckptfs index build SRC --output {}`",
          dir.string(), dir.string());
@@ -346,6 +405,99 @@ std::optional<ckpt::FileScan> Store::lookup_path(const std::string& path, uint64
   std::optional<ckpt::FileScan> scan = decode_entry(bytes, size, &why);
   if (!scan) why = "holds an unusable entry for it (" + why + ")";
   return scan;
+}
+
+std::optional<source::Fingerprint> Store::fingerprint(const std::string& path) const {
+  std::lock_guard lock(impl_->mu);
+  const lmdb::Txn txn = impl_->begin(MDB_RDONLY);
+  const std::optional<std::string_view> at = txn.get(impl_->paths, path_key(path));
+  const size_t n = source::Fingerprint::kKeySize;
+  if (!at || at->size() <= n || at->substr(n) != path) return std::nullopt;
+  return source::Fingerprint::from_key(at->substr(0, n));
+}
+
+namespace {
+
+std::string rank_key(int64_t rank) {
+  std::string key(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    key[i] = static_cast<char>(static_cast<uint64_t>(rank) >> (56 - 8 * i));
+  return key;
+}
+
+std::string with_checksum(std::string bytes) {
+  const uint32_t crc = checksum(bytes);
+  for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>(crc >> shift));
+  return bytes;
+}
+
+std::string encode_target(const TargetSummary& t) {
+  indexpb::TargetSummary out;
+  out.set_format_version(kFormatVersion);
+  out.set_rank(t.rank);
+  for (const TargetSummary::File& f : t.files) {
+    indexpb::ListedFile* file = out.add_files();
+    file->set_name(f.name);
+    file->set_size(f.size);
+    file->set_mtime_ns(f.mtime_ns);
+    file->set_page_cache(f.page_cache);
+  }
+  for (int64_t r : t.source_ranks) out.add_source_ranks(r);
+  return with_checksum(out.SerializeAsString());
+}
+
+}  // namespace
+
+void Store::put_targets(std::string_view view_key, std::span<const TargetSummary> targets) {
+  if (impl_->read_only) fail("{}: a shipped index is never written by a mount", dir().string());
+  std::vector<std::pair<std::string, std::string>> encoded;
+  encoded.reserve(targets.size());
+  for (const TargetSummary& t : targets) encoded.emplace_back(rank_key(t.rank), encode_target(t));
+  std::lock_guard lock(impl_->mu);
+  for (;;) {
+    lmdb::Txn txn = impl_->begin(0);
+    const auto put_all = [&] {
+      if (!txn.drop(*impl_->targets)) return false;
+      for (const auto& [key, value] : encoded)
+        if (!txn.put(*impl_->targets, key, value)) return false;
+      return txn.put(*impl_->targets, kTargetsViewKey, view_key) && txn.commit();
+    };
+    if (put_all()) return;
+    txn.abort();
+    impl_->grow();
+  }
+}
+
+std::optional<std::string> Store::targets_view() const {
+  if (!impl_->targets) return std::nullopt;
+  std::lock_guard lock(impl_->mu);
+  const lmdb::Txn txn = impl_->begin(MDB_RDONLY);
+  const std::optional<std::string_view> view = txn.get(*impl_->targets, kTargetsViewKey);
+  if (!view) return std::nullopt;
+  return std::string(*view);
+}
+
+std::optional<TargetSummary> Store::target(int64_t rank) const {
+  if (!impl_->targets) return std::nullopt;
+  std::string bytes;
+  {
+    std::lock_guard lock(impl_->mu);
+    const lmdb::Txn txn = impl_->begin(MDB_RDONLY);
+    const std::optional<std::string_view> value = txn.get(*impl_->targets, rank_key(rank));
+    if (!value) return std::nullopt;
+    bytes.assign(*value);
+  }
+  const std::optional<std::string_view> message = checked_message(bytes);
+  indexpb::TargetSummary in;
+  if (!message || !in.ParseFromArray(message->data(), static_cast<int>(message->size())) ||
+      in.format_version() != kFormatVersion || in.rank() != rank)
+    return std::nullopt;
+  TargetSummary out;
+  out.rank = rank;
+  for (const indexpb::ListedFile& f : in.files())
+    out.files.push_back({f.name(), f.size(), f.mtime_ns(), f.page_cache()});
+  out.source_ranks.assign(in.source_ranks().begin(), in.source_ranks().end());
+  return out;
 }
 
 Store::~Store() = default;
@@ -416,6 +568,14 @@ void Store::insert(std::span<const NewEntry> items) {
     txn.abort();
     impl_->grow();
   }
+}
+
+void Store::defer_sync(bool on) {
+  if (impl_->read_only) return;
+  std::lock_guard lock(impl_->mu);
+  lmdb::check(mdb_env_set_flags(impl_->env.get(), MDB_NOSYNC, on ? 1 : 0), dir(),
+              "cannot set MDB_NOSYNC");
+  if (!on) lmdb::check(mdb_env_sync(impl_->env.get(), 1), dir(), "cannot sync the index");
 }
 
 std::vector<Entry> Store::entries(std::vector<std::string>* unreadable) const {
@@ -500,7 +660,9 @@ size_t Store::clear() {
   for (;;) {
     lmdb::Txn txn = impl_->begin(0);
     const size_t removed = txn.count(impl_->scans);
-    if (txn.drop(impl_->scans) && txn.drop(impl_->paths) && txn.commit()) return removed;
+    if (txn.drop(impl_->scans) && txn.drop(impl_->paths) &&
+        (!impl_->targets || txn.drop(*impl_->targets)) && txn.commit())
+      return removed;
     txn.abort();
     impl_->grow();
   }

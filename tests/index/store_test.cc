@@ -156,6 +156,50 @@ TEST_F(StoreTest, RoundTripKeepsEveryField) {
   expect_same(*got, scan);
 }
 
+TEST_F(StoreTest, TargetSummariesRoundTripAndAreReplacedAsAWhole) {
+  {
+    Store store(dir_);
+    EXPECT_FALSE(store.targets_view().has_value());
+    EXPECT_FALSE(store.target(0).has_value());
+    const TargetSummary a{
+        3,
+        {{"checkpoint_3.ckpt", 1234, -1, false},
+         {"checkpoint_3.safetensors", (uint64_t{1} << 40) + 5, 1700000000123456789, true}},
+        {2, 6, 7}};
+    const TargetSummary b{4, {{"checkpoint_4.ckpt", 99, 5, false}}, {}};
+    const std::vector<TargetSummary> both{a, b};
+    store.put_targets("view one", both);
+    const std::vector<TargetSummary> only_b{b};
+    store.put_targets("view two", only_b);
+    const std::vector<TargetSummary> again{a};
+    store.put_targets("view two", again);
+  }
+  const Store shipped = Store::open_shipped(dir_);
+  EXPECT_EQ(shipped.targets_view(), "view two");
+  EXPECT_FALSE(shipped.target(4).has_value());  // not in the last put
+  const std::optional<TargetSummary> got = shipped.target(3);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->rank, 3);
+  ASSERT_EQ(got->files.size(), 2u);
+  EXPECT_EQ(got->files[1].name, "checkpoint_3.safetensors");
+  EXPECT_EQ(got->files[1].size, (uint64_t{1} << 40) + 5);
+  EXPECT_EQ(got->files[1].mtime_ns, 1700000000123456789);
+  EXPECT_TRUE(got->files[1].page_cache);
+  EXPECT_EQ(got->files[0].mtime_ns, -1);
+  EXPECT_FALSE(got->files[0].page_cache);
+  EXPECT_EQ(got->source_ranks, (std::vector<int64_t>{2, 6, 7}));
+}
+
+TEST_F(StoreTest, FingerprintOfAPathWithoutDecodingItsScan) {
+  const ckpt::FileScan scan = full_scan();
+  Store store(dir_);
+  EXPECT_FALSE(store.fingerprint("/src/rank_0/net.ckpt").has_value());
+  const Store::NewEntry item{"/src/rank_0/net.ckpt", fp_, &scan};
+  store.insert(std::span(&item, 1));
+  EXPECT_EQ(store.fingerprint("/src/rank_0/net.ckpt"), fp_);
+  EXPECT_FALSE(store.fingerprint("/src/rank_1/net.ckpt").has_value());
+}
+
 TEST_F(StoreTest, RoundTripKeepsTheSourceFormat) {
   ckpt::FileScan scan = full_scan();
   scan.format = ckpt::SourceFormat::Safetensors;

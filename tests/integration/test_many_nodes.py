@@ -137,6 +137,84 @@ def shipped_index(args):
     assert proc.returncode != 0 and victim in proc.stderr and "rebuild" in proc.stderr, proc
 
 
+def build_summaries(args, fx, idx, extra=()):
+    """A shipped index with the target summaries of the fixture's view."""
+    return itest.run([args.ckptfs, "index", "build", fx.src_dir, "--output", idx,
+                      "--src-strategy", fx.src_strategy, "--dst-strategy", fx.dst_strategy,
+                      *extra]).stdout
+
+
+def planned_ranks(log_file):
+    """The ranks the daemon logged as planned on first open."""
+    with open(log_file) as f:
+        return sorted(int(line.split("rank ", 1)[1].split(":")[0]) for line in f
+                      if "planned on first open" in line)
+
+
+def lazy_ranks(args):
+    """With an index built with the strategies, the mount lists its ranks with exact sizes and
+    plans nothing; opening one file plans its rank only; every byte matches the generator's."""
+    fx = fixture(args, "demo")
+    work = os.path.join(args.work, "lazy")
+    idx = os.path.join(work, "idx")
+    out = build_summaries(args, fx, idx)
+    assert "4 target ranks summarized" in out, out
+    mnt, log = os.path.join(work, "mnt"), os.path.join(work, "mount.log")
+    expected = fx.expected_files()
+    with mount_ranks(args, fx, mnt, "1,3", None,
+                     extra=["--index", idx, "--log-file", log, "--log-level", "info"]) as m:
+        # ls -l before any open: exact sizes, and still nothing planned.
+        for t in (1, 3):
+            listed = os.stat(os.path.join(m, f"rank_{t}", os.path.basename(expected[t])))
+            assert listed.st_size == os.path.getsize(expected[t]), (t, listed.st_size)
+            assert os.stat(os.path.join(m, f"rank_{t}", f"checkpoint_{t}.safetensors")).st_size
+        assert sorted(os.listdir(os.path.join(m, "rank_1"))) == [
+            "checkpoint_1.ckpt", "checkpoint_1.safetensors"]
+        assert planned_ranks(log) == [], planned_ranks(log)
+        actual = os.path.join(m, "rank_3", os.path.basename(expected[3]))
+        assert not ckpt_fixture.describe_difference(expected[3], actual)
+        assert planned_ranks(log) == [3], planned_ranks(log)
+        problems = compare_ranks(fx, m, [1, 3])
+        assert not problems, problems
+        assert planned_ranks(log) == [1, 3], planned_ranks(log)
+    # The .safetensors files match an eager mount's (planned at mount, without the index).
+    eager = os.path.join(work, "eager")
+    with mount_ranks(args, fx, eager, "1", os.path.join(work, "cache")) as e, \
+            mount_ranks(args, fx, mnt, "1", None, extra=["--index", idx]) as m:
+        name = "rank_1/checkpoint_1.safetensors"
+        assert itest.read_file(os.path.join(e, name)) == itest.read_file(os.path.join(m, name))
+
+
+def lazy_ranks_other_view(args):
+    """Summaries of another view are not used: the mount says so and plans at mount; a source
+    changed since the build is refused in one line naming it."""
+    fx = fixture(args, "demo")
+    work = os.path.join(args.work, "lazy_other")
+    idx = os.path.join(work, "idx")
+    build_summaries(args, fx, idx, extra=["--view", "ckpt"])
+    mnt, log = os.path.join(work, "mnt"), os.path.join(work, "mount.log")
+    with mount_ranks(args, fx, mnt, "2", None,
+                     extra=["--index", idx, "--log-file", log, "--log-level", "info"]) as m:
+        problems = compare_ranks(fx, m, [2])
+        assert not problems, problems
+    text = open(log).read()
+    assert planned_ranks(log) == [], text
+    victim = os.path.realpath(fx.source_files[2])
+    st = os.stat(victim)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    build_summaries(args, fx, os.path.join(work, "idx2"))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.makedirs(mnt, exist_ok=True)
+    proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                                     dst_strategy=fx.dst_strategy,
+                                     extra_args=["--index", os.path.join(work, "idx2"),
+                                                 "--ranks", "1"]), check=False)
+    itest.unmount(args.ckptfs, mnt)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1 and victim in lines[0] \
+        and "rebuild" in lines[0], proc
+
+
 NODE_SCRIPT = r"""
 set -e
 mount --bind -o ro "$IDX" "$IDX"
@@ -162,7 +240,7 @@ def two_nodes(args):
     fx = fixture(args, "demo")
     work = os.path.join(args.work, "nodes")
     idx = os.path.join(work, "idx")
-    itest.run([args.ckptfs, "index", "build", fx.src_dir, "--output", idx])
+    build_summaries(args, fx, idx)  # each node lists its ranks from it, plans them on open
     def snapshot():
         out = {}
         for root in (idx, fx.src_dir):
@@ -195,6 +273,8 @@ def main():
     checks.run("unneeded_sources_untouched", unneeded_sources_untouched, args)
     checks.run("refused", refused, args)
     checks.run("shipped_index", shipped_index, args)
+    checks.run("lazy_ranks", lazy_ranks, args)
+    checks.run("lazy_ranks_other_view", lazy_ranks_other_view, args)
     checks.run("two_nodes", two_nodes, args)
     checks.finish()
 

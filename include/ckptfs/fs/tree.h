@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckptfs/fs/lazy_ranks.h"
 #include "ckptfs/fs/mapped_sources.h"
 #include "ckptfs/fs/steps.h"
 #include "ckptfs/plan/planner.h"
@@ -53,6 +54,11 @@ class Tree {
   // again).
   // Throws Error if two targets have the same rank or a source cannot be mapped.
   explicit Tree(plan::Plan plan);
+  // A tree of listed, unplanned ranks (LazyRanks): sizes and mtimes are the listing's, and a
+  // file's first target(), file(), check_file() or read_into() plans its rank. Such a file's
+  // runs index its rank's own Tree: read it through read_into() and check_sources(ino, ...),
+  // never through gather() or check_sources(runs) (own_runs() says which files those serve).
+  explicit Tree(std::shared_ptr<LazyRanks> lazy);
   Tree(Tree&&) noexcept;
   Tree& operator=(Tree&&) noexcept;
   ~Tree();
@@ -119,6 +125,14 @@ class Tree {
                 std::vector<uint32_t>* sources = nullptr) const;
   // 0, or EIO (logged) if one of `sources` (as read_into lists them) changed since the mount.
   int check_sources(std::span<const uint32_t> sources) const;
+  // The same for sources read_into listed for file `ino`, which may be served by another Tree
+  // (a lazily planned rank).
+  int check_sources(uint64_t ino, std::span<const uint32_t> sources) const;
+  // Whether the runs of file `ino` index this tree's own sources (gather, check_sources(runs),
+  // plan().sources): not for /steps or lazily planned ranks.
+  bool own_runs(uint64_t ino) const { return !in_steps(ino) && !lazy_; }
+  // The listing's ranks, if this tree plans them lazily (else null).
+  const LazyRanks* lazy() const { return lazy_.get(); }
 
  private:
   // Logs one error line for a source the first time it fails, debug lines after that: a
@@ -143,6 +157,10 @@ class Tree {
   };
   void set_mtimes();  // at construction, once the nodes are laid out
   void set_access();  // likewise: file_access_ from the sources' stat
+  uint64_t file_size(size_t target) const;
+  // The lazily planned Tree and inode serving `ino`; {nullptr, 0} if `ino` is not such a file
+  // or its rank cannot be planned. `plan`: plan it now if need be.
+  std::pair<const Tree*, uint64_t> lazy_of(uint64_t ino, bool plan) const;
   // Null for the root and for inodes that do not exist.
   const Node* node(uint64_t ino) const;
 
@@ -154,6 +172,7 @@ class Tree {
 
   plan::Plan plan_;
   std::shared_ptr<Steps> steps_;
+  std::shared_ptr<LazyRanks> lazy_;
   uint32_t step_index_ = 0;
   // inode layout: 1 = root, then each rank directory followed by its files
   std::vector<Node> nodes_;  // inode 2 + k

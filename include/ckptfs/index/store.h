@@ -25,6 +25,11 @@ namespace ckptfs::index {
 // is dropped when the new one is stored instead of piling up.
 inline constexpr char kScansDb[] = "scans";
 inline constexpr char kPathsDb[] = "paths";
+// kTargetsDb (a shipped index built with a destination strategy): key kTargetsViewKey holds the
+// view the summaries were planned for (ViewKey), and each target rank's 8-byte big-endian rank
+// holds its serialized indexpb::TargetSummary and CRC-32.
+inline constexpr char kTargetsDb[] = "targets";
+inline constexpr char kTargetsViewKey[] = "view";
 // The LMDB map is address space, not disk. It starts small, so that a mount fits under an
 // address-space limit (ulimit -v), holds some 500k parameters, and a full map is doubled and the
 // write retried; an existing larger environment opens at its own size.
@@ -43,6 +48,19 @@ std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file
 // $XDG_CACHE_HOME/ckptfs/index (if that is an absolute path), else $HOME/.cache/ckptfs/index.
 // Throws Error if neither variable is usable.
 std::filesystem::path default_dir();
+
+// One target rank as a mount lists it before planning it.
+struct TargetSummary {
+  struct File {
+    std::string name;
+    uint64_t size = 0;
+    int64_t mtime_ns = 0;  // the newest mtime of the sources it reads
+    bool page_cache = false;
+  };
+  int64_t rank = 0;
+  std::vector<File> files;            // in the order the planner makes them
+  std::vector<int64_t> source_ranks;  // ascending: the source ranks its plan loads
+};
 
 struct Entry {
   std::string path;
@@ -95,8 +113,24 @@ class Store {
     source::Fingerprint fingerprint;
     const ckpt::FileScan* scan = nullptr;
   };
-  // All in one write transaction; the map grows as needed.
+  // All in one write transaction; the map grows as needed. The entries are encoded before the
+  // store is locked, so threads inserting at once encode in parallel.
   void insert(std::span<const NewEntry> items);
+  // While on, commits do not wait for the disk (a bulk build); turning it off syncs once.
+  void defer_sync(bool on);
+  // The fingerprint stored for the file at absolute `path` (no scan is decoded); nullopt if
+  // there is none.
+  std::optional<source::Fingerprint> fingerprint(const std::string& path) const;
+
+  // Replaces every target summary with `targets`, planned for the view `view_key`, in one write
+  // transaction.
+  void put_targets(std::string_view view_key, std::span<const TargetSummary> targets);
+  // The view the target summaries were planned for; nullopt if the index holds none (built
+  // without a destination strategy, or by an older ckptfs).
+  std::optional<std::string> targets_view() const;
+  // The summary of target `rank`; nullopt if there is none or it is damaged.
+  std::optional<TargetSummary> target(int64_t rank) const;
+
   // The current-version entries, sorted by path. With `unreadable`, also the keys of the
   // entries written by another kFormatVersion or damaged (never used, so dead weight).
   std::vector<Entry> entries(std::vector<std::string>* unreadable = nullptr) const;
@@ -137,6 +171,19 @@ std::vector<IndexedSource> index_sources(Store& store,
 std::vector<IndexedSource> index_sources(Store* store,
                                          const std::vector<std::filesystem::path>& paths,
                                          const OnFile& on_file = {});
+
+struct BuildResult {
+  size_t files = 0;
+  uint64_t params = 0;  // source tensors
+  size_t from_index = 0;
+};
+// index build: scans every file of `paths` the store does not hold yet and stores it, two files
+// at a time, each scan encoded and written as soon as it is made and then dropped: memory is
+// that of a file's scan per thread, whatever the number of files. `on_file` after each file.
+// Throws Error naming the first file that cannot be opened or scanned (the files stored before
+// it stay stored).
+BuildResult build_index(Store& store, const std::vector<std::filesystem::path>& paths,
+                        const OnFile& on_file = {});
 
 // From a read-only shipped index only: every path must have an entry of its current size and
 // mtime, else Error in one line naming the file, what changed, and how to rebuild. Scans and
