@@ -165,6 +165,11 @@ void build(IndexOptions& options) {
       "source tensors/s\n",
       built.files, params, built.from_index, built.files - built.from_index, store.dir().string(),
       seconds, seconds > 0 ? static_cast<double>(params) / seconds : 0.0);
+  if (built.unrecorded > 0 && !options.output.empty())
+    fail(
+        "{}: {} of {} files could not be recorded (see the warning above); a shipped index must "
+        "hold every source",
+        store.dir().string(), built.unrecorded, built.files);
   if (!summaries_wanted(options)) return;
   const auto planned = std::chrono::steady_clock::now();
   Progress ranks_progress("index build", "target ranks", Progress::mode_for(options.quiet));

@@ -120,7 +120,7 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
 
 BuildResult build_index(Store& store, const std::vector<fs::path>& paths, const OnFile& on_file) {
   std::atomic<uint64_t> params{0};
-  std::atomic<size_t> hits{0};
+  std::atomic<size_t> hits{0}, unrecorded{0};
   std::exception_ptr error;
   store.defer_sync(true);
   parallel_in_order(paths.size(), error, [&](size_t i) {
@@ -135,14 +135,26 @@ BuildResult build_index(Store& store, const std::vector<fs::path>& paths, const 
       if (source::fingerprint_of(file.fd.get(), name) != file.fingerprint)
         fail("{}: changed while being indexed; index it again once it is complete", name);
       const Store::NewEntry entry{absolute_name(file.path), file.fingerprint, &scan};
-      store.insert(std::span(&entry, 1));
+      try {
+        store.insert(std::span(&entry, 1));
+      } catch (const Error& e) {
+        // A cache index that cannot grow (a full disk) costs the next mount its head start,
+        // not this build; the caller refuses a shipped index that misses entries.
+        if (unrecorded.fetch_add(1) == 0)
+          spdlog::warn("{}; the new scans are not recorded", e.what());
+      }
       params += scan.params.size();
       if (on_file) on_file(scan);
     }
   });
-  store.defer_sync(false);
+  try {
+    store.defer_sync(false);
+  } catch (const Error& e) {
+    spdlog::warn("{}; the new scans may not be recorded", e.what());
+    unrecorded += paths.size() - hits.load();
+  }
   if (error) std::rethrow_exception(error);
-  return {paths.size(), params.load(), hits.load()};
+  return {paths.size(), params.load(), hits.load(), unrecorded.load()};
 }
 
 std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::path>& paths,

@@ -176,6 +176,7 @@ struct BuildResult {
   size_t files = 0;
   uint64_t params = 0;  // source tensors
   size_t from_index = 0;
+  size_t unrecorded = 0;  // scanned but not stored (the store could not be written; logged)
 };
 // index build: scans every file of `paths` the store does not hold yet and stores it, two files
 // at a time, each scan encoded and written as soon as it is made and then dropped: memory is
