@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -374,15 +375,26 @@ struct RankDirs {
   std::shared_ptr<Planning> planning;
 };
 
-RankDirs prepare_rank_dirs(const ViewArgs& args, ViewNotes& notes) {
+// `pinned`: the files a shipped index was built from, taken instead of listing the source
+// directory (whose thousands of rank directories every node would otherwise read).
+RankDirs prepare_rank_dirs(const ViewArgs& args, ViewNotes& notes,
+                           const source::Choice* pinned = nullptr) {
   RankDirs out;
-  out.listing = source::list_sources(args.src_dir);
-  out.choice =
-      source::choose(out.listing, source::StepRequest::parse(args.step, args.allow_mixed_steps));
-  notes.chosen = fmt::format("{}: {}", out.listing.root.string(), out.choice.summary);
-  notes.ignored = source::ignored_summary(out.listing);
-  for (const source::Ignored& entry : out.listing.ignored)
-    notes.detail.push_back(fmt::format("{}: ignored, {}", entry.path.string(), entry.why));
+  if (pinned) {
+    out.choice = *pinned;
+    out.listing.root = std::filesystem::absolute(args.src_dir).lexically_normal();
+    notes.chosen =
+        fmt::format("{}: {} rank files, as --index {} was built from them",
+                    out.listing.root.string(), out.choice.files.size(), args.shipped_index);
+  } else {
+    out.listing = source::list_sources(args.src_dir);
+    out.choice =
+        source::choose(out.listing, source::StepRequest::parse(args.step, args.allow_mixed_steps));
+    notes.chosen = fmt::format("{}: {}", out.listing.root.string(), out.choice.summary);
+    notes.ignored = source::ignored_summary(out.listing);
+    for (const source::Ignored& entry : out.listing.ignored)
+      notes.detail.push_back(fmt::format("{}: ignored, {}", entry.path.string(), entry.why));
+  }
 
   out.src_strategy = args.src_strategy;
   if (out.src_strategy.empty() && out.listing.mindformers_strategy) {
@@ -442,20 +454,60 @@ std::string absolute_name(const std::filesystem::path& path) {
   return (ec ? path : absolute.lexically_normal()).string();
 }
 
+// The chosen files as a shipped index keeps them: "mixed <0|1>" then "<rank>\t<path>" lines.
+std::string files_text(const source::Choice& choice) {
+  std::string out = fmt::format("mixed {}\n", choice.mixed_allowed ? 1 : 0);
+  for (const auto& [rank, path] : choice.files)
+    out += fmt::format("{}\t{}\n", rank, absolute_name(path));
+  return out;
+}
+
+std::optional<source::Choice> parse_files_text(std::string_view text) {
+  source::Choice out;
+  size_t begin = 0;
+  bool first = true;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string_view::npos) return std::nullopt;
+    const std::string_view line = text.substr(begin, end - begin);
+    begin = end + 1;
+    if (first) {
+      if (line != "mixed 0" && line != "mixed 1") return std::nullopt;
+      out.mixed_allowed = line == "mixed 1";
+      first = false;
+      continue;
+    }
+    const size_t tab = line.find('\t');
+    int64_t rank = 0;
+    const auto [ptr, ec] = std::from_chars(line.data(), line.data() + tab, rank);
+    if (tab == std::string_view::npos || ec != std::errc() || ptr != line.data() + tab)
+      return std::nullopt;
+    out.files.emplace(rank, std::filesystem::path(line.substr(tab + 1)));
+  }
+  if (first || out.files.empty()) return std::nullopt;
+  return out;
+}
+
 // Everything a target summary depends on, in one comparable string.
 std::string view_key(const RankDirs& dirs, const ViewArgs& args) {
   const plan::ViewOptions& views = dirs.planning->views;
-  std::string files;
-  for (const auto& [rank, path] : dirs.choice.files)
-    files += fmt::format("{}\t{}\n", rank, absolute_name(path));
+  const std::string files = files_text(dirs.choice);
   const uint32_t files_crc = ckpt::crc32_update(
       0, std::span(reinterpret_cast<const uint8_t*>(files.data()), files.size()));
   return fmt::format(
-      "ckptfs target summaries 1\nsrc strategy: {}\ndst strategy: {}\nviews: {}{}\nprefix: "
-      "{}\nmixed steps: {}\nsource files: {} crc {:08x}\n",
+      "ckptfs target summaries 2\nsrc strategy: {}\ndst strategy: {}\nviews: {}{}\nprefix: "
+      "{}\nstep: {}{}\nsource files: {} crc {:08x}\n",
       strategy_digest(dirs.src_strategy), strategy_digest(args.dst_strategy),
-      views.ckpt ? "ckpt " : "", views.safetensors ? "safetensors" : "", views.prefix,
-      dirs.choice.mixed_allowed ? 1 : 0, dirs.choice.files.size(), files_crc);
+      views.ckpt ? "ckpt " : "", views.safetensors ? "safetensors" : "", views.prefix, args.step,
+      args.allow_mixed_steps ? " (mixed allowed)" : "", dirs.choice.files.size(), files_crc);
+}
+
+// The files a shipped index with target summaries was built from; nullopt if it has none.
+std::optional<source::Choice> pinned_files(const std::string& shipped) {
+  std::lock_guard lock(shipped_mutex());
+  const index::Store store = index::Store::open_shipped(shipped);
+  const std::optional<std::string> text = store.targets_files();
+  return text ? parse_files_text(*text) : std::nullopt;
 }
 
 index::TargetSummary summarize(const plan::Plan& plan, int64_t rank) {
@@ -555,11 +607,25 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
     return build_metadata_tree(args, *iteration, notes);
   if (const std::optional<source::UnifiedDir> unified = source::read_unified(args.src_dir))
     return build_unified_tree(args, *unified, notes);
+  // A node of a large job: with a shipped index of this view and the strategies given, the
+  // source directory is not even listed (no /steps then: the index pins one step).
+  bool tried_lazy = false;  // once refused (logged), the listed files would be refused too
+  if (steps && !args.shipped_index.empty() && !args.src_strategy.empty()) {
+    if (const std::optional<source::Choice> pinned = pinned_files(args.shipped_index)) {
+      tried_lazy = true;
+      ViewNotes pinned_notes;
+      const RankDirs dirs = prepare_rank_dirs(args, pinned_notes, &*pinned);
+      if (std::unique_ptr<fs::Tree> tree = lazy_tree(dirs, args)) {
+        notes = std::move(pinned_notes);
+        return tree;
+      }
+    }
+  }
   const RankDirs dirs = prepare_rank_dirs(args, notes);
   const std::shared_ptr<Planning>& planning = dirs.planning;
 
   // Only a mount plans lazily: materialize and verify read every file at once anyway.
-  std::unique_ptr<fs::Tree> tree = steps ? lazy_tree(dirs, args) : nullptr;
+  std::unique_ptr<fs::Tree> tree = steps && !tried_lazy ? lazy_tree(dirs, args) : nullptr;
   if (!tree)
     tree = std::make_unique<fs::Tree>(
         planning->plan(dirs.choice.files, dirs.choice.mixed_allowed, /*report=*/true));
@@ -614,7 +680,7 @@ size_t summarize_targets(const ViewArgs& args, index::Store& store,
     worker();
   }
   if (error) std::rethrow_exception(error);
-  store.put_targets(view_key(dirs, args), summaries);
+  store.put_targets(view_key(dirs, args), files_text(dirs.choice), summaries);
   return summaries.size();
 }
 

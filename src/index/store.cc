@@ -448,7 +448,8 @@ std::string encode_target(const TargetSummary& t) {
 
 }  // namespace
 
-void Store::put_targets(std::string_view view_key, std::span<const TargetSummary> targets) {
+void Store::put_targets(std::string_view view_key, std::string_view files,
+                        std::span<const TargetSummary> targets) {
   if (impl_->read_only) fail("{}: a shipped index is never written by a mount", dir().string());
   std::vector<std::pair<std::string, std::string>> encoded;
   encoded.reserve(targets.size());
@@ -460,7 +461,8 @@ void Store::put_targets(std::string_view view_key, std::span<const TargetSummary
       if (!txn.drop(*impl_->targets)) return false;
       for (const auto& [key, value] : encoded)
         if (!txn.put(*impl_->targets, key, value)) return false;
-      return txn.put(*impl_->targets, kTargetsViewKey, view_key) && txn.commit();
+      return txn.put(*impl_->targets, kTargetsViewKey, view_key) &&
+             txn.put(*impl_->targets, kTargetsFilesKey, files) && txn.commit();
     };
     if (put_all()) return;
     txn.abort();
@@ -468,14 +470,18 @@ void Store::put_targets(std::string_view view_key, std::span<const TargetSummary
   }
 }
 
-std::optional<std::string> Store::targets_view() const {
+std::optional<std::string> Store::targets_value(std::string_view key) const {
   if (!impl_->targets) return std::nullopt;
   std::lock_guard lock(impl_->mu);
   const lmdb::Txn txn = impl_->begin(MDB_RDONLY);
-  const std::optional<std::string_view> view = txn.get(*impl_->targets, kTargetsViewKey);
-  if (!view) return std::nullopt;
-  return std::string(*view);
+  const std::optional<std::string_view> value = txn.get(*impl_->targets, key);
+  if (!value) return std::nullopt;
+  return std::string(*value);
 }
+
+std::optional<std::string> Store::targets_view() const { return targets_value(kTargetsViewKey); }
+
+std::optional<std::string> Store::targets_files() const { return targets_value(kTargetsFilesKey); }
 
 std::optional<TargetSummary> Store::target(int64_t rank) const {
   if (!impl_->targets) return std::nullopt;

@@ -168,14 +168,15 @@ TEST_F(StoreTest, TargetSummariesRoundTripAndAreReplacedAsAWhole) {
         {2, 6, 7}};
     const TargetSummary b{4, {{"checkpoint_4.ckpt", 99, 5, false}}, {}};
     const std::vector<TargetSummary> both{a, b};
-    store.put_targets("view one", both);
+    store.put_targets("view one", "files one", both);
     const std::vector<TargetSummary> only_b{b};
-    store.put_targets("view two", only_b);
+    store.put_targets("view two", "files two", only_b);
     const std::vector<TargetSummary> again{a};
-    store.put_targets("view two", again);
+    store.put_targets("view two", "files three", again);
   }
   const Store shipped = Store::open_shipped(dir_);
   EXPECT_EQ(shipped.targets_view(), "view two");
+  EXPECT_EQ(shipped.targets_files(), "files three");
   EXPECT_FALSE(shipped.target(4).has_value());  // not in the last put
   const std::optional<TargetSummary> got = shipped.target(3);
   ASSERT_TRUE(got.has_value());

@@ -7,6 +7,7 @@
 """
 
 import os
+import shutil
 
 import itest
 import ckpt_fixture
@@ -161,22 +162,32 @@ def lazy_ranks(args):
     assert "4 target ranks summarized" in out, out
     mnt, log = os.path.join(work, "mnt"), os.path.join(work, "mount.log")
     expected = fx.expected_files()
-    with mount_ranks(args, fx, mnt, "1,3", None,
-                     extra=["--index", idx, "--log-file", log, "--log-level", "info"]) as m:
-        # ls -l before any open: exact sizes, and still nothing planned.
-        for t in (1, 3):
-            listed = os.stat(os.path.join(m, f"rank_{t}", os.path.basename(expected[t])))
-            assert listed.st_size == os.path.getsize(expected[t]), (t, listed.st_size)
-            assert os.stat(os.path.join(m, f"rank_{t}", f"checkpoint_{t}.safetensors")).st_size
-        assert sorted(os.listdir(os.path.join(m, "rank_1"))) == [
-            "checkpoint_1.ckpt", "checkpoint_1.safetensors"]
-        assert planned_ranks(log) == [], planned_ranks(log)
-        actual = os.path.join(m, "rank_3", os.path.basename(expected[3]))
-        assert not ckpt_fixture.describe_difference(expected[3], actual)
-        assert planned_ranks(log) == [3], planned_ranks(log)
-        problems = compare_ranks(fx, m, [1, 3])
-        assert not problems, problems
-        assert planned_ranks(log) == [1, 3], planned_ranks(log)
+    # The mount takes the files the index was built from and does not list the source
+    # directory: a rank directory the strategy has no place for goes unseen (listed, it would be
+    # refused).
+    stray = os.path.join(fx.src_dir, "rank_99")
+    os.makedirs(stray)
+    with open(os.path.join(stray, "checkpoint_99.ckpt"), "wb"):
+        pass
+    try:
+        with mount_ranks(args, fx, mnt, "1,3", None,
+                         extra=["--index", idx, "--log-file", log, "--log-level", "info"]) as m:
+            # ls -l before any open: exact sizes, and still nothing planned.
+            for t in (1, 3):
+                listed = os.stat(os.path.join(m, f"rank_{t}", os.path.basename(expected[t])))
+                assert listed.st_size == os.path.getsize(expected[t]), (t, listed.st_size)
+                assert os.stat(os.path.join(m, f"rank_{t}", f"checkpoint_{t}.safetensors")).st_size
+            assert sorted(os.listdir(os.path.join(m, "rank_1"))) == [
+                "checkpoint_1.ckpt", "checkpoint_1.safetensors"]
+            assert planned_ranks(log) == [], planned_ranks(log)
+            actual = os.path.join(m, "rank_3", os.path.basename(expected[3]))
+            assert not ckpt_fixture.describe_difference(expected[3], actual)
+            assert planned_ranks(log) == [3], planned_ranks(log)
+            problems = compare_ranks(fx, m, [1, 3])
+            assert not problems, problems
+            assert planned_ranks(log) == [1, 3], planned_ranks(log)
+    finally:
+        shutil.rmtree(stray)
     # The .safetensors files match an eager mount's (planned at mount, without the index).
     eager = os.path.join(work, "eager")
     with mount_ranks(args, fx, eager, "1", os.path.join(work, "cache")) as e, \
@@ -265,6 +276,44 @@ def two_nodes(args):
     assert snapshot() == before
 
 
+BIND_SCRIPT = r"""
+set -e
+mkdir -p "$RO"
+mount --bind -o ro "$SRC" "$RO"
+if touch "$RO/probe" 2>/dev/null; then echo "the bind mount is writable"; exit 1; fi
+trap '"$CKPTFS" umount "$MNT" 2>/dev/null || true' EXIT
+"$CKPTFS" index build "$RO" --output "$IDX" --src-strategy "$SS" --dst-strategy "$DS" -q
+for how in index cache; do
+  if [ $how = index ]; then extra="--index $IDX"; else extra="--index-dir $CACHE"; fi
+  "$CKPTFS" mount "$RO" "$MNT" --src-strategy "$SS" --dst-strategy "$DS" $extra
+  for t in 0 1 2 3; do
+    cmp "$EXP/rank_$t/checkpoint_$t.ckpt" "$MNT/rank_$t/checkpoint_$t.ckpt"
+  done
+  "$CKPTFS" umount "$MNT"
+done
+"""
+
+
+def read_only_bind_source(args):
+    """Sources seen through a read-only bind mount at another path (as a node sees a shared
+    file system): the index is built from that path and both a mount with it and one without
+    serve every target byte-exact."""
+    import subprocess
+    if not shutil.which("unshare"):
+        return
+    fx = fixture(args, "demo")
+    work = os.path.join(args.work, "bind")
+    os.makedirs(work)
+    expected_dir = os.path.dirname(os.path.dirname(fx.expected_files()[0]))
+    env = dict(os.environ, SRC=fx.src_dir, RO=os.path.join(work, "ro_src"),
+               IDX=os.path.join(work, "idx"), CACHE=os.path.join(work, "cache"),
+               MNT=os.path.join(work, "mnt"), CKPTFS=args.ckptfs, SS=fx.src_strategy,
+               DS=fx.dst_strategy, EXP=expected_dir)
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", BIND_SCRIPT],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
@@ -276,6 +325,7 @@ def main():
     checks.run("lazy_ranks", lazy_ranks, args)
     checks.run("lazy_ranks_other_view", lazy_ranks_other_view, args)
     checks.run("two_nodes", two_nodes, args)
+    checks.run("read_only_bind_source", read_only_bind_source, args)
     checks.finish()
 
 

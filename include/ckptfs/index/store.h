@@ -30,6 +30,7 @@ inline constexpr char kPathsDb[] = "paths";
 // holds its serialized indexpb::TargetSummary and CRC-32.
 inline constexpr char kTargetsDb[] = "targets";
 inline constexpr char kTargetsViewKey[] = "view";
+inline constexpr char kTargetsFilesKey[] = "files";
 // The LMDB map is address space, not disk. It starts small, so that a mount fits under an
 // address-space limit (ulimit -v), holds some 500k parameters, and a full map is doubled and the
 // write retried; an existing larger environment opens at its own size.
@@ -122,12 +123,15 @@ class Store {
   // there is none.
   std::optional<source::Fingerprint> fingerprint(const std::string& path) const;
 
-  // Replaces every target summary with `targets`, planned for the view `view_key`, in one write
-  // transaction.
-  void put_targets(std::string_view view_key, std::span<const TargetSummary> targets);
+  // Replaces every target summary with `targets`, planned for the view `view_key` from the
+  // source files `files` (as the caller lists them), in one write transaction.
+  void put_targets(std::string_view view_key, std::string_view files,
+                   std::span<const TargetSummary> targets);
   // The view the target summaries were planned for; nullopt if the index holds none (built
   // without a destination strategy, or by an older ckptfs).
   std::optional<std::string> targets_view() const;
+  // The source files they were planned from, as put_targets was given them; nullopt if none.
+  std::optional<std::string> targets_files() const;
   // The summary of target `rank`; nullopt if there is none or it is damaged.
   std::optional<TargetSummary> target(int64_t rank) const;
 
@@ -141,6 +145,7 @@ class Store {
 
  private:
   Store() = default;
+  std::optional<std::string> targets_value(std::string_view key) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
