@@ -122,21 +122,26 @@ def main():
 
     k = a.merge_factor
     needed = a.ranks_per_node * k + a.ranks_per_node  # block sources + passthrough sources
-    strategies = 2 * a.names * a.strategy_bytes_per_name
-    # list_sources: per rank directory an open, two getdents64, a close, a stat of the
-    # directory, a stat of each entry (strace: 1.25 openat, 3.5 newfstatat, 2.1 getdents64 a
-    # rank); plus the strategy files and the index.
-    listing_ops = ranks * 7
+    # Each strategy file is read twice (its digest, then the parse).
+    strategies = 2 * 2 * a.names * a.strategy_bytes_per_name
+    files_record = ranks * 60  # the index's list of chosen files, one line a rank
     summary_pages = (a.ranks_per_node + needed + 2) * 4  # B-tree root-to-leaf, 4 levels
-    mount_ops = listing_ops + 2 * 2 + 2 + needed  # strategies open+read, index open+mmap, stats
+    # Pinned by the index: open+read of each strategy file twice, open+mmap of data.mdb, a stat
+    # of each source the node's ranks read.
+    mount_ops = 2 * 2 * 2 + 2 + needed
+    # Listing instead (another --step, or a source strategy found in a MindFormers output/):
+    # per rank directory an open, two getdents64, a close, a stat of the directory, a stat of
+    # each entry (strace: 1.25 openat, 3.5 newfstatat, 2.1 getdents64 a rank).
+    listing_ops = ranks * 7
+    read = strategies + files_record + summary_pages * 4096
     print("\nper node, at mount (ranks listed from the index summaries, nothing planned):")
-    print(f"  metadata operations: {mount_ops:,} ({listing_ops:,} of them listing every rank "
-          f"directory to choose the step, {needed} stats of the node's sources, the rest "
-          f"strategy and index opens)")
-    print(f"  bytes read: {strategies / MIB:.0f} MiB of strategy files + "
-          f"{summary_pages * 4 / 1024:.1f} MiB of index pages")
-    print(f"  cluster-wide: {mount_ops * a.nodes / 1e6:.1f}M metadata operations, "
-          f"{(strategies + summary_pages * 4096) * a.nodes / GIB:.0f} GiB read")
+    print(f"  metadata operations: {mount_ops} (strategy and index opens, {needed} stats of the "
+          f"node's sources); {mount_ops + listing_ops:,} when the mount has to list the source "
+          f"directory instead of taking the index's files")
+    print(f"  bytes read: {strategies / MIB:.0f} MiB of strategy files (read twice) + "
+          f"{(files_record + summary_pages * 4096) / MIB:.1f} MiB of index pages")
+    print(f"  cluster-wide: {mount_ops * a.nodes:,} metadata operations, {read * a.nodes / GIB:.0f}"
+          f" GiB read")
     first_open = needed * per_file * a.index_bytes_per_tensor
     print(f"per node, at the first open of its {a.ranks_per_node} ranks: {needed} source files "
           f"opened and mapped (no lock, no write), {first_open / MIB:.0f} MiB of index entries "
