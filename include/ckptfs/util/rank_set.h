@@ -2,9 +2,9 @@
 // target ranks it serves. Ascending, each once. Pure; thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
-#include <set>
 #include <string_view>
 #include <vector>
 
@@ -23,27 +23,35 @@ inline std::vector<int64_t> parse_rank_set(std::string_view text) {
       fail("--ranks {}: '{}' is not a rank (expected a list such as 0-7,16)", text, s);
     return v;
   };
-  std::set<int64_t> out;
+  // Counted before any is stored: many long ranges, each within bounds, would otherwise take
+  // gigabytes first.
+  std::vector<int64_t> out;
+  size_t count = 0;
   size_t begin = 0;
   while (true) {
     const size_t comma = text.find(',', begin);
     const std::string_view item = text.substr(
         begin, comma == std::string_view::npos ? std::string_view::npos : comma - begin);
     const size_t dash = item.find('-');
+    int64_t lo = 0, hi = 0;
     if (dash == std::string_view::npos) {
-      out.insert(number(item));
+      lo = hi = number(item);
     } else {
-      const int64_t lo = number(item.substr(0, dash)), hi = number(item.substr(dash + 1));
+      lo = number(item.substr(0, dash));
+      hi = number(item.substr(dash + 1));
       if (hi < lo) fail("--ranks {}: range {} runs backwards", text, item);
       if (hi - lo >= static_cast<int64_t>(kMaxRanks))
         fail("--ranks {}: range {} is too long", text, item);
-      for (int64_t r = lo; r <= hi; ++r) out.insert(r);
     }
-    if (out.size() > kMaxRanks) fail("--ranks {}: more than {} ranks", text, kMaxRanks);
+    count += static_cast<size_t>(hi - lo) + 1;
+    if (count > kMaxRanks) fail("--ranks {}: more than {} ranks", text, kMaxRanks);
+    for (int64_t r = lo; r <= hi; ++r) out.push_back(r);
     if (comma == std::string_view::npos) break;
     begin = comma + 1;
   }
-  return {out.begin(), out.end()};
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 }  // namespace ckptfs::util
