@@ -2,9 +2,11 @@
 #include "ckptfs/source/unified.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "ckptfs/error.h"
 
@@ -12,7 +14,9 @@ namespace ckptfs::source {
 namespace {
 
 std::string refusal_for(const std::string& map_text) {
-  const auto dir = std::filesystem::path(::testing::TempDir()) / "unified_map_test";
+  // One directory per test process: ctest runs this file's tests in parallel.
+  const auto dir = std::filesystem::path(::testing::TempDir()) /
+                   ("unified_map_test." + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::ofstream(dir / kParamNameMap) << map_text;
@@ -20,8 +24,10 @@ std::string refusal_for(const std::string& map_text) {
   try {
     read_unified(dir);
   } catch (const Error& e) {
+    std::filesystem::remove_all(dir);
     return e.what();
   }
+  std::filesystem::remove_all(dir);
   return "";
 }
 
