@@ -1,4 +1,4 @@
-#include "ckptfs/fs/bus_guard.h"
+#include "bus_guard.h"
 
 #include <csignal>
 #include <mutex>

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "scratch.h"
+
 namespace ckptfs::fs::detail {
 
 namespace {
@@ -50,8 +52,8 @@ const size_t kPageKiB = static_cast<size_t>(::sysconf(_SC_PAGESIZE)) / 1024;
 // answered with EIO.
 bool reply_spliced(fuse_req_t req, Server& s, fuse_ino_t ino, uint64_t off, size_t size,
                    size_t& got) {
-  thread_local std::unique_ptr<StagePipe> pipe;
-  thread_local bool no_pipe = false;
+  std::unique_ptr<StagePipe>& pipe = scratch().splice_pipe;
+  bool& no_pipe = scratch().splice_unavailable;
   if (no_pipe) return false;
   if (!pipe) {
     try {

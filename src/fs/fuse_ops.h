@@ -15,12 +15,12 @@
 #include <unordered_set>
 #include <vector>
 
-#include "ckptfs/fs/other_readers.h"
-#include "ckptfs/fs/prefetcher.h"
-#include "ckptfs/fs/reply_buffer.h"
-#include "ckptfs/fs/splice_stage.h"
-#include "ckptfs/fs/status.h"
 #include "ckptfs/fs/tree.h"
+#include "other_readers.h"
+#include "prefetcher.h"
+#include "reply_buffer.h"
+#include "splice_stage.h"
+#include "status.h"
 
 namespace ckptfs::fs::detail {
 

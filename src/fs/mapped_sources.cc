@@ -1,4 +1,4 @@
-#include "ckptfs/fs/mapped_sources.h"
+#include "mapped_sources.h"
 
 #include <sys/mman.h>
 #include <sys/uio.h>
@@ -8,9 +8,9 @@
 #include <climits>
 #include <cstring>
 
+#include "bus_guard.h"
 #include "ckptfs/error.h"
-#include "ckptfs/fs/bus_guard.h"
-#include "source_marks.h"
+#include "scratch.h"
 
 namespace ckptfs::fs {
 
@@ -72,9 +72,10 @@ MappedSources::MappedSources(std::span<const index::IndexedSource> sources) {
 
 bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
   // Where each run goes, and how many sources the request reads.
-  thread_local std::vector<char*> dest;
-  thread_local std::vector<uint32_t> order;  // indexes of the source runs
-  thread_local detail::SourceMarks marks;
+  detail::Scratch& scratch = detail::scratch();
+  std::vector<char*>& dest = scratch.copy_dest;
+  std::vector<uint32_t>& order = scratch.copy_order;  // indexes of the source runs
+  detail::SourceMarks& marks = scratch.copy_marks;
   dest.resize(runs.size());
   order.clear();
   marks.begin(maps_.size());
@@ -105,7 +106,7 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
   // mappings, and their tables dropped before the next source.
   if (one_by_one && !read_stretches(runs, dest, order)) return false;
 
-  thread_local std::vector<std::pair<uint32_t, Range>> done;
+  std::vector<std::pair<uint32_t, Range>>& done = scratch.copy_done;
   const bool copied = copy_guarded([&] {
     for (size_t i = 0; i < runs.size(); ++i)
       if (runs[i].mem != nullptr) std::memcpy(dest[i], runs[i].mem, runs[i].length);
@@ -135,8 +136,8 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
 
 bool MappedSources::read_stretches(std::span<const plan::Run> runs, std::span<char* const> dest,
                                    std::vector<uint32_t>& order) const {
-  thread_local std::vector<iovec> iov;
-  thread_local std::vector<char> bytes;
+  std::vector<iovec>& iov = detail::scratch().stretch_iov;
+  std::vector<char>& bytes = detail::scratch().stretch_bytes;
   size_t kept = 0;
   for (size_t k = 0, end = 0; k < order.size(); k = end) {
     const int fd = fds_[runs[order[k]].source];
@@ -182,7 +183,7 @@ bool MappedSources::read_stretches(std::span<const plan::Run> runs, std::span<ch
 }
 
 void MappedSources::note(std::span<const plan::Run> runs, std::span<const uint32_t> source_runs) {
-  thread_local std::vector<std::pair<uint32_t, Range>> due;
+  std::vector<std::pair<uint32_t, Range>>& due = detail::scratch().note_due;
   {
     std::lock_guard lock(mutex_);
     for (uint32_t i : source_runs) {

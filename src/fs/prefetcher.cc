@@ -1,4 +1,4 @@
-#include "ckptfs/fs/prefetcher.h"
+#include "prefetcher.h"
 
 #include <pthread.h>
 #include <spdlog/spdlog.h>
@@ -9,6 +9,8 @@
 #include <cstring>
 #include <exception>
 #include <utility>
+
+#include "scratch.h"
 
 namespace ckptfs::fs {
 
@@ -105,7 +107,8 @@ int Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf, size
   using State = Slot::State;
   bool hit = false;
   bool sequential = false;
-  thread_local std::vector<uint32_t> served_from;  // sources of the blocks a hit is served from
+  // The sources of the blocks a hit is served from.
+  std::vector<uint32_t>& served_from = detail::scratch().served_from;
   served_from.clear();
   for (;;) {
     std::unique_lock lock(s.mutex);
@@ -179,7 +182,7 @@ int Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf, size
 }
 
 void Prefetcher::start(Stream& s) noexcept {
-  thread_local std::vector<std::pair<size_t, uint64_t>> planned;
+  std::vector<std::pair<size_t, uint64_t>>& planned = detail::scratch().planned;
   {
     std::lock_guard lock(s.mutex);
     if (s.planned.empty()) return;

@@ -1,4 +1,4 @@
-#include "ckptfs/fs/reply_buffer.h"
+#include "reply_buffer.h"
 
 #include <sys/mman.h>
 

@@ -1,4 +1,4 @@
-#include "ckptfs/fs/splice_stage.h"
+#include "splice_stage.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ckptfs/error.h"
+#include "scratch.h"
 
 namespace ckptfs::fs {
 
@@ -74,7 +75,7 @@ bool SpliceStage::worth_it(std::span<const plan::Run> runs, uint64_t bytes, size
 bool SpliceStage::would_stage(uint64_t ino, uint64_t off, size_t len) const {
   const plan::VirtualFile* file = tree_.file(ino);
   if (file == nullptr) return false;
-  thread_local std::vector<plan::Run> runs;
+  std::vector<plan::Run>& runs = detail::scratch().splice_runs;
   runs.clear();
   const uint64_t covered = file->map(off, len, runs);
   return worth_it(runs, covered, slots_);
@@ -86,7 +87,7 @@ SpliceStage::Outcome SpliceStage::stage(uint64_t ino, uint64_t off, size_t len,
   err = 0;
   const plan::VirtualFile* file = tree_.file(ino);
   if (file == nullptr) return Outcome::kDeclined;
-  thread_local std::vector<plan::Run> runs;
+  std::vector<plan::Run>& runs = detail::scratch().splice_runs;
   runs.clear();
   const uint64_t covered = file->map(off, len, runs);
   if (!worth_it(runs, covered, std::min(slots_, pipe.slots()))) return Outcome::kDeclined;

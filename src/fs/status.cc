@@ -1,4 +1,4 @@
-#include "ckptfs/fs/status.h"
+#include "status.h"
 
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>

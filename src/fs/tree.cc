@@ -9,7 +9,8 @@
 
 #include "access.h"
 #include "ckptfs/error.h"
-#include "source_marks.h"
+#include "mapped_sources.h"
+#include "scratch.h"
 
 namespace ckptfs::fs {
 
@@ -342,7 +343,7 @@ void Tree::report(uint32_t source, std::string_view what) const {
 }
 
 int Tree::distinct_sources(std::span<const plan::Run> runs, std::vector<uint32_t>& out) const {
-  thread_local detail::SourceMarks marks;
+  detail::SourceMarks& marks = detail::scratch().check_marks;
   const size_t n = plan_.sources.size();
   marks.begin(n);
   out.clear();
@@ -358,7 +359,7 @@ int Tree::distinct_sources(std::span<const plan::Run> runs, std::vector<uint32_t
 }
 
 int Tree::check_sources(std::span<const plan::Run> runs) const {
-  thread_local std::vector<uint32_t> sources;
+  std::vector<uint32_t>& sources = detail::scratch().check_sources;
   if (int err = distinct_sources(runs, sources)) return err;
   return check_sources(std::span<const uint32_t>(sources));
 }
@@ -448,14 +449,13 @@ int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got
   const plan::VirtualFile* f = file(ino);
   if (f == nullptr) return lookup(ino, kDot) != 0 ? EISDIR : ENOENT;
   if (off >= f->size() || buf.empty()) return 0;
-  thread_local std::vector<plan::Run> runs;
+  std::vector<plan::Run>& runs = detail::scratch().read_runs;
   runs.clear();
   const uint64_t covered = f->map(off, buf.size(), runs);
   if (int err = gather(runs, buf.data())) return err;
   // After the copy, not before: write() updates a file's mtime before its bytes, so a source
   // found unchanged now was not written while it was copied.
-  thread_local std::vector<uint32_t> read_from;
-  std::vector<uint32_t>& list = sources != nullptr ? *sources : read_from;
+  std::vector<uint32_t>& list = sources != nullptr ? *sources : detail::scratch().read_sources;
   if (int err = distinct_sources(runs, list)) return err;
   if (int err = check_sources(std::span<const uint32_t>(list))) return err;
   got = covered;

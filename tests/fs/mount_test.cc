@@ -32,8 +32,8 @@
 #include <thread>
 #include <vector>
 
+#include "../../src/fs/splice_stage.h"
 #include "ckptfs/error.h"
-#include "ckptfs/fs/splice_stage.h"
 #include "ckptfs/util/fd.h"
 #include "test_data.h"
 

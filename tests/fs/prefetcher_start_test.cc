@@ -10,7 +10,7 @@
 #include <string>
 #include <system_error>
 
-#include "ckptfs/fs/prefetcher.h"
+#include "../../src/fs/prefetcher.h"
 #include "test_data.h"
 
 namespace {

@@ -1,7 +1,7 @@
 // Prefetcher over a hand-built tree: sequential reads come from blocks gathered ahead and match
 // the plain concatenation; random reads are not read ahead; a source that changes between the
 // gather ahead and the read fails the read.
-#include "ckptfs/fs/prefetcher.h"
+#include "../../src/fs/prefetcher.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Reply buffers: two 1 MiB buffers share one 2 MiB-aligned page and keep their bytes apart; a
 // buffer made for a READ grows to 1 MiB in place; freeing returns pages, so a steady stream of
 // buffers does not map ever more memory.
-#include "ckptfs/fs/reply_buffer.h"
+#include "../../src/fs/reply_buffer.h"
 
 #include <gtest/gtest.h>
 

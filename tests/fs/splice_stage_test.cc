@@ -1,7 +1,7 @@
 // SpliceStage over a hand-built tree: which READs it takes, that the bytes it puts in the pipe
 // are the target's bytes (read back from the pipe and compared with the plain concatenation),
 // and that a source changed or cut short fails the READ instead of staging it.
-#include "ckptfs/fs/splice_stage.h"
+#include "../../src/fs/splice_stage.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

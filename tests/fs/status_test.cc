@@ -1,7 +1,7 @@
 // The status tree and attributes without FUSE: a hand-built .ckpt target over random sources,
 // whose plan must name extents that hold exactly the bytes the tree serves, and the grouping
 // of strided runs, checked against the runs VirtualFile::map gives one by one.
-#include "ckptfs/fs/status.h"
+#include "../../src/fs/status.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ringbuffer_sink.h>

@@ -5,6 +5,8 @@
 //
 // Thread-safe: a rank is planned once, by the first caller (others asking for the same rank wait
 // for it); a planned rank's Tree lives as long as this object, so pointers into it stay valid.
+// Each rank's lock is held while it is planned (which takes the index's locks, never a read
+// path lock); no two ranks' locks are held together.
 #pragma once
 
 #include <cstddef>

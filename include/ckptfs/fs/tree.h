@@ -4,6 +4,13 @@
 // "/steps/<epoch>_<step>/" holds each step's own Tree, at inodes from kStepsIno up: lookup,
 // stat, list, file, target, check_file and read_into serve them; the run-level calls
 // (check_sources, gather) and plan() are for this tree's own files only.
+//
+// Thread-safety: set_steps, set_step_index and set_owner are for before serving. After that
+// every const method may be called from any thread at once: the tree itself is read-only, the
+// "source seen changed" flags are atomics, and what changes underneath synchronizes itself
+// (MappedSources' page-table accounting, LazyRanks' planning, Steps' set of steps), each lock a
+// leaf but for LazyRanks' and Steps' planning locks, which may take the index's and a new
+// Tree's (never a read path lock). Per-thread buffers: scratch.h.
 #pragma once
 
 #include <sys/stat.h>
@@ -22,11 +29,12 @@
 #include <vector>
 
 #include "ckptfs/fs/lazy_ranks.h"
-#include "ckptfs/fs/mapped_sources.h"
 #include "ckptfs/fs/steps.h"
 #include "ckptfs/plan/planner.h"
 
 namespace ckptfs::fs {
+
+class MappedSources;  // src/fs/mapped_sources.h
 
 class Tree {
  public:

@@ -1,6 +1,8 @@
 // Copies out of file mappings without dying when a file shrinks underneath. Touching a mapped
 // page past the new end of file raises SIGBUS; inside copy_guarded that becomes a false return
 // (the caller answers EIO), anywhere else the process still gets the default action.
+// Thread-safety: the landing point is per thread, so any number of threads may copy guarded at
+// once; the handler is installed once for the process.
 #pragma once
 
 #include <csetjmp>

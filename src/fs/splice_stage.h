@@ -16,6 +16,9 @@
 // where libfuse cannot grow its own reply pipe (a user over pipe-user-pages-soft), it copies
 // ours with read(), which stops short at a page truncated away meanwhile: a short reply, not
 // EIO.
+//
+// Thread-safety: a SpliceStage is read-only once made: any thread may call it at once. A
+// StagePipe is one thread's (scratch.h keeps each FUSE worker's).
 #pragma once
 
 #include <cstddef>

@@ -4,6 +4,9 @@
 // reader, +9% for strided reads). Other sizes come from the heap. A page is returned once both
 // halves are free, except one kept for the next buffer, so a steady reader does not clear a
 // fresh 2 MiB page per READ.
+//
+// Thread-safety: a ReplyBuffer is one owner's at a time; allocating and freeing them may happen
+// on any thread (one leaf mutex guards the page list; nothing is called while it is held).
 #pragma once
 
 #include <cstddef>

@@ -5,6 +5,13 @@
 // reply is being copied, so the following READs find their bytes ready. A READ that is one
 // whole block takes the block's buffer; one inside a block (a reader whose buffer is not
 // page-aligned gets READs of 1 MiB minus a few bytes, then the few bytes) is copied out of it.
+//
+// Thread-safety: every public method may be called from any thread; one Stream may be read by
+// several FUSE workers at once (a reader with two threads on one file handle). Locks: `mutex_`
+// (the job queue, each stream's `gathering`) and each Stream's own mutex (its slots, `next`,
+// `planned`) are never held together. Under either, only the reply buffers' page pool
+// (reply_buffer.h) may be locked, when a block's buffer is freed. A helper gathers without
+// holding any lock; the slot it fills is its own while kRunning.
 #pragma once
 
 #include <atomic>
@@ -18,10 +25,10 @@
 #include <utility>
 #include <vector>
 
-#include "ckptfs/fs/other_readers.h"
-#include "ckptfs/fs/reply_buffer.h"
-#include "ckptfs/fs/splice_stage.h"
 #include "ckptfs/fs/tree.h"
+#include "other_readers.h"
+#include "reply_buffer.h"
+#include "splice_stage.h"
 
 namespace ckptfs::fs {
 

@@ -4,6 +4,10 @@
 // resident set stays flat however much is read, and the next touch maps the cached page again.
 // A request over more than kFewSources sources reads each source's stretch with preadv instead,
 // where its runs form one.
+//
+// Thread-safety: copy() may run on any number of threads at once; `mutex_` guards only the
+// touched-tables accounting, is a leaf (nothing else is locked or called while it is held) and
+// is never held during a copy or an madvise. Per-thread buffers live in scratch.h.
 #pragma once
 
 #include <cstdint>

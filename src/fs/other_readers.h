@@ -1,6 +1,6 @@
 // Whether the CPUs are busy with other readers: a read from another reader (an open file, or
 // whatever key the caller uses) arrived in the last 2 ms. Lock-free; a heuristic, so relaxed
-// ordering is enough.
+// ordering is enough. Thread-safety: note() may be called from any thread at once.
 #pragma once
 
 #include <atomic>
