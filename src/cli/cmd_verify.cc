@@ -166,12 +166,12 @@ void verify_sources(const VerifyArgs& args) {
       const plan::TargetFile& target = plan.targets[i];
       const std::string name = target.path();
       for (uint64_t off = 0; off < target.file.size();) {
-        size_t got = 0;
-        const int err =
-            tree->read_into(tree->target_ino(i), off, std::span<char>(buffer.get(), kChunk), got);
-        if (err != 0 || got == 0) {
+        const fs::ReadResult r =
+            tree->read_into(tree->target_ino(i), off, std::span<char>(buffer.get(), kChunk));
+        const size_t got = r.bytes();
+        if (!r.ok() || got == 0) {
           findings.add(fmt::format("{}: reading byte {} failed: {}", name, off,
-                                   err != 0 ? std::strerror(err) : "no data"));
+                                   !r.ok() ? std::strerror(r.error()) : "no data"));
           break;
         }
         off += got;

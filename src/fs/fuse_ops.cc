@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <memory>
@@ -56,38 +57,33 @@ bool reply_spliced(fuse_req_t req, Server& s, fuse_ino_t ino, uint64_t off, size
   bool& no_pipe = scratch().splice_unavailable;
   if (no_pipe) return false;
   if (!pipe) {
-    try {
-      pipe = std::make_unique<StagePipe>(s.stage->slots());
-    } catch (const std::exception& e) {
-      spdlog::warn("splice off for this thread: {}", e.what());
+    pipe = std::make_unique<StagePipe>(s.stage->slots());
+    if (int err = pipe->error()) {
+      spdlog::warn("splice off for this thread: cannot make a pipe of {} slots: {}",
+                   s.stage->slots(), std::strerror(err));
+      pipe.reset();
       no_pipe = true;
       return false;
     }
   }
-  int err = 0;
-  SpliceStage::Outcome outcome;
-  try {
-    outcome = s.stage->stage(ino, off, size, *pipe, got, err);
-  } catch (...) {
-    pipe.reset();  // it may hold bytes the next READ would send first
-    throw;
-  }
-  if (outcome == SpliceStage::Outcome::kStaged) {
+  const ReadResult staged = s.stage->stage(ino, off, size, *pipe);
+  got = staged.bytes();
+  if (staged.ok()) {
     // Counted (and a failure logged) before the reply: a reader who sees it also sees them.
     s.status->served(ino, got);
     fuse_bufvec data = FUSE_BUFVEC_INIT(got);
     data.buf[0].flags = FUSE_BUF_IS_FD;
     data.buf[0].fd = pipe->read_end();
     fuse_reply_data(req, &data, static_cast<fuse_buf_copy_flags>(0));
-  } else if (outcome == SpliceStage::Outcome::kFailed) {
+  } else if (!staged.is_declined()) {
     s.reads_failed.fetch_add(1, std::memory_order_relaxed);
-    s.status->failed(ino, off, size, err);
-    fuse_reply_err(req, err);
+    s.status->failed(ino, off, size, staged.error());
+    fuse_reply_err(req, staged.error());
   }
   // A reply that failed, or staging cut short, can leave bytes behind; the next READ must
   // start on an empty pipe.
   if (pipe->pending() != 0) pipe.reset();
-  if (outcome != SpliceStage::Outcome::kStaged) return outcome == SpliceStage::Outcome::kFailed;
+  if (!staged.ok()) return !staged.is_declined();
   s.reads_served.fetch_add(1, std::memory_order_relaxed);
   s.reads_spliced.fetch_add(1, std::memory_order_relaxed);
   return true;
@@ -422,13 +418,16 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
       return;
     }
     ReplyBuffer buf = s.buffers.take();
+    ReadResult r = ReadResult::failed(EIO);
     if (stream) {
       // May swap `buf` with a block it read ahead.
-      err = s.prefetcher->read(*stream, static_cast<uint64_t>(off), size, buf, got);
+      r = s.prefetcher->read(*stream, static_cast<uint64_t>(off), size, buf);
     } else {
       buf.resize(size);
-      err = tree.read_into(ino, static_cast<uint64_t>(off), std::span<char>(buf.data(), size), got);
+      r = tree.read_into(ino, static_cast<uint64_t>(off), std::span<char>(buf.data(), size));
     }
+    got = r.bytes();
+    err = r.error();
     if (err != 0) {
       s.reads_failed.fetch_add(1, std::memory_order_relaxed);
       // Logged and counted before the reply: a reader who sees it also sees them.

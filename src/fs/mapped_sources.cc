@@ -70,7 +70,7 @@ MappedSources::MappedSources(std::span<const index::IndexedSource> sources) {
   touched_.resize(maps_.size());
 }
 
-bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
+ReadResult MappedSources::copy(std::span<const plan::Run> runs, char* out) {
   // Where each run goes, and how many sources the request reads.
   detail::Scratch& scratch = detail::scratch();
   std::vector<char*>& dest = scratch.copy_dest;
@@ -104,7 +104,7 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
   // the same tables. So a source whose runs here are one stretch of its file (a column block
   // gives the next rows of its slice) is read with preadv; the others are copied from their
   // mappings, and their tables dropped before the next source.
-  if (one_by_one && !read_stretches(runs, dest, order)) return false;
+  if (one_by_one && !read_stretches(runs, dest, order)) return ReadResult::failed(EIO);
 
   std::vector<std::pair<uint32_t, Range>>& done = scratch.copy_done;
   const bool copied = copy_guarded([&] {
@@ -130,8 +130,9 @@ bool MappedSources::copy(std::span<const plan::Run> runs, char* out) {
     }
   });
   let_go(done);  // empty unless a fault cut the copy short: then drop what it had mapped
-  if (copied && !one_by_one) note(runs, order);
-  return copied;
+  if (!copied) return ReadResult::failed(EIO);
+  if (!one_by_one) note(runs, order);
+  return ReadResult::done(static_cast<size_t>(to - out));
 }
 
 bool MappedSources::read_stretches(std::span<const plan::Run> runs, std::span<char* const> dest,

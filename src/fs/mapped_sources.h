@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "ckptfs/fs/read_result.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/plan/virtual_file.h"
 #include "ckptfs/util/mapped_file.h"
@@ -34,10 +35,10 @@ class MappedSources {
   // Bytes mapped of source `index` (its size at mount).
   uint64_t mapped_size(uint32_t index) const { return maps_[index].size(); }
 
-  // Copies the bytes of `runs` to `out` (header runs from memory). Every source run must lie
-  // within its mapping. False if a file shrank since it was mapped (the copy faulted or a read
-  // came up short).
-  bool copy(std::span<const plan::Run> runs, char* out);
+  // Copies the bytes of `runs` to `out` (header runs from memory): done(their length), or
+  // failed(EIO) if a file shrank since it was mapped (the copy faulted or a read came up short).
+  // Every source run must lie within its mapping.
+  ReadResult copy(std::span<const plan::Run> runs, char* out);
 
   struct Range {
     uint64_t begin = 0, end = 0;

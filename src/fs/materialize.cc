@@ -153,10 +153,11 @@ MaterializeResult materialize(const Tree& tree, const stdfs::path& out,
         for (uint64_t off = segment.begin; off < segment.end && !failed.load();) {
           const size_t want =
               static_cast<size_t>(std::min<uint64_t>(kMaterializeBufferBytes, segment.end - off));
-          size_t got = 0;
-          if (int err = tree.read_into(job.ino, off, std::span<char>(buffer.get(), want), got))
+          const ReadResult r = tree.read_into(job.ino, off, std::span<char>(buffer.get(), want));
+          if (!r.ok())
             fail("{}: reading byte {} of the view failed: {} (see the line above)",
-                 job.final_path.string(), off, errno_text(err));
+                 job.final_path.string(), off, errno_text(r.error()));
+          const size_t got = r.bytes();
           if (got != want)
             fail("{}: the view ended at byte {}, before its size {}", job.final_path.string(),
                  off + got, job.size);

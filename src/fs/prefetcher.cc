@@ -103,10 +103,11 @@ std::shared_ptr<Prefetcher::Stream> Prefetcher::open(uint64_t ino) const {
   return std::make_shared<Stream>(ino, file->size());
 }
 
-int Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf, size_t& got) {
+ReadResult Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf) {
   using State = Slot::State;
   bool hit = false;
   bool sequential = false;
+  size_t got = 0;
   // The sources of the blocks a hit is served from.
   std::vector<uint32_t>& served_from = detail::scratch().served_from;
   served_from.clear();
@@ -163,22 +164,23 @@ int Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf, size
       s.lagging.store(lag - 1, std::memory_order_relaxed);
     break;
   }
-  int err = 0;
+  ReadResult result = ReadResult::done(got);
   if (hit) {
     // The blocks were gathered a moment ago: the sources they were read from must still be
     // what was mounted, or they may hold a mix of old and new bytes.
-    err = tree_.check_sources(s.ino, std::span<const uint32_t>(served_from));
-    if (err == 0) hits_.fetch_add(1, std::memory_order_relaxed);
+    if (int err = tree_.check_sources(s.ino, std::span<const uint32_t>(served_from)))
+      return ReadResult::failed(err);
+    hits_.fetch_add(1, std::memory_order_relaxed);
   } else {
     buf.resize(len);
-    err = tree_.read_into(s.ino, off, std::span<char>(buf.data(), len), got);
+    result = tree_.read_into(s.ino, off, std::span<char>(buf.data(), len));
+    if (!result.ok()) return result;
   }
-  if (err != 0) return err;
 
   std::lock_guard lock(s.mutex);
-  s.next = off + got;
-  if (sequential && !others_reading(s)) plan_ahead(s, off + got, s.planned);
-  return 0;
+  s.next = off + result.bytes();
+  if (sequential && !others_reading(s)) plan_ahead(s, off + result.bytes(), s.planned);
+  return result;
 }
 
 void Prefetcher::start(Stream& s) noexcept {
@@ -309,23 +311,22 @@ void Prefetcher::fill(Stream& s, size_t index, uint64_t generation) {
     off = slot.off;
     want = slot.got;
   }
-  size_t got = 0;
-  int err = 0;
-  // Nothing may escape a helper thread (it would end the daemon): a failure fails the block,
-  // and the READ of that block gathers for itself.
+  ReadResult result = ReadResult::failed(EIO);
+  // Nothing may escape a helper thread (it would end the daemon): a failure (out of memory)
+  // fails the block, and the READ of that block gathers for itself.
   try {
     // Allocated (and first touched) here, by the filler, not on a reader's path.
     if (slot.data.capacity() == 0) slot.data = make_reply_buffer();
     if (slot.data.size() < want) slot.data.resize(want);
-    err = tree_.read_into(s.ino, off, std::span<char>(slot.data.data(), want), got, &slot.sources);
+    result = tree_.read_into(s.ino, off, std::span<char>(slot.data.data(), want), &slot.sources);
   } catch (const std::exception& e) {
     spdlog::error("read-ahead of inode {} at {}: {}", s.ino, off, e.what());
-    err = EIO;
   }
-  if (err == 0 && got != want) err = EIO;  // the size is fixed for the mount: cannot happen
+  // The size is fixed for the mount: a short block cannot happen.
+  const bool filled = result.ok() && result.bytes() == want;
   {
     std::lock_guard lock(s.mutex);
-    slot.state = err == 0 ? State::kReady : State::kFailed;
+    slot.state = filled ? State::kReady : State::kFailed;
   }
   s.done.notify_all();
   gathered_ahead_.fetch_add(1, std::memory_order_relaxed);

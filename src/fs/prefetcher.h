@@ -53,12 +53,12 @@ class Prefetcher {
   // A stream for file inode `ino` (one per open file handle); null if `ino` is not a file.
   std::shared_ptr<Stream> open(uint64_t ino) const;
 
-  // Serves [off, off + len) of the stream's file into `buf` (resized to len; `got` is short
-  // only at end of file): from a block read ahead when one holds that range and the file's
-  // sources are unchanged, else gathered now. Then, if this read continued the previous one,
-  // plans blocks so that the one holding the reader's position and the two after it are read
-  // ahead. 0, or an errno as Tree::read_into.
-  int read(Stream& stream, uint64_t off, size_t len, ReplyBuffer& buf, size_t& got);
+  // Serves [off, off + len) of the stream's file into `buf` (resized to len; the bytes served
+  // are short only at end of file): from a block read ahead when one holds that range and the
+  // file's sources are unchanged, else gathered now. Then, if this read continued the previous
+  // one, plans blocks so that the one holding the reader's position and the two after it are
+  // read ahead. Answers as Tree::read_into.
+  ReadResult read(Stream& stream, uint64_t off, size_t len, ReplyBuffer& buf);
   // Hands the blocks the last read planned to the helpers. Called once the reply is sent, so
   // that waking them does not delay it; never throws, as the request is answered by then.
   void start(Stream& stream) noexcept;

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <vector>
 
-#include "ckptfs/error.h"
 #include "scratch.h"
 
 namespace ckptfs::fs {
@@ -37,24 +36,20 @@ uint64_t reply_pipe_slots(uint64_t bytes) {
 }  // namespace
 
 size_t StagePipe::max_slots() {
-  for (size_t slots : {512, 256}) {
-    try {
-      StagePipe probe(slots);
-      return slots;
-    } catch (const Error&) {
-    }
-  }
+  for (size_t slots : {512, 256})
+    if (StagePipe(slots).error() == 0) return slots;
   return 0;
 }
 
-StagePipe::StagePipe(size_t slots) : slots_(slots) {
+StagePipe::StagePipe(size_t slots) noexcept : slots_(slots) {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
-    fail("cannot make a pipe: {}", std::strerror(errno));
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    error_ = errno;
+    return;
+  }
   read_ = UniqueFd(fds[0]);
   write_ = UniqueFd(fds[1]);
-  if (::fcntl(write_.get(), F_SETPIPE_SZ, static_cast<int>(slots * kPage)) < 0)
-    fail("cannot size a pipe to {} bytes: {}", slots * kPage, std::strerror(errno));
+  if (::fcntl(write_.get(), F_SETPIPE_SZ, static_cast<int>(slots * kPage)) < 0) error_ = errno;
 }
 
 size_t StagePipe::pending() const {
@@ -81,16 +76,13 @@ bool SpliceStage::would_stage(uint64_t ino, uint64_t off, size_t len) const {
   return worth_it(runs, covered, slots_);
 }
 
-SpliceStage::Outcome SpliceStage::stage(uint64_t ino, uint64_t off, size_t len,
-                                        const StagePipe& pipe, size_t& got, int& err) const {
-  got = 0;
-  err = 0;
+ReadResult SpliceStage::stage(uint64_t ino, uint64_t off, size_t len, const StagePipe& pipe) const {
   const plan::VirtualFile* file = tree_.file(ino);
-  if (file == nullptr) return Outcome::kDeclined;
+  if (file == nullptr) return ReadResult::declined();
   std::vector<plan::Run>& runs = detail::scratch().splice_runs;
   runs.clear();
   const uint64_t covered = file->map(off, len, runs);
-  if (!worth_it(runs, covered, std::min(slots_, pipe.slots()))) return Outcome::kDeclined;
+  if (!worth_it(runs, covered, std::min(slots_, pipe.slots()))) return ReadResult::declined();
   const auto& sources = tree_.plan().sources;
   for (const plan::Run& run : runs) {
     uint64_t done = 0;
@@ -102,8 +94,7 @@ SpliceStage::Outcome SpliceStage::stage(uint64_t ino, uint64_t off, size_t len,
         if (run.source >= sources.size()) {
           spdlog::error("read mapped to source #{}, but the plan has {} sources", run.source,
                         sources.size());
-          err = EIO;
-          return Outcome::kFailed;
+          return ReadResult::failed(EIO);
         }
         loff_t at = static_cast<loff_t>(run.offset + done);
         // Never blocks: a full pipe answers EAGAIN (the slot count above was not enough).
@@ -113,15 +104,15 @@ SpliceStage::Outcome SpliceStage::stage(uint64_t ino, uint64_t off, size_t len,
       if (n < 0 && errno == EINTR) continue;
       // A full pipe, or a source file system that cannot splice: gather instead.
       if (n < 0 && (errno == EAGAIN || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP))
-        return Outcome::kDeclined;
+        return ReadResult::declined();
       if (n <= 0) {
         // The file ends before the run does (it shrank), or cannot be read: its fingerprint
         // check names it.
-        err = EIO;
+        const int err = n < 0 ? errno : 0;
         if (tree_.check_sources(runs) == 0)
           spdlog::error("source #{} ends or fails before byte {} ({})", run.source,
-                        run.offset + run.length, n < 0 ? std::strerror(errno) : "end of file");
-        return Outcome::kFailed;
+                        run.offset + run.length, err != 0 ? std::strerror(err) : "end of file");
+        return ReadResult::failed(EIO);
       }
       done += static_cast<uint64_t>(n);
     }
@@ -129,12 +120,8 @@ SpliceStage::Outcome SpliceStage::stage(uint64_t ino, uint64_t off, size_t len,
   // After the splice, as after a copy: a source found unchanged now was not written before its
   // pages went into the pipe. (An in-place write from now until the kernel copies the reply
   // out would still show: the pipe holds the cached pages, not a copy of them.)
-  if (tree_.check_sources(runs) != 0) {
-    err = EIO;
-    return Outcome::kFailed;
-  }
-  got = covered;
-  return Outcome::kStaged;
+  if (tree_.check_sources(runs) != 0) return ReadResult::failed(EIO);
+  return ReadResult::done(covered);
 }
 
 }  // namespace ckptfs::fs

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <span>
 
+#include "ckptfs/fs/read_result.h"
 #include "ckptfs/fs/tree.h"
 #include "ckptfs/util/fd.h"
 
@@ -37,8 +38,10 @@ class StagePipe {
   // allows it (or the process may pass it), else 256 (1 MiB, the usual limit), 0 if not even
   // that.
   static size_t max_slots();
-  // Throws Error if the pipe cannot be made or sized.
-  explicit StagePipe(size_t slots);
+  // A pipe of `slots` slots, or, if it cannot be made or sized, none: error() says why.
+  explicit StagePipe(size_t slots) noexcept;
+  // 0 if the pipe is usable, else the errno of pipe2 or F_SETPIPE_SZ.
+  int error() const { return error_; }
   size_t slots() const { return slots_; }
   int read_end() const { return read_.get(); }
   int write_end() const { return write_.get(); }
@@ -48,6 +51,7 @@ class StagePipe {
  private:
   UniqueFd read_, write_;
   size_t slots_ = 0;
+  int error_ = 0;
 };
 
 class SpliceStage {
@@ -68,13 +72,11 @@ class SpliceStage {
   // The same for [off, off + len) of file `ino` (false if not a file).
   bool would_stage(uint64_t ino, uint64_t off, size_t len) const;
 
-  enum class Outcome { kStaged, kDeclined, kFailed };
   // Stages [off, off + len) of file `ino` (which must be a file, off inside it) into `pipe`.
-  // kStaged: `got` bytes are in the pipe. kDeclined: the READ is better gathered, or the pipe
-  // filled up; the caller gathers it. kFailed: a source changed or shrank (logged); `err` is
-  // EIO. Unless staged, the pipe may hold bytes: the caller must replace it.
-  Outcome stage(uint64_t ino, uint64_t off, size_t len, const StagePipe& pipe, size_t& got,
-                int& err) const;
+  // done(bytes): that many bytes are in the pipe. declined: the READ is better gathered, or the
+  // pipe filled up; the caller gathers it. failed(EIO): a source changed or shrank (logged).
+  // Unless done, the pipe may hold bytes: the caller must replace it.
+  ReadResult stage(uint64_t ino, uint64_t off, size_t len, const StagePipe& pipe) const;
 
  private:
   const Tree& tree_;

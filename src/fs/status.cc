@@ -234,11 +234,12 @@ FilePlan describe_file(const Tree& tree, uint64_t ino) {
   FilePlan out;
   out.size = target->file.size();
   const ReadExact read = [&](uint64_t offset, std::span<uint8_t> bytes) {
-    size_t got = 0;
-    const int err = tree.read_into(
-        ino, offset, std::span<char>(reinterpret_cast<char*>(bytes.data()), bytes.size()), got);
-    if (err != 0) fail("{}: byte offset {}: read failed: {}", name, offset, std::strerror(err));
-    if (got != bytes.size()) fail("{}: byte offset {}: file ended early", name, offset + got);
+    const ReadResult r = tree.read_into(
+        ino, offset, std::span<char>(reinterpret_cast<char*>(bytes.data()), bytes.size()));
+    if (!r.ok())
+      fail("{}: byte offset {}: read failed: {}", name, offset, std::strerror(r.error()));
+    if (r.bytes() != bytes.size())
+      fail("{}: byte offset {}: file ended early", name, offset + r.bytes());
   };
   const std::string file_name = target->file_name();
   if (safetensors::is_safetensors_name(file_name)) {

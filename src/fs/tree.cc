@@ -396,26 +396,27 @@ int Tree::check_file(uint64_t ino) const {
   return 0;
 }
 
-int Tree::gather(std::span<const plan::Run> runs, char* out) const {
+ReadResult Tree::gather(std::span<const plan::Run> runs, char* out) const {
   for (const plan::Run& run : runs) {
     if (run.mem != nullptr) continue;
     if (run.source >= mapped_->count()) {
       spdlog::error("read mapped to source #{}, but the plan has {} sources", run.source,
                     mapped_->count());
-      return EIO;
+      return ReadResult::failed(EIO);
     }
     const uint64_t size = mapped_->mapped_size(run.source);
     if (run.offset > size || run.length > size - run.offset) {
       report(run.source, fmt::format("ends before {}, but bytes up to there are mapped",
                                      run.offset + run.length));
-      return EIO;
+      return ReadResult::failed(EIO);
     }
   }
-  if (mapped_->copy(runs, out)) return 0;
+  const ReadResult copied = mapped_->copy(runs, out);
+  if (copied.ok()) return copied;
   // The fault does not say which source shrank; the fingerprint check names it.
-  if (check_sources(runs) != 0) return EIO;
-  spdlog::error("a source shrank during a read (SIGBUS on its mapping)");
-  return EIO;
+  if (check_sources(runs) == 0)
+    spdlog::error("a source shrank during a read (SIGBUS on its mapping)");
+  return copied;
 }
 
 int Tree::check_sources(uint64_t ino, std::span<const uint32_t> sources) const {
@@ -434,33 +435,31 @@ int Tree::check_sources(std::span<const uint32_t> sources) const {
   return 0;
 }
 
-int Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got,
-                    std::vector<uint32_t>* sources) const {
-  got = 0;
+ReadResult Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf,
+                           std::vector<uint32_t>* sources) const {
   if (in_steps(ino) && ino != kStepsIno) {
     // A step dropped after its grace period: its sources are closed, the bytes gone.
     const auto [tree, local] = step_of(ino, false);
-    return tree ? tree->read_into(local, off, buf, got, sources) : EIO;
+    return tree ? tree->read_into(local, off, buf, sources) : ReadResult::failed(EIO);
   }
   if (const Node* n = node(ino); lazy_ && n != nullptr && !n->is_dir) {
     const auto [tree, local] = lazy_of(ino, true);
-    return tree ? tree->read_into(local, off, buf, got, sources) : EIO;
+    return tree ? tree->read_into(local, off, buf, sources) : ReadResult::failed(EIO);
   }
   const plan::VirtualFile* f = file(ino);
-  if (f == nullptr) return lookup(ino, kDot) != 0 ? EISDIR : ENOENT;
-  if (off >= f->size() || buf.empty()) return 0;
+  if (f == nullptr) return ReadResult::failed(lookup(ino, kDot) != 0 ? EISDIR : ENOENT);
+  if (off >= f->size() || buf.empty()) return ReadResult::done(0);
   std::vector<plan::Run>& runs = detail::scratch().read_runs;
   runs.clear();
   const uint64_t covered = f->map(off, buf.size(), runs);
-  if (int err = gather(runs, buf.data())) return err;
+  if (const ReadResult gathered = gather(runs, buf.data()); !gathered.ok()) return gathered;
   // After the copy, not before: write() updates a file's mtime before its bytes, so a source
   // found unchanged now was not written while it was copied.
   std::vector<uint32_t>& list = sources != nullptr ? *sources : detail::scratch().read_sources;
-  if (int err = distinct_sources(runs, list)) return err;
-  if (int err = check_sources(std::span<const uint32_t>(list))) return err;
-  got = covered;
+  if (int err = distinct_sources(runs, list)) return ReadResult::failed(err);
+  if (int err = check_sources(std::span<const uint32_t>(list))) return ReadResult::failed(err);
   if (sources != nullptr) std::sort(sources->begin(), sources->end());
-  return 0;
+  return ReadResult::done(covered);
 }
 
 }  // namespace ckptfs::fs

@@ -14,6 +14,8 @@
 #include "test_data.h"
 
 namespace {
+
+using ckptfs::fs::testing::prefetch_read;
 // Threads that may still start before pthread_create fails with EAGAIN; negative: no limit.
 std::atomic<int> threads_left{-1};
 }  // namespace
@@ -48,7 +50,7 @@ TEST(PrefetcherStart, HelperThatCannotStartLeavesNoneRunning) {
   ASSERT_NE(stream, nullptr);
   ReplyBuffer buf;
   size_t got = 0;
-  ASSERT_EQ(prefetcher.read(*stream, 0, 4096, buf, got), 0);
+  ASSERT_EQ(prefetch_read(prefetcher, *stream, 0, 4096, buf, got), 0);
   EXPECT_EQ(std::string(buf.data(), got), data.expected(0).substr(0, 4096));
 }
 

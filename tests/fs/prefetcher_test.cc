@@ -18,6 +18,8 @@
 namespace ckptfs::fs {
 namespace {
 
+using testing::prefetch_read;
+
 using testing::ino_of;
 using testing::TempDir;
 using testing::TestData;
@@ -60,7 +62,7 @@ std::string read_sequentially(Prefetcher& prefetcher, const TestData& data, size
   for (uint64_t off = 0; off < data.expected(t).size(); ++reads) {
     settle(prefetcher);
     size_t got = 0;
-    EXPECT_EQ(prefetcher.read(*stream, off, sizes[reads % sizes.size()], buf, got), 0);
+    EXPECT_EQ(prefetch_read(prefetcher, *stream, off, sizes[reads % sizes.size()], buf, got), 0);
     prefetcher.start(*stream);
     if (got == 0) break;
     all.append(buf.data(), got);
@@ -105,7 +107,7 @@ TEST_F(PrefetcherTest, RandomReadsAreNotReadAhead) {
   for (int i = 0; i < 50; ++i) {
     const uint64_t off = off_of(rng);
     size_t got = 0;
-    ASSERT_EQ(prefetcher.read(*stream, off, 4096, buf, got), 0);
+    ASSERT_EQ(prefetch_read(prefetcher, *stream, off, 4096, buf, got), 0);
     prefetcher.start(*stream);
     ASSERT_EQ(std::string(buf.data(), got), want.substr(off, 4096)) << off;
   }
@@ -120,13 +122,13 @@ TEST_F(PrefetcherTest, SourceChangedAfterReadAheadFailsTheRead) {
   const auto stream = prefetcher.open(ino_of(0));
   ReplyBuffer buf;
   size_t got = 0;
-  ASSERT_EQ(prefetcher.read(*stream, 0, 5000, buf, got), 0);
+  ASSERT_EQ(prefetch_read(prefetcher, *stream, 0, 5000, buf, got), 0);
   prefetcher.start(*stream);
   ASSERT_EQ(std::string(buf.data(), got), want.substr(0, 5000));
   // The block from 5000 to the end of the file, gathered from the old source 1.
   ASSERT_TRUE(wait_gathered(prefetcher, 1));
   data_.change_source(1);
-  EXPECT_EQ(prefetcher.read(*stream, 5000, 5000, buf, got), EIO);
+  EXPECT_EQ(prefetch_read(prefetcher, *stream, 5000, 5000, buf, got), EIO);
   EXPECT_EQ(prefetcher.hits(), 0u);
 }
 
@@ -139,17 +141,17 @@ TEST_F(PrefetcherTest, BlocksAreCheckedAgainstTheSourcesTheyWereReadFrom) {
   const auto stream = prefetcher.open(ino_of(2));
   ReplyBuffer buf;
   size_t got = 0;
-  ASSERT_EQ(prefetcher.read(*stream, 0, block, buf, got), 0);
+  ASSERT_EQ(prefetch_read(prefetcher, *stream, 0, block, buf, got), 0);
   prefetcher.start(*stream);
   ASSERT_TRUE(wait_gathered(prefetcher, 3));  // the blocks at 1, 2 and 3 MiB, from the old bytes
   data_.change_source(0);
   // The block at 1 MiB holds bytes of source 2 alone: still what was mounted.
-  ASSERT_EQ(prefetcher.read(*stream, block, block, buf, got), 0);
+  ASSERT_EQ(prefetch_read(prefetcher, *stream, block, block, buf, got), 0);
   prefetcher.start(*stream);
   EXPECT_TRUE(std::string(buf.data(), got) == want.substr(block, block));
   EXPECT_EQ(prefetcher.hits(), 1u);
   // The block at 2 MiB ends with source 0's first 100 bytes, gathered before it changed.
-  EXPECT_EQ(prefetcher.read(*stream, 2 * block, block, buf, got), EIO);
+  EXPECT_EQ(prefetch_read(prefetcher, *stream, 2 * block, block, buf, got), EIO);
   EXPECT_EQ(prefetcher.hits(), 1u);
 }
 
@@ -167,7 +169,7 @@ TEST_F(PrefetcherTest, ConcurrentStreamsAllMatch) {
         ReplyBuffer buf;
         for (uint64_t off = 0; off < want.size(); off += chunk) {
           size_t got = 0;
-          if (prefetcher.read(*stream, off, chunk, buf, got) != 0) ++mismatches;
+          if (prefetch_read(prefetcher, *stream, off, chunk, buf, got) != 0) ++mismatches;
           prefetcher.start(*stream);
           all.append(buf.data(), got);
         }
@@ -187,7 +189,7 @@ TEST_F(PrefetcherTest, StopsWithBlocksQueuedAndStreamsStillOpen) {
     ReplyBuffer buf;
     size_t got = 0;
     for (uint64_t off = 0; off < (1u << 20); off += 65536) {
-      ASSERT_EQ(prefetcher.read(*stream, off, 65536, buf, got), 0);
+      ASSERT_EQ(prefetch_read(prefetcher, *stream, off, 65536, buf, got), 0);
       prefetcher.start(*stream);
     }
   }  // joins its helpers; must not hang or touch the stream afterwards
@@ -206,7 +208,7 @@ TEST_F(PrefetcherTest, FilesReadToTheEndAndKeptOpenHoldNoBlocks) {
     size_t got = 0;
     for (uint64_t off = 0; off < data_.expected(2).size(); off += got) {
       settle(prefetcher);
-      ASSERT_EQ(prefetcher.read(*open.back(), off, 300000, buf, got), 0);
+      ASSERT_EQ(prefetch_read(prefetcher, *open.back(), off, 300000, buf, got), 0);
       prefetcher.start(*open.back());
       ASSERT_GT(got, 0u);
     }

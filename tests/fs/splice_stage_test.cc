@@ -18,7 +18,6 @@ namespace {
 using testing::ino_of;
 using testing::TempDir;
 using testing::TestData;
-using Outcome = SpliceStage::Outcome;
 
 // Everything in the pipe (staging never puts more than a READ in it).
 std::string drain(const StagePipe& pipe) {
@@ -75,15 +74,14 @@ class SpliceStageTest : public ::testing::Test {
   SpliceStageTest()
       : data_(dir_.path()), tree_(data_.make_plan()), stage_(tree_, 256), pipe_(256) {}
 
-  // Stages [off, off + len) of target t; the staged bytes, or "" if not staged.
-  Outcome stage(size_t t, uint64_t off, size_t len, std::string& bytes, int& err) {
-    size_t got = 0;
-    const Outcome outcome = stage_.stage(ino_of(t), off, len, pipe_, got, err);
+  // Stages [off, off + len) of target t; `bytes`: what the pipe held after it.
+  ReadResult stage(size_t t, uint64_t off, size_t len, std::string& bytes) {
+    const ReadResult staged = stage_.stage(ino_of(t), off, len, pipe_);
     bytes = drain(pipe_);
-    if (outcome == Outcome::kStaged) {
-      EXPECT_EQ(bytes.size(), got);
+    if (staged.ok()) {
+      EXPECT_EQ(bytes.size(), staged.bytes());
     }
-    return outcome;
+    return staged;
   }
 
   TempDir dir_;
@@ -100,11 +98,9 @@ TEST_F(SpliceStageTest, StagedBytesAreTheTargetBytes) {
   for (uint64_t off : {0ull, 4096ull, 512ull << 10, 1000003ull, (2ull << 20) - 100,
                        (2ull << 20) + 20, (3ull << 20) - 7}) {
     std::string bytes;
-    int err = -1;
-    const Outcome outcome = stage(2, off, 512 << 10, bytes, err);
-    ASSERT_NE(outcome, Outcome::kFailed) << off;
-    EXPECT_EQ(err, 0);
-    if (outcome != Outcome::kStaged) continue;
+    const ReadResult staged_now = stage(2, off, 512 << 10, bytes);
+    ASSERT_EQ(staged_now.error(), 0) << off;
+    if (!staged_now.ok()) continue;
     ++staged;
     EXPECT_TRUE(bytes == want.substr(off, 512 << 10)) << "at " << off;
   }
@@ -114,16 +110,14 @@ TEST_F(SpliceStageTest, StagedBytesAreTheTargetBytes) {
 TEST_F(SpliceStageTest, TheEndOfAFileStagesShort) {
   const std::string& want = data_.expected(2);
   std::string bytes;
-  int err = 0;
   const uint64_t off = want.size() - 100000;
-  ASSERT_EQ(stage(2, off, 512 << 10, bytes, err), Outcome::kStaged);
+  ASSERT_TRUE(stage(2, off, 512 << 10, bytes).ok());
   EXPECT_TRUE(bytes == want.substr(off));
 }
 
 TEST_F(SpliceStageTest, ManyTinyRunsAreDeclinedAndLeaveThePipeEmpty) {
   std::string bytes;
-  int err = 0;
-  EXPECT_EQ(stage(1, 0, 512 << 10, bytes, err), Outcome::kDeclined);  // rank 1: 13-byte runs
+  EXPECT_TRUE(stage(1, 0, 512 << 10, bytes).is_declined());  // rank 1: 13-byte runs
   EXPECT_TRUE(bytes.empty());
   EXPECT_FALSE(stage_.would_stage(ino_of(1), 0, 512 << 10));
   EXPECT_TRUE(stage_.would_stage(ino_of(2), 0, 512 << 10));
@@ -136,31 +130,25 @@ TEST_F(SpliceStageTest, AFullPipeIsDeclinedNotWaitedOn) {
   const std::string junk(240 * 4096, 'j');
   ASSERT_EQ(::write(pipe_.write_end(), junk.data(), junk.size()),
             static_cast<ssize_t>(junk.size()));
-  size_t got = 0;
-  int err = 0;
-  EXPECT_EQ(stage_.stage(ino_of(2), 4096, 512 << 10, pipe_, got, err), Outcome::kDeclined);
-  EXPECT_EQ(got, 0u);
+  const ReadResult staged = stage_.stage(ino_of(2), 4096, 512 << 10, pipe_);
+  EXPECT_TRUE(staged.is_declined());
+  EXPECT_EQ(staged.bytes(), 0u);
   EXPECT_GE(pipe_.pending(), junk.size());
 }
 
 TEST_F(SpliceStageTest, ChangedSourceFails) {
   data_.change_source(2);
   std::string bytes;
-  int err = 0;
-  EXPECT_EQ(stage(2, 4096, 512 << 10, bytes, err), Outcome::kFailed);
-  EXPECT_EQ(err, EIO);
+  EXPECT_EQ(stage(2, 4096, 512 << 10, bytes).error(), EIO);
 }
 
 TEST_F(SpliceStageTest, SourceCutShortFails) {
   ASSERT_EQ(::truncate(data_.source_path(2).c_str(), 1 << 20), 0);
   std::string bytes;
-  int err = 0;
   // Past the new end: the splice finds nothing to read.
-  EXPECT_EQ(stage(2, (2ull << 20) - 100, 512 << 10, bytes, err), Outcome::kFailed);
-  EXPECT_EQ(err, EIO);
+  EXPECT_EQ(stage(2, (2ull << 20) - 100, 512 << 10, bytes).error(), EIO);
   // Before it: the bytes are there, but the fingerprint no longer matches.
-  EXPECT_EQ(stage(2, 0, 512 << 10, bytes, err), Outcome::kFailed);
-  EXPECT_EQ(err, EIO);
+  EXPECT_EQ(stage(2, 0, 512 << 10, bytes).error(), EIO);
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 namespace ckptfs::fs {
 namespace {
 
+using testing::tree_read;
+
 namespace stdfs = std::filesystem;
 using ::testing::ElementsAre;
 using testing::TestData;
@@ -81,7 +83,7 @@ TEST_F(StepsTest, FirstLookupPlansThatStepOnce) {
   EXPECT_EQ(static_cast<size_t>(st.st_size), data_.expected(2).size());
   std::string buf(data_.expected(2).size(), '\0');
   size_t got = 0;
-  ASSERT_EQ(tree_.read_into(file, 0, std::span<char>(buf.data(), buf.size()), got), 0);
+  ASSERT_EQ(tree_read(tree_, file, 0, std::span<char>(buf.data(), buf.size()), got), 0);
   EXPECT_EQ(got, buf.size());
   EXPECT_EQ(buf, data_.expected(2));
   EXPECT_EQ(tree_.check_file(file), 0);
@@ -100,7 +102,7 @@ TEST_F(StepsTest, ANewStepAppearsAndADeletedOneGoes) {
   // An open file of the dropped step keeps its bytes for the grace period.
   std::string buf(data_.expected(0).size(), '\0');
   size_t got = 0;
-  ASSERT_EQ(tree_.read_into(file, 0, std::span<char>(buf.data(), buf.size()), got), 0);
+  ASSERT_EQ(tree_read(tree_, file, 0, std::span<char>(buf.data(), buf.size()), got), 0);
   EXPECT_EQ(buf, data_.expected(0));
 }
 

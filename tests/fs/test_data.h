@@ -12,6 +12,9 @@
 #include <variant>
 #include <vector>
 
+#include "../../src/fs/prefetcher.h"
+#include "ckptfs/fs/read_result.h"
+#include "ckptfs/fs/tree.h"
 #include "ckptfs/plan/planner.h"
 #include "ckptfs/source/source_file.h"
 #include "support/test_support.h"
@@ -43,6 +46,21 @@ inline std::string random_bytes(size_t n, uint64_t seed) {
     for (size_t j = 0; j < 8 && i + j < n; ++j) out[i + j] = static_cast<char>(v >> (8 * j));
   }
   return out;
+}
+
+// The read path's ReadResult in the shape the checks compare: the errno (0 when done) returned,
+// the bytes served in `got`.
+inline int tree_read(const Tree& tree, uint64_t ino, uint64_t off, std::span<char> buf, size_t& got,
+                     std::vector<uint32_t>* sources = nullptr) {
+  const ReadResult r = tree.read_into(ino, off, buf, sources);
+  got = r.bytes();
+  return r.error();
+}
+inline int prefetch_read(Prefetcher& prefetcher, Prefetcher::Stream& stream, uint64_t off,
+                         size_t len, ReplyBuffer& buf, size_t& got) {
+  const ReadResult r = prefetcher.read(stream, off, len, buf);
+  got = r.bytes();
+  return r.error();
 }
 
 // File inode of target i of a TestData tree (ranks 0, 1, 5, 7).

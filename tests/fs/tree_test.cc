@@ -20,6 +20,8 @@
 namespace ckptfs::fs {
 namespace {
 
+using testing::tree_read;
+
 using ::testing::ElementsAre;
 using testing::TempDir;
 using testing::TestData;
@@ -34,7 +36,7 @@ void expect_windows_match(const Tree& tree, const std::string& want, size_t step
     const size_t len = len_of(rng);
     std::string buf(len, '\xEE');
     size_t got = 0;
-    ASSERT_EQ(tree.read_into(3, off, std::span<char>(buf.data(), buf.size()), got), 0);
+    ASSERT_EQ(tree_read(tree, 3, off, std::span<char>(buf.data(), buf.size()), got), 0);
     buf.resize(got);
     ASSERT_EQ(buf, want.substr(off, len)) << "off " << off << " len " << len;
   }
@@ -64,7 +66,7 @@ class TreeTest : public ::testing::Test {
   std::string read(uint64_t ino, uint64_t off, size_t len, int* err = nullptr) {
     std::string buf(len, '\xEE');
     size_t got = 0;
-    const int e = tree_.read_into(ino, off, std::span<char>(buf.data(), buf.size()), got);
+    const int e = tree_read(tree_, ino, off, std::span<char>(buf.data(), buf.size()), got);
     if (err)
       *err = e;
     else
@@ -228,7 +230,7 @@ TEST_F(TreeTest, LargeGathersOverTwoSourcesAndHeaders) {
   for (int round = 0; round < 20; ++round) {
     std::string buf(want.size() + 10, '\xEE');
     size_t got = 0;
-    ASSERT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), 0);
+    ASSERT_EQ(tree_read(tree, 3, 0, std::span<char>(buf.data(), buf.size()), got), 0);
     buf.resize(got);
     ASSERT_EQ(buf, want);
   }
@@ -236,7 +238,7 @@ TEST_F(TreeTest, LargeGathersOverTwoSourcesAndHeaders) {
   data_.change_source(2);
   std::string buf(want.size(), '\0');
   size_t got = 0;
-  EXPECT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
+  EXPECT_EQ(tree_read(tree, 3, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
 }
 
 TEST_F(TreeTest, RowsInterleavingThreeSourcesAreCopiedSourceBySource) {
@@ -271,7 +273,7 @@ void expect_merge_matches(const TestData& data, const testing::TargetSpec& merge
   expect_windows_match(tree, want, step, max_len, 5);
   std::string buf(want.size(), '\0');
   size_t got = 0;
-  ASSERT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), 0);
+  ASSERT_EQ(tree_read(tree, 3, 0, std::span<char>(buf.data(), buf.size()), got), 0);
   EXPECT_EQ(got, want.size());
   EXPECT_TRUE(buf == want);
 }
@@ -307,7 +309,7 @@ TEST_F(TreeTest, StretchPastAShrunkSourceEndGivesEio) {
   ASSERT_EQ(::truncate(data_.source_path(2).c_str(), 8192), 0);
   std::string buf(data_.concat(merged).size(), '\0');
   size_t got = 0;
-  EXPECT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
+  EXPECT_EQ(tree_read(tree, 3, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
   // The gather alone, before any fingerprint check, fails too: each source's runs are one
   // stretch, and source 2's runs on past its new end, so its preadv comes up short.
   std::vector<plan::Run> runs;
@@ -315,7 +317,7 @@ TEST_F(TreeTest, StretchPastAShrunkSourceEndGivesEio) {
     for (uint32_t s = 0; s < 3; ++s)
       runs.push_back(plan::Run{nullptr, s, (s == 2 ? 8000 : 0) + row * 4ull, 4});
   std::vector<char> out(runs.size() * 4);
-  EXPECT_EQ(tree.gather(runs, out.data()), EIO);
+  EXPECT_EQ(tree.gather(runs, out.data()).error(), EIO);
 }
 
 TEST_F(TreeTest, ReadsWholeFilesAndLargeWindows) {
@@ -340,9 +342,9 @@ TEST_F(TreeTest, ReadIntoListsTheSourcesItRead) {
   std::string buf(want.size(), '\0');
   size_t got = 0;
   std::vector<uint32_t> sources{9, 9};
-  ASSERT_EQ(tree_.read_into(7, 0, std::span<char>(buf.data(), 4096), got, &sources), 0);
+  ASSERT_EQ(tree_read(tree_, 7, 0, std::span<char>(buf.data(), 4096), got, &sources), 0);
   EXPECT_EQ(sources, std::vector<uint32_t>{2});
-  ASSERT_EQ(tree_.read_into(7, 0, std::span<char>(buf.data(), buf.size()), got, &sources), 0);
+  ASSERT_EQ(tree_read(tree_, 7, 0, std::span<char>(buf.data(), buf.size()), got, &sources), 0);
   EXPECT_EQ(sources, (std::vector<uint32_t>{0, 2}));
   EXPECT_EQ(tree_.check_sources(std::span<const uint32_t>(sources)), 0);
   data_.change_source(0);
@@ -409,10 +411,10 @@ TEST(TreeReads, RunPastSourceEndGivesEio) {
   Tree tree(data.make_plan_from({{0, {testing::Bytes{"h"}, testing::Range{0, 9000, 2000}}}}));
   std::string buf(3000, '\0');
   size_t got = 99;
-  EXPECT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), 500), got), 0);
+  EXPECT_EQ(tree_read(tree, 3, 0, std::span<char>(buf.data(), 500), got), 0);
   EXPECT_EQ(got, 500u);
   EXPECT_EQ(buf.substr(1, 499), data.source_bytes(0).substr(9000, 499));
-  EXPECT_EQ(tree.read_into(3, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
+  EXPECT_EQ(tree_read(tree, 3, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
   EXPECT_EQ(got, 0u);
 }
 
@@ -423,7 +425,7 @@ TEST(TreeReads, OutOfRangeSourceIndexGivesEio) {
   const std::vector<plan::Run> runs = {plan::Run{nullptr, 17, 0, 10}};
   EXPECT_EQ(tree.check_sources(runs), EIO);
   char out[10];
-  EXPECT_EQ(tree.gather(runs, out), EIO);
+  EXPECT_EQ(tree.gather(runs, out).error(), EIO);
 }
 
 TEST(TreeReads, SeveralFilesPerRankDirectory) {
@@ -454,7 +456,7 @@ TEST(TreeReads, SeveralFilesPerRankDirectory) {
   EXPECT_EQ(st.st_size, 11);
   std::string buf(11, '\0');
   size_t got = 0;
-  ASSERT_EQ(tree.read_into(4, 0, std::span<char>(buf.data(), buf.size()), got), 0);
+  ASSERT_EQ(tree_read(tree, 4, 0, std::span<char>(buf.data(), buf.size()), got), 0);
   EXPECT_EQ(buf, "safetensors");
 }
 
@@ -471,18 +473,18 @@ TEST(TreeReads, SourceShrunkUnderTheMappingGivesEioNotACrash) {
   const std::string& want = data.expected(2);  // rank 5: MiBs of source 2
   std::string buf(want.size(), '\0');
   size_t got = 0;
-  ASSERT_EQ(tree.read_into(7, 0, std::span<char>(buf.data(), buf.size()), got), 0);
+  ASSERT_EQ(tree_read(tree, 7, 0, std::span<char>(buf.data(), buf.size()), got), 0);
   ASSERT_EQ(buf, want);
   // Cut source 2 to one page behind the fingerprint check's back: the mapped pages past the
   // new end fault with SIGBUS when touched.
   ASSERT_EQ(::truncate(data.source_path(2).c_str(), 4096), 0);
   const std::vector<plan::Run> past_end = {plan::Run{nullptr, 2, 1u << 20, 8192}};
   std::vector<char> out(8192);
-  EXPECT_EQ(tree.gather(past_end, out.data()), EIO);
+  EXPECT_EQ(tree.gather(past_end, out.data()).error(), EIO);
   // The fingerprint check sees it too, and the bytes still there are still served.
-  EXPECT_EQ(tree.read_into(7, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
+  EXPECT_EQ(tree_read(tree, 7, 0, std::span<char>(buf.data(), buf.size()), got), EIO);
   const std::vector<plan::Run> inside = {plan::Run{nullptr, 2, 0, 4096}};
-  EXPECT_EQ(tree.gather(inside, out.data()), 0);
+  EXPECT_EQ(tree.gather(inside, out.data()).error(), 0);
   EXPECT_EQ(std::string(out.data(), 4096), data.source_bytes(2).substr(0, 4096));
 }
 

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "ckptfs/fs/lazy_ranks.h"
+#include "ckptfs/fs/read_result.h"
 #include "ckptfs/fs/steps.h"
 #include "ckptfs/plan/planner.h"
 
@@ -121,16 +122,16 @@ class Tree {
   // The same for every source a file reads from (at open): 0, ENOENT, EISDIR or EIO.
   int check_file(uint64_t ino) const;
   // Copies the bytes of `runs` to `out` (which holds their total length) from the header
-  // buffers and the source mappings. 0, or EIO (logged) if a run lies past its source's size at
-  // mount or the file has shrunk under the mapping since. Does not check fingerprints; call
-  // check_sources after it, before the bytes are used.
-  int gather(std::span<const plan::Run> runs, char* out) const;
+  // buffers and the source mappings: done(their length), or failed(EIO) (logged) if a run lies
+  // past its source's size at mount or the file has shrunk under the mapping since. Does not
+  // check fingerprints; call check_sources after it, before the bytes are used.
+  ReadResult gather(std::span<const plan::Run> runs, char* out) const;
   // Serves a read of file `ino` into `buf`: maps [off, off + buf.size()), gathers, then checks
-  // the sources, so bytes copied while a source changed are never served. `got` is the byte
-  // count (short only at end of file). 0, or an errno: ENOENT/EISDIR for a bad inode, EIO for
-  // a changed or shrunk source. With `sources`, sets it to the sources read, each once.
-  int read_into(uint64_t ino, uint64_t off, std::span<char> buf, size_t& got,
-                std::vector<uint32_t>* sources = nullptr) const;
+  // the sources, so bytes copied while a source changed are never served. done(bytes) (short
+  // only at end of file), or failed: ENOENT/EISDIR for a bad inode, EIO for a changed or shrunk
+  // source. With `sources`, sets it to the sources read, each once.
+  ReadResult read_into(uint64_t ino, uint64_t off, std::span<char> buf,
+                       std::vector<uint32_t>* sources = nullptr) const;
   // 0, or EIO (logged) if one of `sources` (as read_into lists them) changed since the mount.
   int check_sources(std::span<const uint32_t> sources) const;
   // The same for sources read_into listed for file `ino`, which may be served by another Tree
