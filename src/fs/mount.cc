@@ -128,7 +128,7 @@ struct ParsedOptions {
   std::vector<std::string> fuse;  // for libfuse, one option each
   bool cache = false;
   bool read_ahead = true;  // direct_io mode only
-  detail::Server::Splice splice = detail::Server::Splice::kOff;
+  Service::Splice splice = Service::Splice::kOff;
   unsigned max_read = 0;          // largest READ; 0: max_write decides
   unsigned max_threads = 0;       // 0: libfuse's default
   unsigned max_idle_threads = 8;  // keeps a pool warm for parallel readers
@@ -157,9 +157,9 @@ ParsedOptions parse_options(const MountOptions& options) {
       } else if (o == "noreadahead") {
         out.read_ahead = false;
       } else if (o == "splice") {
-        out.splice = detail::Server::Splice::kAuto;
+        out.splice = Service::Splice::kAuto;
       } else if (o == "splice=always") {
-        out.splice = detail::Server::Splice::kAlways;
+        out.splice = Service::Splice::kAlways;
       } else if (o.starts_with("max_read=")) {
         // libfuse takes it too, and refuses to start unless init asks for the same size.
         out.max_read = parse_number(o, 9, 4096, 1 << 20, "byte count");
@@ -443,16 +443,14 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   argv.push_back("ro");  // last, so nothing before it can turn it off
 
   detail::Server server;
-  server.tree = &tree;
-  server.cache = parsed.cache;
-  server.read_ahead = parsed.read_ahead && !parsed.cache;
-  server.splice = parsed.splice;
-  server.max_read = parsed.max_read;
-  server.status = std::make_unique<Status>(tree, options.chosen);
+  server.service =
+      std::make_unique<Service>(tree, options.chosen,
+                                Service::Options{parsed.cache, parsed.read_ahead && !parsed.cache,
+                                                 parsed.max_read, parsed.splice});
   // .ckptfs/log keeps the lines from here on: the mount and the notes on the sources (the
   // daemon forks with them), then whatever the server logs (init hooks the ring to the logger
   // it serves with). This process's logger lets go of it on the way out.
-  const std::shared_ptr<spdlog::sinks::sink> ring = server.status->log_sink();
+  const std::shared_ptr<spdlog::sinks::sink> ring = server.service->status().log_sink();
   spdlog::default_logger()->sinks().push_back(ring);
   struct Unhook {
     const std::shared_ptr<spdlog::sinks::sink>& ring;
@@ -485,7 +483,7 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
                  errno_text(-err));
   // Raised at the first open of a file read through the page cache, or one that may be
   // mapped.
-  server.readahead_knob = readahead_knob(where);
+  server.service->set_readahead_knob(readahead_knob(where));
   spdlog::info("mounted {} ({} files, {} bytes) from {}", where.string(),
                tree.plan().targets.size(), tree.total_bytes(), fsname);
   if (options.on_mounted) options.on_mounted();
