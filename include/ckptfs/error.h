@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <utility>
 
 namespace ckptfs {
@@ -19,6 +20,11 @@ class Error : public std::runtime_error {
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
   throw Error(fmt::format(format, std::forward<Args>(args)...));
+}
+
+// The text of an errno value (thread-safe, unlike strerror).
+inline std::string errno_text(int err) {
+  return std::error_code(err, std::generic_category()).message();
 }
 
 }  // namespace ckptfs

@@ -53,8 +53,6 @@ enum WireType : uint32_t {
   kFixed32 = 5
 };
 
-std::string errno_text(int err) { return std::strerror(err); }
-
 // A fixed window over [0, end) of the file.
 class Window {
  public:
@@ -304,7 +302,7 @@ class Parser {
     Record r;
     r.record = Extent{key_offset, limit - key_offset};
     bool has_tag = false;
-    enum { kNone, kTensor, kMap } which = kNone;
+    enum { kNoValue, kTensorValue, kMapValue } which = kNoValue;
     while (!at(limit)) {
       const Key k = key(limit, kScope);
       switch (k.field) {
@@ -317,15 +315,15 @@ class Parser {
           expect_wire(k, kLen, "Checkpoint.Value.tensor");
           const uint64_t tlen = length(limit, "Checkpoint.Value.tensor", kScope);
           // tensor and maptensor form a oneof: setting one clears the other.
-          if (which != kTensor) r.tensor = TensorFields{};
-          which = kTensor;
+          if (which != kTensorValue) r.tensor = TensorFields{};
+          which = kTensorValue;
           tensor(pos_ + tlen, r.tensor);
           break;
         }
         case 3: {
           expect_wire(k, kLen, "Checkpoint.Value.maptensor");
           const uint64_t mlen = length(limit, "Checkpoint.Value.maptensor", kScope);
-          which = kMap;
+          which = kMapValue;
           map_tensor(pos_ + mlen);
           break;
         }
@@ -334,9 +332,9 @@ class Parser {
       }
     }
     if (!has_tag) error_at(key_offset, "record has no tag (a required field)");
-    if (which == kNone)
+    if (which == kNoValue)
       error_at(key_offset, fmt::format("record '{}' has neither tensor nor maptensor", r.tag));
-    r.is_map = which == kMap;
+    r.is_map = which == kMapValue;
     if (!r.is_map) require_tensor_fields(r.tensor, key_offset, fmt::format("record '{}'", r.tag));
     return r;
   }

@@ -25,7 +25,7 @@ namespace ckptfs::cli {
 
 namespace {
 
-namespace fs = std::filesystem;
+namespace stdfs = std::filesystem;
 
 struct IndexOptions {
   std::string index_dir;  // empty: index::default_dir()
@@ -36,8 +36,8 @@ struct IndexOptions {
   ViewArgs view;
 };
 
-fs::path index_dir(const IndexOptions& options) {
-  return options.index_dir.empty() ? index::default_dir() : fs::path(options.index_dir);
+stdfs::path index_dir(const IndexOptions& options) {
+  return options.index_dir.empty() ? index::default_dir() : stdfs::path(options.index_dir);
 }
 
 void add_index_dir_option(CLI::App* command, IndexOptions& options) {
@@ -101,7 +101,7 @@ void prune(const IndexOptions& options) {
 }
 
 void clear(const IndexOptions& options) {
-  const fs::path dir = index_dir(options);
+  const stdfs::path dir = index_dir(options);
   std::optional<index::Store> store;
   try {
     store.emplace(dir);
@@ -117,7 +117,7 @@ void clear(const IndexOptions& options) {
 
 // The files a mount with the default --step would serve: every part of a unified_safetensors
 // directory, else each rank's chosen checkpoint.
-std::vector<fs::path> files_to_index(const IndexOptions& options) {
+std::vector<stdfs::path> files_to_index(const IndexOptions& options) {
   if (const std::optional<source::UnifiedDir> unified = source::read_unified(options.src_dir))
     return unified->files;
   const source::Listing listing = source::list_sources(options.src_dir);
@@ -126,7 +126,7 @@ std::vector<fs::path> files_to_index(const IndexOptions& options) {
   if (const std::string ignored = source::ignored_summary(listing); !ignored.empty())
     spdlog::warn("{}", ignored);
   spdlog::info("{}: {}", listing.root.string(), choice.summary);
-  std::vector<fs::path> paths;
+  std::vector<stdfs::path> paths;
   paths.reserve(choice.files.size());
   for (const auto& [rank, path] : choice.files) paths.push_back(path);
   return paths;
@@ -142,8 +142,8 @@ void build(IndexOptions& options) {
     fail(
         "index build: --src-strategy and --dst-strategy store target summaries, which only a "
         "shipped index (--output DIR) holds");
-  const std::vector<fs::path> paths = files_to_index(options);
-  const fs::path dir = options.output.empty() ? index_dir(options) : fs::path(options.output);
+  const std::vector<stdfs::path> paths = files_to_index(options);
+  const stdfs::path dir = options.output.empty() ? index_dir(options) : stdfs::path(options.output);
 
   const auto start = std::chrono::steady_clock::now();
   index::Store store(dir);

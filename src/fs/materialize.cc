@@ -26,8 +26,6 @@ namespace {
 
 namespace stdfs = std::filesystem;
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
 // One target file being written. Its segments are handed out in order, so only about `jobs`
 // files are open at a time.
 struct Job {

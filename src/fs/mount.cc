@@ -213,8 +213,6 @@ class FuseArgs {
   fuse_args args_ = FUSE_ARGS_INIT(0, nullptr);
 };
 
-std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
-
 // Runs the session until the kernel unmounts (or a signal), then tears it down. 0 on a clean
 // end, 1 if the loop failed.
 int serve(fuse_session* se, const ParsedOptions& parsed) {

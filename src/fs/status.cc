@@ -28,8 +28,6 @@ constexpr uint64_t kLogIno = Status::kDirIno + 3;
 constexpr uint64_t kPlanDirIno = Status::kDirIno + 4;
 constexpr uint64_t kFirstPlanIno = Status::kDirIno + 16;
 
-constexpr std::string_view kDot = ".";
-constexpr std::string_view kDotDot = "..";
 constexpr std::string_view kSourcesName = "sources.json";
 constexpr std::string_view kStatsName = "stats.json";
 constexpr std::string_view kLogName = "log";

@@ -14,13 +14,6 @@
 
 namespace ckptfs::fs {
 
-namespace {
-
-constexpr std::string_view kDot = ".";
-constexpr std::string_view kDotDot = "..";
-
-}  // namespace
-
 Tree::Tree(plan::Plan plan)
     : plan_(std::move(plan)),
       uid_(::getuid()),

@@ -37,6 +37,10 @@ namespace ckptfs::fs {
 
 class MappedSources;  // src/fs/mapped_sources.h
 
+// The two names every directory lists.
+inline constexpr std::string_view kDot = ".";
+inline constexpr std::string_view kDotDot = "..";
+
 class Tree {
  public:
   static constexpr uint64_t kRootIno = 1;
