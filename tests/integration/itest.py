@@ -129,6 +129,25 @@ def mounted(ckptfs, src, mnt, **kwargs):
         yield mnt
 
 
+def refused_mount(ckptfs, src, mnt, timeout=60, **kwargs):
+    """Runs a mount that must be refused (mount_cmd's arguments): asserts that it failed and left
+    nothing mounted (unmounting whatever it did mount), and returns the finished process."""
+    os.makedirs(mnt, exist_ok=True)
+    try:
+        proc = run(mount_cmd(ckptfs, src, mnt, **kwargs), timeout=timeout, check=False)
+    finally:
+        mounted = is_mounted(mnt)
+        unmount(ckptfs, mnt)
+    assert not mounted, f"a refused mount of {src} left a mount behind"
+    assert proc.returncode != 0, f"the mount of {src} was not refused: {proc.stdout}"
+    return proc
+
+
+def stderr_lines(proc):
+    """The non-empty lines a command wrote to stderr."""
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
 def daemon_pids(ckptfs, mnt):
     """Processes of the binary `ckptfs` serving `mnt`: a mount command whose arguments name it."""
     binary = os.path.realpath(ckptfs).encode()

@@ -12,23 +12,15 @@ from ckptfix import negative
 
 def expect_refusal(args, work, fx, must_name, src_strategy=None, dst_strategy=None,
                    must_not_name=()):
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt, exist_ok=True)
-    cmd = itest.mount_cmd(args.ckptfs, fx.src_dir, mnt,
-                          src_strategy=src_strategy if src_strategy is not None else fx.src_strategy,
-                          dst_strategy=dst_strategy if dst_strategy is not None else fx.dst_strategy,
-                          index_dir=os.path.join(work, "index"))
     start = time.monotonic()
-    try:
-        proc = itest.run(cmd, timeout=60, check=False)
-    finally:
-        mounted = itest.is_mounted(mnt)
-        itest.unmount(args.ckptfs, mnt)
+    proc = itest.refused_mount(
+        args.ckptfs, fx.src_dir, os.path.join(work, "mnt"),
+        src_strategy=src_strategy if src_strategy is not None else fx.src_strategy,
+        dst_strategy=dst_strategy if dst_strategy is not None else fx.dst_strategy,
+        index_dir=os.path.join(work, "index"))
     elapsed = time.monotonic() - start
-    assert not mounted, "a mount was left behind"
-    assert proc.returncode != 0, f"mount succeeded on bad input: {proc.stdout}"
     assert elapsed < 20, f"refusal took {elapsed:.1f}s"
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    lines = itest.stderr_lines(proc)
     assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}: {proc.stderr}"
     message = lines[0]
     for word in must_name:

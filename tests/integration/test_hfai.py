@@ -361,14 +361,9 @@ def check_dst_refusals(args):
 
 
 def refused(args, src, *needles, **mount_args):
-    mnt = os.path.join(args.work, "mnt_bad")
-    os.makedirs(mnt, exist_ok=True)
-    proc = itest.run(itest.mount_cmd(args.ckptfs, src, mnt,
-                                     index_dir=os.path.join(args.work, "index"), **mount_args),
-                     check=False)
-    assert not itest.is_mounted(mnt), "a refused mount left a mount behind"
-    assert proc.returncode != 0, proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    proc = itest.refused_mount(args.ckptfs, src, os.path.join(args.work, "mnt_bad"),
+                               index_dir=os.path.join(args.work, "index"), **mount_args)
+    lines = itest.stderr_lines(proc)
     assert len(lines) == 1, proc.stderr
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])

@@ -88,26 +88,20 @@ def unneeded_sources_untouched(args):
         problems = compare_ranks(fx, mnt, [1])
         assert not problems, problems
     # The same sources without --ranks: the junk is refused (so it really is junk).
-    os.makedirs(mnt, exist_ok=True)
-    proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
-                                     dst_strategy=fx.dst_strategy,
-                                     index_dir=os.path.join(work, "index")), check=False)
-    itest.unmount(args.ckptfs, mnt)
-    assert proc.returncode != 0, proc
+    itest.refused_mount(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                        dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index"))
 
 
 def refused(args):
     fx = fixture(args, "demo")
     work = os.path.join(args.work, "demo_refused")
     mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
     for text, words in (("4", "the view has no rank 4"), ("0-2,x", "'x' is not a rank"),
                         ("3-1", "runs backwards")):
-        cmd = itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
-                              dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index"),
-                              extra_args=["--ranks", text])
-        proc = itest.run(cmd, check=False)
-        assert proc.returncode != 0 and not itest.is_mounted(mnt), proc
+        proc = itest.refused_mount(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                                   dst_strategy=fx.dst_strategy,
+                                   index_dir=os.path.join(work, "index"),
+                                   extra_args=["--ranks", text])
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0], proc.stderr
 
@@ -130,12 +124,10 @@ def shipped_index(args):
     victim = os.path.realpath(fx.source_files[2])
     st = os.stat(victim)
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    os.makedirs(mnt, exist_ok=True)
-    proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
-                                     dst_strategy=fx.dst_strategy,
-                                     extra_args=["--index", idx, "--ranks", "1"]), check=False)
-    itest.unmount(args.ckptfs, mnt)
-    assert proc.returncode != 0 and victim in proc.stderr and "rebuild" in proc.stderr, proc
+    proc = itest.refused_mount(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                               dst_strategy=fx.dst_strategy,
+                               extra_args=["--index", idx, "--ranks", "1"])
+    assert victim in proc.stderr and "rebuild" in proc.stderr, proc
 
 
 def build_summaries(args, fx, idx, extra=()):
@@ -215,14 +207,11 @@ def lazy_ranks_other_view(args):
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     build_summaries(args, fx, os.path.join(work, "idx2"))
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
-    os.makedirs(mnt, exist_ok=True)
-    proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
-                                     dst_strategy=fx.dst_strategy,
-                                     extra_args=["--index", os.path.join(work, "idx2"),
-                                                 "--ranks", "1"]), check=False)
-    itest.unmount(args.ckptfs, mnt)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode != 0 and len(lines) == 1 and victim in lines[0] \
+    proc = itest.refused_mount(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                               dst_strategy=fx.dst_strategy,
+                               extra_args=["--index", os.path.join(work, "idx2"), "--ranks", "1"])
+    lines = itest.stderr_lines(proc)
+    assert len(lines) == 1 and victim in lines[0] \
         and "rebuild" in lines[0], proc
 
 

@@ -180,14 +180,8 @@ def case_iterations(args):
 
 
 def refused(args, src, *expect, extra=()):
-    mnt = os.path.join(args.work, "bad_mnt")
-    os.makedirs(mnt, exist_ok=True)
-    proc = itest.run(itest.mount_cmd(args.ckptfs, src, mnt, index_dir=os.path.join(
-        args.work, "index"), extra_args=list(extra)), check=False)
-    if itest.is_mounted(mnt):
-        itest.unmount(args.ckptfs, mnt)
-        raise AssertionError(f"{src} mounted")
-    assert proc.returncode != 0
+    proc = itest.refused_mount(args.ckptfs, src, os.path.join(args.work, "bad_mnt"),
+                               index_dir=os.path.join(args.work, "index"), extra_args=list(extra))
     err = proc.stderr.strip()
     for word in expect:
         assert word in err, f"{word!r} not in: {err}"

@@ -64,12 +64,9 @@ def mountpoint_rules(args):
     os.makedirs(full)
     with open(os.path.join(full, "keep.txt"), "w") as f:
         f.write("mine")
-    with itest.unmounting(args.ckptfs, full):
-        proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, full, **kw(fx, work)),
-                         check=False)
-        assert proc.returncode == 1 and "not empty" in proc.stderr and \
-            "-o nonempty" in proc.stderr, proc.stderr
-        assert not itest.is_mounted(full)
+    proc = itest.refused_mount(args.ckptfs, fx.src_dir, full, **kw(fx, work))
+    assert proc.returncode == 1 and "not empty" in proc.stderr and \
+        "-o nonempty" in proc.stderr, proc.stderr
     with itest.mounted(args.ckptfs, fx.src_dir, full, options="nonempty", **kw(fx, work)):
         assert not os.path.exists(os.path.join(full, "keep.txt"))
     assert os.path.exists(os.path.join(full, "keep.txt"))

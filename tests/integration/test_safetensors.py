@@ -18,7 +18,6 @@ import os
 import random
 import re
 import struct
-import subprocess
 import sys
 import tempfile
 

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import time
 
 import itest
@@ -276,21 +275,14 @@ def failed_read_logged(args):
 def unwritable_log_file(args):
     work, fx = demo(args, "badlog")
     mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
     blocker = os.path.join(work, "a_file")
     open(blocker, "w").close()
     bad = os.path.join(blocker, "daemon.log")  # under a regular file: never writable
     for foreground in [False, True]:
-        extra = ["-f"] if foreground else []
-        proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, log_file=bad,
-                                         **kw(fx, work)) + extra, check=False, timeout=60)
-        try:
-            assert proc.returncode != 0, proc
-            lines = [l for l in proc.stderr.splitlines() if l.strip()]
-            assert len(lines) == 1 and f"--log-file {bad}" in lines[0], proc.stderr
-            assert not itest.is_mounted(mnt)
-        finally:
-            itest.unmount(args.ckptfs, mnt)
+        proc = itest.refused_mount(args.ckptfs, fx.src_dir, mnt, log_file=bad,
+                                   extra_args=["-f"] if foreground else [], **kw(fx, work))
+        lines = itest.stderr_lines(proc)
+        assert len(lines) == 1 and f"--log-file {bad}" in lines[0], proc.stderr
 
 
 def ranks_view(args):

@@ -38,15 +38,9 @@ def mount_and_compare(args, work, tr, step, extra=(), src_strategy=True):
 
 def refusal(args, work, src_dir, extra=(), src_strategy=None, dst_strategy=None):
     """The one stderr line of a refused mount (which must leave no mount behind)."""
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt, exist_ok=True)
-    cmd = itest.mount_cmd(args.ckptfs, src_dir, mnt, src_strategy=src_strategy,
-                          dst_strategy=dst_strategy,
-                          index_dir=os.path.join(work, "index")) + list(extra)
-    proc = itest.run(cmd, check=False)
-    mounted = itest.is_mounted(mnt)
-    itest.unmount(args.ckptfs, mnt)
-    assert not mounted, "a mount was left behind"
+    proc = itest.refused_mount(args.ckptfs, src_dir, os.path.join(work, "mnt"),
+                               timeout=120, src_strategy=src_strategy, dst_strategy=dst_strategy,
+                               index_dir=os.path.join(work, "index"), extra_args=list(extra))
     assert proc.returncode == 1, f"exit {proc.returncode}: {proc.stderr}"
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, f"expected one line, got: {proc.stderr}"
