@@ -226,9 +226,7 @@ void map_extents(const plan::VirtualFile& file, uint64_t offset, uint64_t length
 FilePlan describe_file(const Tree& tree, uint64_t ino) {
   const plan::TargetFile* target = tree.target(ino);
   if (target == nullptr) fail("inode {} is not a file", ino);
-  const std::string name = target->rank == plan::kRootRank
-                               ? target->file_name()
-                               : target->dir_name() + "/" + target->file_name();
+  const std::string name = target->path();
   FilePlan out;
   out.size = target->file.size();
   const ReadExact read = [&](uint64_t offset, std::span<uint8_t> bytes) {
@@ -559,8 +557,7 @@ std::string Status::log_text() const {
 std::string Status::path_of(uint64_t ino) const {
   const plan::TargetFile* t = tree_.target(ino);
   if (t == nullptr) return fmt::format("inode {}", ino);
-  std::string path =
-      t->rank == plan::kRootRank ? t->file_name() : t->dir_name() + "/" + t->file_name();
+  std::string path = t->path();
   if (!Tree::in_steps(ino)) return path;
   std::string step = "?";
   std::shared_ptr<const Tree> keep;
