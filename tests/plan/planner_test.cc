@@ -1,0 +1,158 @@
+// make_plan against the fixture generator, without FUSE: for each built-in case the generator
+// writes the sources, the strategies and, by slicing the full tensors itself, the expected
+// target files and a per-target summary (records with name, dims and dtype, the file size, the
+// source ranks). Every planned .ckpt target must match that summary record for record and the
+// expected file byte for byte.
+#include "ckptfs/plan/planner.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/index/store.h"
+#include "ckptfs/strategy/strategy.h"
+#include "ckptfs/util/fd.h"
+#include "support/test_support.h"
+
+namespace ckptfs::plan {
+namespace {
+
+namespace stdfs = std::filesystem;
+using nlohmann::json;
+using testsupport::TempDir;
+
+// Runs the generator for `name` into `dir` and returns its case.json's "fixture" part.
+json make_fixture(const std::string& name, const stdfs::path& dir) {
+  const std::string cmd = std::string(CKPTFS_PYTHON) + " " + CKPTFS_SOURCE_DIR +
+                          "/scripts/ckpt_fixture.py make --builtin " + name + " " + dir.string() +
+                          " >/dev/null";
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("generator failed: " + cmd);
+  return json::parse(testsupport::read_file(dir / "case.json")).at("fixture");
+}
+
+std::optional<strategy::Strategy> strategy_of(const json& fixture, const char* key,
+                                              const stdfs::path& dir) {
+  if (!fixture.contains(key) || fixture[key].is_null()) return std::nullopt;
+  return strategy::read_strategy(dir / fixture[key].get<std::string>());
+}
+
+// The bytes of `file`, read through its runs from the plan's sources.
+std::string materialize(const Plan& plan, const VirtualFile& file) {
+  std::vector<Run> runs;
+  file.map(0, file.size(), runs);
+  std::map<uint32_t, UniqueFd> fds;
+  std::string out;
+  out.reserve(file.size());
+  for (const Run& run : runs) {
+    if (run.mem != nullptr) {
+      out.append(run.mem, run.length);
+      continue;
+    }
+    auto [it, fresh] = fds.try_emplace(run.source);
+    if (fresh) it->second = UniqueFd(::open(plan.sources[run.source].file.path.c_str(), O_RDONLY));
+    std::string piece(run.length, '\0');
+    const ssize_t n =
+        ::pread(it->second.get(), piece.data(), piece.size(), static_cast<off_t>(run.offset));
+    if (n != static_cast<ssize_t>(piece.size())) throw std::runtime_error("short source read");
+    out += piece;
+  }
+  return out;
+}
+
+class PlannerAgainstGenerator : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PlannerAgainstGenerator, TargetsMatchTheSummariesAndTheExpectedBytes) {
+  TempDir tmp("planner-test");
+  const stdfs::path dir = tmp.path() / GetParam();
+  const json fixture = make_fixture(GetParam(), dir);
+
+  std::vector<int64_t> ranks;
+  std::vector<stdfs::path> paths;
+  for (const auto& [rank, rel] : fixture.at("source_files").items()) {
+    ranks.push_back(std::stoll(rank));
+    paths.push_back(dir / rel.get<std::string>());
+  }
+  std::vector<index::IndexedSource> indexed = index::index_sources(nullptr, paths);
+  std::map<int64_t, index::IndexedSource> sources;
+  for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
+  const std::optional<strategy::Strategy> src = strategy_of(fixture, "src_strategy", dir);
+  const std::optional<strategy::Strategy> dst = strategy_of(fixture, "dst_strategy", dir);
+  ViewOptions views;
+  views.safetensors = false;
+  const Plan plan =
+      make_plan(std::move(sources), src ? &*src : nullptr, dst ? &*dst : nullptr, views);
+
+  const json& targets = fixture.at("targets");
+  ASSERT_EQ(plan.targets.size(), targets.size());
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const json& want = targets[t];
+    const TargetFile& got = plan.targets[t];
+    SCOPED_TRACE("target rank " + std::to_string(want.at("rank").get<int64_t>()));
+    ASSERT_EQ(got.rank, want.at("rank").get<int64_t>());
+    EXPECT_EQ(got.file.size(), want.at("size").get<uint64_t>());
+
+    // The sources the file reads are among those the generator's rank list loads, and include
+    // every rank a passed-through record comes from.
+    std::set<int64_t> read;
+    for (uint32_t s : got.file.sources()) read.insert(plan.source_ranks.at(s));
+    const auto rank_list = want.at("rank_list").get<std::vector<int64_t>>();
+    for (int64_t r : read)
+      EXPECT_NE(std::find(rank_list.begin(), rank_list.end(), r), rank_list.end()) << r;
+    for (const json& record : want.at("records")) {
+      if (record.at("source_rank").is_null()) continue;
+      EXPECT_TRUE(read.count(record.at("source_rank").get<int64_t>()))
+          << record.at("name").get<std::string>();
+    }
+
+    const std::string bytes = materialize(plan, got.file);
+    const std::string expected = testsupport::read_file(dir / want.at("file").get<std::string>());
+    EXPECT_TRUE(bytes == expected) << "bytes differ from " << want.at("file");
+
+    // Record for record, as a checkpoint reader sees the planned file.
+    const stdfs::path written = testsupport::write_file(tmp.path() / "planned.ckpt", bytes);
+    const ckpt::FileScan scan = ckpt::scan_checkpoint(written.string());
+    const json& records = want.at("records");
+    ASSERT_EQ(scan.params.size(), records.size());
+    for (size_t i = 0; i < records.size(); ++i) {
+      const ckpt::Param& p = scan.params[i];
+      EXPECT_EQ(p.name, records[i].at("name").get<std::string>());
+      EXPECT_EQ(p.dtype, records[i].at("dtype").get<std::string>()) << p.name;
+      const auto dims = records[i].at("dims").get<std::vector<int64_t>>();
+      EXPECT_EQ(p.dims_zero ? std::vector<int64_t>{0} : p.shape, dims) << p.name;
+    }
+  }
+}
+
+// Layout changes of every kind the generator knows with one strategy file (or directory) per
+// side: M -> N, merge, split, optimizer sharding on either side, pipelines on either side,
+// JSON, multi-axis maps, a non-multiple, chunked sources, CRC trailers and old scalars, a real
+// 13B strategy, and safetensors sources.
+INSTANTIATE_TEST_SUITE_P(Builtins, PlannerAgainstGenerator,
+                         ::testing::Values("demo", "8to4_dtypes", "8to1_merge", "1to8_split",
+                                           "opt_src", "opt_dst", "pipeline_src_dir",
+                                           "pipeline_src_merged", "pipeline_dst", "json",
+                                           "json_pipeline", "crc_oldscalars", "multiaxis", "4to6",
+                                           "src_chunks", "src_chunks_old", "llama13b_to4",
+                                           "st_demo", "st_opt_dst", "st_pipeline_dst"),
+                         [](const ::testing::TestParamInfo<const char*>& param) {
+                           std::string name = param.param;
+                           for (char& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace ckptfs::plan
