@@ -10,6 +10,7 @@
 
 #include "bus_guard.h"
 #include "ckptfs/error.h"
+#include "ckptfs/util/eintr.h"
 #include "scratch.h"
 
 namespace ckptfs::fs {
@@ -36,8 +37,8 @@ bool preadv_all(int fd, std::span<iovec> iov, uint64_t offset) {
   size_t first = 0;
   while (first < iov.size()) {
     const int count = static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX));
-    const ssize_t got = ::preadv(fd, &iov[first], count, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
+    const ssize_t got =
+        retry_eintr([&] { return ::preadv(fd, &iov[first], count, static_cast<off_t>(offset)); });
     if (got <= 0) return false;
     offset += static_cast<uint64_t>(got);
     for (size_t left = static_cast<size_t>(got); left > 0;) {

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "ckptfs/error.h"
+#include "ckptfs/util/eintr.h"
 #include "ckptfs/util/fd.h"
 
 namespace ckptfs::fs {
@@ -62,8 +63,8 @@ int open_temp(Job& job) {
 
 void write_at(int fd, const Job& job, const char* data, size_t length, uint64_t offset) {
   while (length > 0) {
-    const ssize_t n = ::pwrite(fd, data, length, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
+    const ssize_t n =
+        retry_eintr([&] { return ::pwrite(fd, data, length, static_cast<off_t>(offset)); });
     if (n <= 0)
       fail("{}: cannot write at byte {}: {}", job.temp_path.string(), offset,
            n < 0 ? errno_text(errno) : std::string("no progress"));

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ckptfs/error.h"
+#include "ckptfs/util/eintr.h"
 #include "device_io.h"
 #include "fuse_ops.h"
 
@@ -253,8 +254,7 @@ void log_to_file(const std::string& path) {
 
 void write_all(int fd, std::string_view data) {
   while (!data.empty()) {
-    const ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
+    const ssize_t n = retry_eintr([&] { return ::write(fd, data.data(), data.size()); });
     if (n <= 0) return;
     data.remove_prefix(static_cast<size_t>(n));
   }
@@ -410,8 +410,12 @@ void prepare_mountpoint(const std::filesystem::path& mountpoint, bool nonempty) 
         where.string());
 }
 
-int mount(const std::filesystem::path& mountpoint, const Tree& tree, const MountOptions& options) {
-  const ParsedOptions parsed = parse_options(options);
+namespace {
+
+// Step 1: the canonical mountpoint, ready and free (prepare_mountpoint), and the log file
+// checked. Throws Error naming the mountpoint.
+stdfs::path resolve_mount(const stdfs::path& mountpoint, const ParsedOptions& parsed,
+                          const std::string& log_file) {
   prepare_mountpoint(mountpoint, parsed.nonempty);
   std::error_code ec;
   const stdfs::path where = stdfs::canonical(mountpoint, ec);
@@ -421,15 +425,17 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   if (const std::optional<MountEntry> entry = find_mount(where);
       entry && entry->fstype == "fuse.ckptfs")
     fail("cannot mount at {}: ckptfs already mounted there ({})", where.string(), entry->device);
-  std::string log_file;
-  if (!options.log_file.empty()) log_file = stdfs::absolute(options.log_file).string();
   try {
     check_log_file(log_file);
   } catch (const Error& e) {
     fail("cannot mount at {}: {}", where.string(), e.what());
   }
+  return where;
+}
 
-  const std::string fsname = options.fsname.empty() ? common_source_dir(tree) : options.fsname;
+// Step 2: libfuse's arguments: our fixed options, the user's, and "ro" last, so nothing before
+// it can turn it off.
+std::vector<std::string> fuse_argv(const std::string& fsname, const ParsedOptions& parsed) {
   std::vector<std::string> argv = {
       "ckptfs", "-o",
       "subtype=ckptfs,default_permissions,fsname=" + escape_option("ckptfs:" + fsname)};
@@ -438,23 +444,14 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
     argv.push_back(option);
   }
   argv.push_back("-o");
-  argv.push_back("ro");  // last, so nothing before it can turn it off
+  argv.push_back("ro");
+  return argv;
+}
 
-  detail::Server server;
-  server.service =
-      std::make_unique<Service>(tree, options.chosen,
-                                Service::Options{parsed.cache, parsed.read_ahead && !parsed.cache,
-                                                 parsed.max_read, parsed.splice});
-  // .ckptfs/log keeps the lines from here on: the mount and the notes on the sources (the
-  // daemon forks with them), then whatever the server logs (init hooks the ring to the logger
-  // it serves with). This process's logger lets go of it on the way out.
-  const std::shared_ptr<spdlog::sinks::sink> ring = server.service->status().log_sink();
-  spdlog::default_logger()->sinks().push_back(ring);
-  struct Unhook {
-    const std::shared_ptr<spdlog::sinks::sink>& ring;
-    ~Unhook() { std::erase(spdlog::default_logger()->sinks(), ring); }
-  } unhook{ring};
-
+// Step 3: the session, its signal handlers and the kernel mount. Throws Error with what libfuse
+// said, leaving nothing mounted.
+fuse_session* open_session(const std::vector<std::string>& argv, detail::Server& server,
+                           const stdfs::path& where) {
   begin_setup();
   FuseArgs args(argv);
   fuse_session* se =
@@ -475,37 +472,37 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
     fail("cannot mount at {}: {}", where.string(), setup_errors("mount failed"));
   }
   end_setup();
-  // Without it, mapped files are served through the page cache (fuse_ops.cc, op_open).
-  if (int err = detail::install_device_io(se); err != 0)
-    spdlog::warn("cannot hook the FUSE device ({}): mapped files use the page cache",
-                 errno_text(-err));
-  // Raised at the first open of a file read through the page cache, or one that may be
-  // mapped.
-  server.service->set_readahead_knob(readahead_knob(where));
-  spdlog::info("mounted {} ({} files, {} bytes) from {}", where.string(),
-               tree.plan().targets.size(), tree.total_bytes(), fsname);
-  if (options.on_mounted) options.on_mounted();
+  return se;
+}
 
-  auto abandon = [&](const std::string& why) { abandon_mount(se, where, why); };
-
-  if (options.foreground) {
-    if (!log_file.empty()) {
-      try {
-        log_to_file(log_file);
-      } catch (const std::exception& e) {
-        abandon(fmt::format("cannot log to {}: {}", log_file, e.what()));
-      }
-    }
-    return serve(se, parsed);
+// What the parent reads from the daemon's ready pipe until it closes: "R", or "E" and why not.
+std::string wait_for_daemon(pid_t child, int ready_fd) {
+  int status = 0;
+  static_cast<void>(retry_eintr([&] { return ::waitpid(child, &status, 0); }));
+  std::string reply;
+  char buf[512];
+  for (;;) {
+    const ssize_t n = retry_eintr([&] { return ::read(ready_fd, buf, sizeof buf); });
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+    if (reply == "R") break;  // all a ready server sends
   }
+  ::close(ready_fd);
+  return reply;
+}
 
+// Step 4 (background): forks the daemon that serves `se` and waits until it serves. 0, or
+// throws Error after undoing the mount.
+int start_daemon(fuse_session* se, const stdfs::path& where, const ParsedOptions& parsed,
+                 const std::string& log_file) {
   int ready[2];
-  if (::pipe2(ready, O_CLOEXEC) != 0) abandon(fmt::format("pipe: {}", errno_text(errno)));
+  if (::pipe2(ready, O_CLOEXEC) != 0)
+    abandon_mount(se, where, fmt::format("pipe: {}", errno_text(errno)));
   const pid_t child = ::fork();
   if (child < 0) {
     ::close(ready[0]);
     ::close(ready[1]);
-    abandon(fmt::format("fork: {}", errno_text(errno)));
+    abandon_mount(se, where, fmt::format("fork: {}", errno_text(errno)));
   }
   if (child == 0) {
     // Fork twice so the server is nobody's child: the caller reaps the middle process now,
@@ -516,21 +513,8 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
     if (daemon != 0) ::_exit(daemon < 0 ? 1 : 0);
     run_daemon(se, parsed, log_file, ready[1]);
   }
-
   ::close(ready[1]);
-  int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  std::string reply;
-  char buf[512];
-  for (;;) {
-    const ssize_t n = ::read(ready[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    reply.append(buf, static_cast<size_t>(n));
-    if (reply == "R") break;  // all a ready server sends
-  }
-  ::close(ready[0]);
+  const std::string reply = wait_for_daemon(child, ready[0]);
   if (reply == "R") {
     // The server holds its own copy of the device fd. Ours must be closed, or the kernel
     // would keep the connection alive if the server died; destroying the session closes it
@@ -539,11 +523,58 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
     fuse_session_destroy(se);
     return 0;
   }
-  if (!reply.empty() && reply[0] == 'E') abandon(reply.substr(1));
+  if (!reply.empty() && reply[0] == 'E') abandon_mount(se, where, reply.substr(1));
   abandon_mount(se, where,
-                options.log_file.empty()
+                log_file.empty()
                     ? std::string("the server exited before it was ready")
                     : fmt::format("the server exited before it was ready (see {})", log_file));
+}
+
+}  // namespace
+
+int mount(const std::filesystem::path& mountpoint, const Tree& tree, const MountOptions& options) {
+  const ParsedOptions parsed = parse_options(options);
+  std::string log_file;
+  if (!options.log_file.empty()) log_file = stdfs::absolute(options.log_file).string();
+  const stdfs::path where = resolve_mount(mountpoint, parsed, log_file);
+  const std::string fsname = options.fsname.empty() ? common_source_dir(tree) : options.fsname;
+
+  detail::Server server;
+  server.service =
+      std::make_unique<Service>(tree, options.chosen,
+                                Service::Options{parsed.cache, parsed.read_ahead && !parsed.cache,
+                                                 parsed.max_read, parsed.splice});
+  // .ckptfs/log keeps the lines from here on: the mount and the notes on the sources (the
+  // daemon forks with them), then whatever the server logs (init hooks the ring to the logger
+  // it serves with). This process's logger lets go of it on the way out.
+  const std::shared_ptr<spdlog::sinks::sink> ring = server.service->status().log_sink();
+  spdlog::default_logger()->sinks().push_back(ring);
+  struct Unhook {
+    const std::shared_ptr<spdlog::sinks::sink>& ring;
+    ~Unhook() { std::erase(spdlog::default_logger()->sinks(), ring); }
+  } unhook{ring};
+
+  fuse_session* se = open_session(fuse_argv(fsname, parsed), server, where);
+  // Without it, mapped files are served through the page cache (Service::open).
+  if (int err = detail::install_device_io(se); err != 0)
+    spdlog::warn("cannot hook the FUSE device ({}): mapped files use the page cache",
+                 errno_text(-err));
+  // Raised at the first open of a file read through the page cache, or one that may be
+  // mapped.
+  server.service->set_readahead_knob(readahead_knob(where));
+  spdlog::info("mounted {} ({} files, {} bytes) from {}", where.string(),
+               tree.plan().targets.size(), tree.total_bytes(), fsname);
+  if (options.on_mounted) options.on_mounted();
+
+  if (!options.foreground) return start_daemon(se, where, parsed, log_file);
+  if (!log_file.empty()) {
+    try {
+      log_to_file(log_file);
+    } catch (const std::exception& e) {
+      abandon_mount(se, where, fmt::format("cannot log to {}: {}", log_file, e.what()));
+    }
+  }
+  return serve(se, parsed);
 }
 
 void unmount(const std::filesystem::path& mountpoint, bool lazy) {
@@ -575,9 +606,8 @@ void unmount(const std::filesystem::path& mountpoint, bool lazy) {
     ::_exit(127);
   }
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) fail("cannot unmount {}: waitpid: {}", where.string(), errno_text(errno));
-  }
+  if (retry_eintr([&] { return ::waitpid(pid, &status, 0); }) < 0)
+    fail("cannot unmount {}: waitpid: {}", where.string(), errno_text(errno));
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
       fail("cannot unmount {}: fusermount3 not found", where.string());

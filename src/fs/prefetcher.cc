@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <optional>
+#include <span>
 #include <utility>
 
 #include "scratch.h"
@@ -103,69 +105,53 @@ std::shared_ptr<Prefetcher::Stream> Prefetcher::open(uint64_t ino) const {
   return std::make_shared<Stream>(ino, file->size());
 }
 
+namespace {
+
+// The slots holding [off, off + want): one, or two that follow each other. Under the lock.
+struct Covering {
+  std::array<Slot*, 2> parts{};
+  size_t n = 0;
+  std::span<Slot* const> slots() const { return {parts.data(), n}; }
+};
+
+std::optional<Covering> covering(Prefetcher::Stream& s, uint64_t off, uint64_t want) {
+  Covering c;
+  for (uint64_t pos = off; pos < off + want && c.n < c.parts.size();) {
+    Slot* slot = holding(s, pos);
+    if (slot == nullptr) break;
+    c.parts[c.n++] = slot;
+    pos = slot->end();
+  }
+  if (c.n == 0 || c.parts[c.n - 1]->end() < off + want) return std::nullopt;
+  return c;
+}
+
+// Serves [off, off + want) from the ready blocks of `c` into `buf`, and frees the blocks read
+// to their end. Under the lock.
+void copy_out(const Covering& c, uint64_t off, uint64_t want, ReplyBuffer& buf) {
+  Slot& first = *c.parts[0];
+  if (c.n == 1 && first.off == off && first.got == want) {
+    buf.swap(first.data);  // the whole block: hand it over instead of copying
+    first.state = Slot::State::kFree;
+    return;
+  }
+  buf.resize(want);
+  for (Slot* slot : c.slots()) {
+    const uint64_t from = std::max(off, slot->off);
+    const uint64_t to = std::min(off + want, slot->end());
+    std::memcpy(buf.data() + (from - off), slot->data.data() + (from - slot->off), to - from);
+    if (to == slot->end()) slot->state = Slot::State::kFree;  // read to its end
+  }
+}
+
+}  // namespace
+
 ReadResult Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf) {
-  using State = Slot::State;
-  bool hit = false;
-  bool sequential = false;
-  size_t got = 0;
   // The sources of the blocks a hit is served from.
   std::vector<uint32_t>& served_from = detail::scratch().served_from;
-  served_from.clear();
-  for (;;) {
-    std::unique_lock lock(s.mutex);
-    sequential = off == s.next;
-    const uint64_t want = std::min<uint64_t>(len, s.size > off ? s.size - off : 0);
-    if (want == 0) break;
-    // The slots holding [off, off + want): one, or two that follow each other.
-    std::array<Slot*, 2> parts{};
-    size_t n = 0;
-    for (uint64_t pos = off; pos < off + want && n < parts.size();) {
-      Slot* slot = holding(s, pos);
-      if (slot == nullptr) break;
-      parts[n++] = slot;
-      pos = slot->end();
-    }
-    if (n == 0 || parts[n - 1]->end() < off + want) break;
-    if (Slot** queued = std::find_if(parts.begin(), parts.begin() + n,
-                                     [](Slot* p) { return p->state == State::kQueued; });
-        queued != parts.begin() + n) {
-      // No helper has started it: gathering it here is sooner than waiting for one.
-      s.lagging.store(kLagReads, std::memory_order_relaxed);
-      const size_t index = static_cast<size_t>(*queued - s.slots.data());
-      const uint64_t generation = (*queued)->generation;
-      lock.unlock();
-      fill(s, index, generation);
-      continue;
-    }
-    if (std::any_of(parts.begin(), parts.begin() + n,
-                    [](Slot* p) { return p->state == State::kRunning; })) {
-      s.lagging.store(kLagReads, std::memory_order_relaxed);
-      s.done.wait(lock);
-      continue;  // look again: the slots may have changed meanwhile
-    }
-    for (size_t i = 0; i < n; ++i)
-      served_from.insert(served_from.end(), parts[i]->sources.begin(), parts[i]->sources.end());
-    if (n == 1 && parts[0]->off == off && parts[0]->got == want) {
-      buf.swap(parts[0]->data);  // the whole block: hand it over instead of copying
-      parts[0]->state = State::kFree;
-    } else {
-      buf.resize(want);
-      for (size_t i = 0; i < n; ++i) {
-        Slot& slot = *parts[i];
-        const uint64_t from = std::max(off, slot.off);
-        const uint64_t to = std::min(off + want, slot.end());
-        std::memcpy(buf.data() + (from - off), slot.data.data() + (from - slot.off), to - from);
-        if (to == slot.end()) slot.state = State::kFree;  // read to its end
-      }
-    }
-    got = want;
-    hit = true;
-    if (unsigned lag = s.lagging.load(std::memory_order_relaxed); lag > 0)
-      s.lagging.store(lag - 1, std::memory_order_relaxed);
-    break;
-  }
-  ReadResult result = ReadResult::done(got);
-  if (hit) {
+  const Taken taken = take_ready(s, off, len, buf, served_from);
+  ReadResult result = ReadResult::done(taken.bytes);
+  if (taken.hit) {
     // The blocks were gathered a moment ago: the sources they were read from must still be
     // what was mounted, or they may hold a mix of old and new bytes.
     if (int err = tree_.check_sources(s.ino, std::span<const uint32_t>(served_from)))
@@ -176,11 +162,55 @@ ReadResult Prefetcher::read(Stream& s, uint64_t off, size_t len, ReplyBuffer& bu
     result = tree_.read_into(s.ino, off, std::span<char>(buf.data(), len));
     if (!result.ok()) return result;
   }
-
-  std::lock_guard lock(s.mutex);
-  s.next = off + result.bytes();
-  if (sequential && !others_reading(s)) plan_ahead(s, off + result.bytes(), s.planned);
+  note_read(s, off, result.bytes(), taken.sequential);
   return result;
+}
+
+Prefetcher::Taken Prefetcher::take_ready(Stream& s, uint64_t off, size_t len, ReplyBuffer& buf,
+                                         std::vector<uint32_t>& served_from) {
+  using State = Slot::State;
+  served_from.clear();
+  Taken taken;
+  for (;;) {
+    std::unique_lock lock(s.mutex);
+    taken.sequential = off == s.next;
+    const uint64_t want = std::min<uint64_t>(len, s.size > off ? s.size - off : 0);
+    if (want == 0) return taken;
+    const std::optional<Covering> c = covering(s, off, want);
+    if (!c) return taken;
+    const std::span<Slot* const> parts = c->slots();
+    if (auto queued = std::find_if(parts.begin(), parts.end(),
+                                   [](const Slot* p) { return p->state == State::kQueued; });
+        queued != parts.end()) {
+      // No helper has started it: gathering it here is sooner than waiting for one.
+      s.lagging.store(kLagReads, std::memory_order_relaxed);
+      const size_t index = static_cast<size_t>(*queued - s.slots.data());
+      const uint64_t generation = (*queued)->generation;
+      lock.unlock();
+      fill(s, index, generation);
+      continue;
+    }
+    if (std::any_of(parts.begin(), parts.end(),
+                    [](const Slot* p) { return p->state == State::kRunning; })) {
+      s.lagging.store(kLagReads, std::memory_order_relaxed);
+      s.done.wait(lock);
+      continue;  // look again: the slots may have changed meanwhile
+    }
+    for (const Slot* slot : parts)
+      served_from.insert(served_from.end(), slot->sources.begin(), slot->sources.end());
+    copy_out(*c, off, want, buf);
+    if (unsigned lag = s.lagging.load(std::memory_order_relaxed); lag > 0)
+      s.lagging.store(lag - 1, std::memory_order_relaxed);
+    taken.hit = true;
+    taken.bytes = want;
+    return taken;
+  }
+}
+
+void Prefetcher::note_read(Stream& s, uint64_t off, size_t bytes, bool sequential) {
+  std::lock_guard lock(s.mutex);
+  s.next = off + bytes;
+  if (sequential && !others_reading(s)) plan_ahead(s, off + bytes, s.planned);
 }
 
 void Prefetcher::start(Stream& s) noexcept {

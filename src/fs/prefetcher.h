@@ -79,6 +79,17 @@ class Prefetcher {
   bool others_reading(const Stream& stream) {
     return readers_.note(reinterpret_cast<uintptr_t>(&stream));
   }
+  // The steps of read(): take_ready serves the READ from the blocks read ahead if they hold it
+  // (gathering a queued one itself, waiting for a running one) and lists the sources they were
+  // read from; note_read records where the reader is and plans the blocks after it.
+  struct Taken {
+    bool hit = false;         // served from blocks read ahead: `bytes` are in the buffer
+    bool sequential = false;  // the READ continued the previous one
+    size_t bytes = 0;
+  };
+  Taken take_ready(Stream& stream, uint64_t off, size_t len, ReplyBuffer& buf,
+                   std::vector<uint32_t>& served_from);
+  void note_read(Stream& stream, uint64_t off, size_t bytes, bool sequential);
   // Under the stream's lock: takes back the slots the reader has left behind and queues free
   // ones for the blocks from `at` on, appending (slot, generation) to `queued`.
   void plan_ahead(Stream& stream, uint64_t at, std::vector<std::pair<size_t, uint64_t>>& queued);

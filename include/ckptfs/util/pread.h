@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "ckptfs/error.h"
+#include "ckptfs/util/eintr.h"
 
 namespace ckptfs {
 
@@ -20,10 +21,10 @@ namespace ckptfs {
 inline void pread_exact(int fd, const std::string& name, uint64_t offset, std::span<uint8_t> out) {
   size_t done = 0;
   while (done < out.size()) {
-    const ssize_t n =
-        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    const ssize_t n = retry_eintr([&] {
+      return ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    });
     if (n < 0) {
-      if (errno == EINTR) continue;
       fail("{}: byte offset {}: read failed: {}", name, offset + done, std::strerror(errno));
     }
     if (n == 0)
