@@ -26,6 +26,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/util/fd.h"
 #include "ckptfs/util/pread.h"
+#include "ckptfs/util/shape_text.h"
 
 namespace ckptfs::ckpt {
 
@@ -360,10 +361,6 @@ class Parser {
   Window in_;
   uint64_t pos_ = 0;
 };
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ","));
-}
 
 // Builds Params from records, merging runs of equal tags (spec §1.5).
 class Grouper {

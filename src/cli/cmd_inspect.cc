@@ -24,6 +24,7 @@
 #include "ckptfs/strategy/strategy.h"
 #include "ckptfs/torchzip/torch_file.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/shape_text.h"
 #include "commands.h"
 
 namespace ckptfs::cli {
@@ -118,10 +119,9 @@ void print_torch(const ckpt::FileScan& scan, bool json) {
   uint64_t bytes = 0;
   for (const ckpt::Param& p : scan.params) {
     bytes += p.nbytes();
-    rows.push_back({p.name, p.dtype, fmt::format("[{}]", fmt::join(p.shape, ",")),
-                    fmt::format("[{}]", fmt::join(p.strides, ",")),
-                    std::to_string(p.storage_offset), std::to_string(p.nbytes()),
-                    extents_text(p.content)});
+    rows.push_back(
+        {p.name, p.dtype, shape_text(p.shape), fmt::format("[{}]", fmt::join(p.strides, ",")),
+         std::to_string(p.storage_offset), std::to_string(p.nbytes()), extents_text(p.content)});
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows)
@@ -147,8 +147,7 @@ void print_table(const ckpt::FileScan& scan, const InspectOptions& options) {
     records += p.records.size();
     const bool is_map = p.kind == ckpt::EntryKind::MapTensor;
     // A map tensor has no single content range; its whole records are what gets copied.
-    rows.push_back({p.name, is_map ? "(maptensor)" : p.dtype,
-                    is_map ? "-" : fmt::format("[{}]", fmt::join(p.shape, ",")),
+    rows.push_back({p.name, is_map ? "(maptensor)" : p.dtype, is_map ? "-" : shape_text(p.shape),
                     std::to_string(p.nbytes()),
                     is_map ? "records " + extents_text(p.records) : extents_text(p.content)});
   }
@@ -198,9 +197,8 @@ void inspect_safetensors(const InspectOptions& options) {
   uint64_t content = 0;
   for (const safetensors::Tensor& t : h.tensors) {
     content += t.end - t.begin;
-    rows.push_back({t.name, t.int4 ? t.code + " (Int4)" : t.code,
-                    fmt::format("[{}]", fmt::join(t.shape, ",")), std::to_string(t.end - t.begin),
-                    std::to_string(h.data_start() + t.begin)});
+    rows.push_back({t.name, t.int4 ? t.code + " (Int4)" : t.code, shape_text(t.shape),
+                    std::to_string(t.end - t.begin), std::to_string(h.data_start() + t.begin)});
   }
   std::array<size_t, 4> w{};
   for (const auto& r : rows)

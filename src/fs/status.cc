@@ -17,6 +17,7 @@
 #include "ckptfs/safetensors/scanner.h"
 #include "ckptfs/source/discover.h"
 #include "ckptfs/util/pread.h"
+#include "ckptfs/util/shape_text.h"
 
 namespace ckptfs::fs {
 
@@ -193,10 +194,6 @@ std::string extent_json(const Extent& e, const std::vector<uint32_t>& file_sourc
   return fmt::format(
       R"({{"file":{},"offset":{},"length":{},"at":{},"count":{},"stride":{},"at_stride":{}}})",
       file, e.offset, e.length, e.at, e.count, e.stride, e.at_stride);
-}
-
-std::string shape_json(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ","));
 }
 
 }  // namespace
@@ -428,7 +425,7 @@ std::string Status::plan_json(size_t index) const {
       const RecordPlan& rec = fp.records[r];
       out += fmt::format("{}\n  {{\"name\": {}, \"dtype\": {}, \"shape\": {}, \"ranges\": [",
                          r == 0 ? "" : ",", json_string(rec.name), json_string(rec.dtype),
-                         shape_json(rec.shape));
+                         shape_text(rec.shape));
       for (size_t k = 0; k < rec.ranges.size(); ++k)
         out +=
             fmt::format("{}[{},{}]", k == 0 ? "" : ",", rec.ranges[k].first, rec.ranges[k].second);

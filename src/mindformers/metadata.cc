@@ -16,6 +16,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/strategy/layout.h"
 #include "ckptfs/util/json_int.h"
+#include "ckptfs/util/shape_text.h"
 
 namespace ckptfs::mindformers {
 
@@ -175,10 +176,6 @@ std::vector<Scalar> read_common(const fs::path& path, bool& unhealthy) {
   return out;
 }
 
-std::string shape_str(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ","));
-}
-
 }  // namespace
 
 std::optional<fs::path> find_iteration(const fs::path& dir, std::string_view step) {
@@ -317,7 +314,7 @@ Iteration read_iteration(const fs::path& dir) {
         fail(
             "{}: parameter {}: a chunk of shape {} where the layout gives {} (an optimizer-sharded "
             "or otherwise unevenly cut parameter, which ckptfs does not read from metadata)",
-            file, meta.name, shape_str(local), shape_str(slice));
+            file, meta.name, shape_text(local), shape_text(slice));
     }
     layouts.push_back(std::move(layout));
   }
@@ -436,8 +433,8 @@ void validate(const Iteration& it, const std::vector<index::IndexedSource>& scan
                            meta.name, kMetadataFile));
         else if (p->shape != slice || p->dtype != meta.dtype)
           note(fmt::format("{}: parameter {} is {} {} here, but {} gives {} {}", path, meta.name,
-                           p->dtype, shape_str(p->shape), kMetadataFile, meta.dtype,
-                           shape_str(slice)));
+                           p->dtype, shape_text(p->shape), kMetadataFile, meta.dtype,
+                           shape_text(slice)));
       }
   }
   if (failures.empty()) return;

@@ -19,6 +19,7 @@
 #include "ckptfs/plan/source_fit.h"
 #include "ckptfs/safetensors/format.h"
 #include "ckptfs/strategy/rank_list.h"
+#include "ckptfs/util/shape_text.h"
 
 namespace ckptfs::plan {
 
@@ -26,10 +27,6 @@ namespace {
 
 using strategy::Layout;
 using strategy::TargetMaps;
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ","));
-}
 
 // A layout's identity for memo tables: layouts repeat across thousands of parameters.
 std::string layout_key(const Layout& layout) {
@@ -465,7 +462,7 @@ class Planner {
         fail(
             "parameter {}: {} holds a {} {} slice but {} {} was expected from the other ranks "
             "and the source strategy",
-            p.name, f->path, copy->dtype, shape_str(copy->shape), p.dtype, shape_str(slice));
+            p.name, f->path, copy->dtype, shape_text(copy->shape), p.dtype, shape_text(slice));
     }
     return facts;
   }
@@ -922,7 +919,7 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
     for (const auto& [stage, layout] : param.stages)
       if (!layout.tensor_shape.empty() && layout.tensor_shape != it->second->shape)
         fail("{}: parameter {} has global shape {} in the strategy but {} in the checkpoint",
-             dst.origin, name, shape_str(layout.tensor_shape), shape_str(it->second->shape));
+             dst.origin, name, shape_text(layout.tensor_shape), shape_text(it->second->shape));
   }
   std::vector<int64_t> targets = views.ranks;
   if (targets.empty())
