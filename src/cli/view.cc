@@ -37,6 +37,7 @@
 #include "ckptfs/source/unified.h"
 #include "ckptfs/strategy/rank_list.h"
 #include "ckptfs/strategy/strategy.h"
+#include "ckptfs/util/eintr.h"
 #include "ckptfs/util/fd.h"
 #include "ckptfs/util/rank_set.h"
 #include "progress.h"
@@ -437,8 +438,7 @@ std::string strategy_digest(const std::string& path) {
     UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) fail("{}: cannot open: {}", file.string(), std::strerror(errno));
     for (;;) {
-      const ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-      if (n < 0 && errno == EINTR) continue;
+      const ssize_t n = retry_eintr([&] { return ::read(fd.get(), buf.data(), buf.size()); });
       if (n < 0) fail("{}: cannot read: {}", file.string(), std::strerror(errno));
       if (n == 0) break;
       crc = ckpt::crc32_update(crc, std::span(buf.data(), static_cast<size_t>(n)));

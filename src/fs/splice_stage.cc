@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ckptfs/util/eintr.h"
 #include "scratch.h"
 
 namespace ckptfs::fs {
@@ -89,7 +90,8 @@ ReadResult SpliceStage::stage(uint64_t ino, uint64_t off, size_t len, const Stag
     while (done < run.length) {
       ssize_t n;
       if (run.mem != nullptr) {
-        n = ::write(pipe.write_end(), run.mem + done, run.length - done);
+        n = retry_eintr(
+            [&] { return ::write(pipe.write_end(), run.mem + done, run.length - done); });
       } else {
         if (run.source >= sources.size()) {
           spdlog::error("read mapped to source #{}, but the plan has {} sources", run.source,
@@ -98,10 +100,11 @@ ReadResult SpliceStage::stage(uint64_t ino, uint64_t off, size_t len, const Stag
         }
         loff_t at = static_cast<loff_t>(run.offset + done);
         // Never blocks: a full pipe answers EAGAIN (the slot count above was not enough).
-        n = ::splice(sources[run.source].file.fd.get(), &at, pipe.write_end(), nullptr,
-                     run.length - done, SPLICE_F_NONBLOCK);
+        n = retry_eintr([&] {
+          return ::splice(sources[run.source].file.fd.get(), &at, pipe.write_end(), nullptr,
+                          run.length - done, SPLICE_F_NONBLOCK);
+        });
       }
-      if (n < 0 && errno == EINTR) continue;
       // A full pipe, or a source file system that cannot splice: gather instead.
       if (n < 0 && (errno == EAGAIN || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP))
         return ReadResult::declined();
