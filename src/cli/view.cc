@@ -495,7 +495,7 @@ std::string view_key(const RankDirs& dirs, const ViewArgs& args) {
   const uint32_t files_crc = ckpt::crc32_update(
       0, std::span(reinterpret_cast<const uint8_t*>(files.data()), files.size()));
   return fmt::format(
-      "ckptfs target summaries 2\nsrc strategy: {}\ndst strategy: {}\nviews: {}{}\nprefix: "
+      "ckptfs target summaries 3\nsrc strategy: {}\ndst strategy: {}\nviews: {}{}\nprefix: "
       "{}\nstep: {}{}\nsource files: {} crc {:08x}\n",
       strategy_digest(dirs.src_strategy), strategy_digest(args.dst_strategy),
       views.ckpt ? "ckpt " : "", views.safetensors ? "safetensors" : "", views.prefix, args.step,
@@ -515,10 +515,14 @@ index::TargetSummary summarize(const plan::Plan& plan, int64_t rank) {
   out.rank = rank;
   for (const plan::TargetFile& target : plan.targets) {
     int64_t mtime = -1;  // none: the mount time
+    std::set<int64_t> read;
     for (uint32_t s : target.file.sources())
-      if (s < plan.sources.size())
+      if (s < plan.sources.size()) {
         mtime = std::max(mtime, plan.sources[s].file.fingerprint.mtime_ns);
-    out.files.push_back({target.file_name(), target.file.size(), mtime, target.page_cache});
+        read.insert(plan.source_ranks[s]);
+      }
+    out.files.push_back({target.file_name(), target.file.size(), mtime, target.page_cache,
+                         std::vector<int64_t>(read.begin(), read.end())});
   }
   out.source_ranks = plan.source_ranks;
   return out;
@@ -554,6 +558,7 @@ std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) 
       return nullptr;
     }
     std::set<int64_t> sources;
+    std::vector<std::vector<int64_t>> reads;  // files[i] reads the sources of ranks reads[i]
     for (int64_t t : shown) {
       const std::optional<index::TargetSummary> summary = store.target(t);
       if (!summary) {
@@ -561,9 +566,21 @@ std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) 
                      args.shipped_index, t);
         return nullptr;
       }
-      for (const index::TargetSummary::File& f : summary->files)
-        files.push_back({t, f.name, f.size, f.mtime_ns, f.page_cache});
+      for (const index::TargetSummary::File& f : summary->files) {
+        files.push_back({t, f.name, f.size, f.mtime_ns, f.page_cache, {}});
+        reads.push_back(f.source_ranks);
+      }
       sources.insert(summary->source_ranks.begin(), summary->source_ranks.end());
+    }
+    // Each file's access derives from the sources it reads, as an eager mount's does; one that
+    // reads none takes that of all the sources the exposed ranks load (an eager mount's plan).
+    for (size_t i = 0; i < files.size(); ++i) {
+      for (int64_t r :
+           reads[i].empty() ? std::vector<int64_t>(sources.begin(), sources.end()) : reads[i]) {
+        auto it = dirs.choice.files.find(r);
+        if (it == dirs.choice.files.end()) return nullptr;  // the eager path names what is missing
+        files[i].sources.push_back(absolute_name(it->second));
+      }
     }
     // Only the sources the exposed ranks read, by size and mtime as at build time.
     for (int64_t r : sources) {

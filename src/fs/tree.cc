@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "access.h"
 #include "ckptfs/error.h"
@@ -76,6 +78,7 @@ Tree::Tree(std::shared_ptr<LazyRanks> lazy) : Tree(listed_plan(*lazy)) {
   total_bytes_ = 0;
   for (const LazyRanks::File& f : lazy_->files()) total_bytes_ += f.size;
   set_mtimes();
+  set_access();
 }
 
 uint64_t Tree::file_size(size_t target) const {
@@ -96,19 +99,41 @@ bool later(const struct timespec& a, const struct timespec& b) {
 
 }  // namespace
 
+namespace {
+
+// The access of the source at `path`. One that cannot be stat'ed now (gone since the scan)
+// grants nothing but to the mounter; reading it fails anyway.
+Access stat_access(const std::filesystem::path& path, DirStats& dirs, uid_t uid, gid_t gid) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {uid, gid, S_IRUSR};
+  return source_access(path, st, dirs);
+}
+
+}  // namespace
+
 void Tree::set_access() {
   DirStats dirs;
-  std::vector<Access> sources(plan_.sources.size());
-  for (size_t s = 0; s < plan_.sources.size(); ++s) {
-    struct stat st {};
-    // A source that cannot be stat'ed now (gone since the scan) grants nothing but to the
-    // mounter; reading it fails anyway.
-    if (::stat(plan_.sources[s].file.path.c_str(), &st) != 0) {
-      sources[s] = {uid_, gid_, S_IRUSR};
-      continue;
+  if (lazy_) {
+    // Listed files: from the sources the summary names, each stat'ed once.
+    std::map<std::string, Access, std::less<>> by_path;
+    std::vector<Access> of_file;
+    file_access_.clear();
+    for (const LazyRanks::File& f : lazy_->files()) {
+      of_file.clear();
+      for (const std::string& path : f.sources) {
+        auto it = by_path.find(path);
+        if (it == by_path.end())
+          it = by_path.emplace(path, stat_access(path, dirs, uid_, gid_)).first;
+        of_file.push_back(it->second);
+      }
+      const Access a = combine_access(of_file, uid_, gid_);
+      file_access_.push_back({a.uid, a.gid, a.read});
     }
-    sources[s] = source_access(plan_.sources[s].file.path, st, dirs);
+    return;
   }
+  std::vector<Access> sources(plan_.sources.size());
+  for (size_t s = 0; s < plan_.sources.size(); ++s)
+    sources[s] = stat_access(plan_.sources[s].file.path, dirs, uid_, gid_);
   file_access_.clear();
   file_access_.reserve(plan_.targets.size());
   // A file that reads no source bytes (names, shapes and inline values only) still tells what

@@ -441,6 +441,7 @@ std::string encode_target(const TargetSummary& t) {
     file->set_size(f.size);
     file->set_mtime_ns(f.mtime_ns);
     file->set_page_cache(f.page_cache);
+    for (int64_t r : f.source_ranks) file->add_source_ranks(r);
   }
   for (int64_t r : t.source_ranks) out.add_source_ranks(r);
   return with_checksum(out.SerializeAsString());
@@ -501,7 +502,8 @@ std::optional<TargetSummary> Store::target(int64_t rank) const {
   TargetSummary out;
   out.rank = rank;
   for (const indexpb::ListedFile& f : in.files())
-    out.files.push_back({f.name(), f.size(), f.mtime_ns(), f.page_cache()});
+    out.files.push_back({f.name(), f.size(), f.mtime_ns(), f.page_cache(),
+                         std::vector<int64_t>(f.source_ranks().begin(), f.source_ranks().end())});
   out.source_ranks.assign(in.source_ranks().begin(), in.source_ranks().end());
   return out;
 }

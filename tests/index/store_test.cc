@@ -163,10 +163,10 @@ TEST_F(StoreTest, TargetSummariesRoundTripAndAreReplacedAsAWhole) {
     EXPECT_FALSE(store.target(0).has_value());
     const TargetSummary a{
         3,
-        {{"checkpoint_3.ckpt", 1234, -1, false},
-         {"checkpoint_3.safetensors", (uint64_t{1} << 40) + 5, 1700000000123456789, true}},
+        {{"checkpoint_3.ckpt", 1234, -1, false, {}},
+         {"checkpoint_3.safetensors", (uint64_t{1} << 40) + 5, 1700000000123456789, true, {2, 7}}},
         {2, 6, 7}};
-    const TargetSummary b{4, {{"checkpoint_4.ckpt", 99, 5, false}}, {}};
+    const TargetSummary b{4, {{"checkpoint_4.ckpt", 99, 5, false, {}}}, {}};
     const std::vector<TargetSummary> both{a, b};
     store.put_targets("view one", "files one", both);
     const std::vector<TargetSummary> only_b{b};
@@ -186,6 +186,8 @@ TEST_F(StoreTest, TargetSummariesRoundTripAndAreReplacedAsAWhole) {
   EXPECT_EQ(got->files[1].size, (uint64_t{1} << 40) + 5);
   EXPECT_EQ(got->files[1].mtime_ns, 1700000000123456789);
   EXPECT_TRUE(got->files[1].page_cache);
+  EXPECT_EQ(got->files[1].source_ranks, (std::vector<int64_t>{2, 7}));
+  EXPECT_TRUE(got->files[0].source_ranks.empty());
   EXPECT_EQ(got->files[0].mtime_ns, -1);
   EXPECT_FALSE(got->files[0].page_cache);
   EXPECT_EQ(got->source_ranks, (std::vector<int64_t>{2, 6, 7}));

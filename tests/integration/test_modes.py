@@ -108,6 +108,51 @@ def mixed_owners(args):
     assert mode_of() == (0o404, 0, 0)
 
 
+def stat_tree(mnt):
+    """(mode bits, uid, gid) of every file under `mnt`, by relative path."""
+    out = {}
+    for d, _, names in os.walk(mnt):
+        for n in names:
+            st = os.stat(os.path.join(d, n))
+            out[os.path.relpath(os.path.join(d, n), mnt)] = (oct(st.st_mode & 0o7777), st.st_uid,
+                                                             st.st_gid)
+    return out
+
+
+def lazy_ranks_as_eager(args):
+    # Ranks listed from a shipped index's summaries (planned on first open) show the owner,
+    # group and read bits an eager mount derives from the same sources, before any open.
+    work, fx = fixture(args, "lazy")
+    files = sorted(source_files(fx.src_dir))
+    modes = [(0o640, 1234, 4321)] * 4 + [(0o644, 0, 0), (0o644, 1234, 4321), (0o604, 1234, 4321),
+                                         (0o644, 1234, 4321)]
+    assert len(files) == len(modes), files
+    for path, (mode, uid, gid) in zip(files, modes):
+        os.chown(path, uid, gid)
+        os.chmod(path, mode)
+    idx = os.path.join(work, "idx")
+    itest.run([args.ckptfs, "index", "build", fx.src_dir, "--output", idx, "--src-strategy",
+               fx.src_strategy, "--dst-strategy", fx.dst_strategy, "-q"])
+    log = os.path.join(work, "lazy.log")
+    with itest.mounted(args.ckptfs, fx.src_dir, os.path.join(work, "eager"), **kw(fx, work)) as e:
+        eager = {k: v for k, v in stat_tree(e).items() if not k.startswith("steps/")}
+    with itest.mounted(args.ckptfs, fx.src_dir, os.path.join(work, "mnt"),
+                       src_strategy=fx.src_strategy, dst_strategy=fx.dst_strategy,
+                       log_file=log, log_level="info", extra_args=["--index", idx]) as m:
+        lazy = stat_tree(m)
+
+        def planned():
+            with open(log) as f:
+                return f.read().count("planned on first open")
+        assert planned() == 0  # listed, not planned
+        itest.read_file(os.path.join(m, "rank_0", "checkpoint_0.ckpt"))
+        assert planned() == 1  # so the files were listed from the summaries
+        assert stat_tree(m) == lazy  # and planning a rank changes nothing
+    assert lazy == eager, (lazy, eager)
+    # The sources' differences reach the files (else the comparison proves little).
+    assert len(set(eager.values())) >= 2 and ("0o444", 0, 0) not in eager.values(), eager
+
+
 def options_on_top_and_steps(args):
     # uid=, gid= and umask= still apply on top of the derived bits, in steps/ too.
     work = os.path.join(args.work, "steps")
@@ -143,6 +188,8 @@ def main():
     checks.run("0644 sources: nobody reads the right bytes", public_sources, args)
     checks.run("sources of mixed owners, groups and modes", mixed_owners, args)
     checks.run("-o uid=,gid=,umask= on top, in steps/ too", options_on_top_and_steps, args)
+    checks.run("ranks listed from a shipped index: the eager mount's modes", lazy_ranks_as_eager,
+               args)
     checks.finish()
 
 

@@ -31,6 +31,9 @@ class LazyRanks {
     uint64_t size = 0;
     int64_t mtime_ns = 0;
     bool page_cache = false;
+    // The source files its owner, group and read bits derive from (fs::Tree), as an eagerly
+    // planned file's do: those whose bytes it reads, or, if it reads none, all its view's.
+    std::vector<std::string> sources;
   };
   // Plans the files of one target rank; throws Error naming what is wrong.
   using PlanRank = std::function<plan::Plan(int64_t rank)>;

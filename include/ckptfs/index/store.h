@@ -57,6 +57,7 @@ struct TargetSummary {
     uint64_t size = 0;
     int64_t mtime_ns = 0;  // the newest mtime of the sources it reads
     bool page_cache = false;
+    std::vector<int64_t> source_ranks;  // ascending: the sources whose bytes it reads
   };
   int64_t rank = 0;
   std::vector<File> files;            // in the order the planner makes them
