@@ -111,6 +111,13 @@ class SourceSet {
     return it == by_rank_.end() ? nullptr : &it->second;
   }
 
+  // The files of ranks [lo, hi), ascending: the few a target loads, not every rank in between.
+  template <typename F>
+  void for_files(int64_t lo, int64_t hi, F&& f) const {
+    for (auto it = by_rank_.lower_bound(lo); it != by_rank_.end() && it->first < hi; ++it)
+      f(it->second);
+  }
+
  private:
   std::map<int64_t, File> by_rank_;
   std::unordered_map<std::string_view, uint32_t> ids_;
@@ -454,16 +461,16 @@ class Planner {
     facts.element_size = p.element_size;
     // Every copy in the stage must be the slice the layout says, of the same type.
     const std::vector<int64_t> slice = src_layout.slice_shape(facts.global_shape, p.name);
-    for (int64_t r = 0; r < maps.src_devices(); ++r) {
-      const SourceSet::File* f = files_.file(stage * maps.src_devices() + r);
-      const ckpt::Param* copy = f ? f->find(ref.id) : nullptr;
-      if (!copy) continue;
+    const int64_t first = int64_t{stage} * maps.src_devices();
+    files_.for_files(first, first + maps.src_devices(), [&](const SourceSet::File& f) {
+      const ckpt::Param* copy = f.find(ref.id);
+      if (!copy) return;
       if (copy->shape != slice || copy->dtype != p.dtype || copy->kind != p.kind)
         fail(
             "parameter {}: {} holds a {} {} slice but {} {} was expected from the other ranks "
             "and the source strategy",
-            p.name, f->path, copy->dtype, shape_text(copy->shape), p.dtype, shape_text(slice));
-    }
+            p.name, f.path, copy->dtype, shape_text(copy->shape), p.dtype, shape_text(slice));
+    });
     return facts;
   }
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "ckptfs/error.h"
@@ -21,9 +22,43 @@
 
 namespace ckptfs::strategy {
 
-const StrategyParam* Strategy::find(std::string_view name) const {
-  auto it = params.find(name);
-  return it == params.end() ? nullptr : &it->second;
+struct NameIndex::Table {
+  size_t entries = 0;  // params.size() when built
+  std::unordered_map<std::string_view, const StrategyParam*> by_name;
+};
+
+NameIndex::NameIndex() = default;
+NameIndex::NameIndex(const NameIndex&) {}
+
+NameIndex& NameIndex::operator=(const NameIndex&) {
+  std::lock_guard lock(mu_);
+  table_.store(nullptr);
+  if (owned_) retired_.push_back(std::move(owned_));
+  return *this;
+}
+
+NameIndex::~NameIndex() = default;
+
+const StrategyParam* NameIndex::find(const Params& params, std::string_view name) const {
+  const Table* table = table_.load(std::memory_order_acquire);
+  if (table == nullptr || table->entries != params.size()) {
+    std::lock_guard lock(mu_);
+    table = owned_.get();
+    if (table == nullptr || table->entries != params.size()) {
+      auto fresh = std::make_unique<Table>();
+      fresh->entries = params.size();
+      fresh->by_name.reserve(params.size());
+      for (const auto& [key, param] : params) fresh->by_name.emplace(key, &param);
+      // The old table stays alive while a reader may hold it: it is only replaced, never
+      // freed, before the strategy goes (a size change is a bug's rarity, not a hot path).
+      if (owned_) retired_.push_back(std::move(owned_));
+      owned_ = std::move(fresh);
+      table = owned_.get();
+      table_.store(table, std::memory_order_release);
+    }
+  }
+  auto it = table->by_name.find(name);
+  return it == table->by_name.end() ? nullptr : it->second;
 }
 
 namespace {

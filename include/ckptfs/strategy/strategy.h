@@ -2,9 +2,12 @@
 // merged as merge_pipeline_strategys does (§2.4).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +49,31 @@ struct OperatorStrategy {
   bool operator==(const OperatorStrategy&) const = default;
 };
 
+struct StrategyParam;
+
+// Strategy::find's hashed index of the parameter names. Names of 10^5 parameters share long
+// prefixes ("model.layers.00042.attention..."), so each step of a search of the sorted map
+// compares dozens of bytes, and the planner asks for every name of every target. A copy starts
+// without an index (it would point into the other map's nodes); it is built on first use.
+class NameIndex {
+ public:
+  using Params = std::map<std::string, StrategyParam, std::less<>>;
+  NameIndex();
+  NameIndex(const NameIndex&);
+  NameIndex& operator=(const NameIndex&);
+  ~NameIndex();
+  // The entry of `params` named `name`, or nullptr. `params` is the map this index belongs to;
+  // a change of its size since the index was built rebuilds it. Safe from several threads.
+  const StrategyParam* find(const Params& params, std::string_view name) const;
+
+ private:
+  struct Table;
+  mutable std::mutex mu_;
+  mutable std::atomic<const Table*> table_{nullptr};
+  mutable std::unique_ptr<Table> owned_;
+  mutable std::vector<std::unique_ptr<Table>> retired_;  // replaced tables, kept for readers
+};
+
 struct Strategy {
   std::string origin;             // the path read, for messages
   int64_t devices_per_stage = 1;  // product of every layout's dev_matrix
@@ -54,7 +82,12 @@ struct Strategy {
   // Node name -> strategy item; the first one wins when merged files repeat a node name.
   std::map<std::string, OperatorStrategy, std::less<>> operators;
 
-  const StrategyParam* find(std::string_view name) const;
+  // The parameter named `name`, or nullptr. Hashed: `params` must not change once find was
+  // called (other than in size, which rebuilds the index). Safe from several threads.
+  const StrategyParam* find(std::string_view name) const { return index_.find(params, name); }
+
+ private:
+  NameIndex index_;
 };
 
 // Reads a protobuf file, a ".json" file, or a directory of such files (one per stage or rank,
