@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include <set>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "ckptfs/ckpt/crc32.h"
@@ -35,6 +37,7 @@
 #include "ckptfs/plan/step_scalars.h"
 #include "ckptfs/source/step_choice.h"
 #include "ckptfs/source/unified.h"
+#include "ckptfs/strategy/compact.h"
 #include "ckptfs/strategy/rank_list.h"
 #include "ckptfs/strategy/strategy.h"
 #include "ckptfs/util/eintr.h"
@@ -189,7 +192,8 @@ std::optional<std::filesystem::path> index_dir(const ViewArgs& args) {
 
 // What planning any step needs: the strategies and where the index lives.
 struct Planning {
-  std::shared_ptr<const strategy::Strategy> src, dst;
+  // Set at mount, or on the first plan from `compact` (see decode_strategies).
+  mutable std::shared_ptr<const strategy::Strategy> src, dst;
   std::optional<std::filesystem::path> index_dir;
   std::string shipped;  // --index
   std::string root;     // the directory holding rank_<N>/, for messages
@@ -197,6 +201,35 @@ struct Planning {
   bool quiet = false;
   // index build: the scans come from this store (being built), not from index_dir or shipped.
   const index::Store* store = nullptr;
+
+  // A mount listed from a shipped index takes the strategies' compact copies from the index
+  // (found by the digest of the files' bytes at mount) instead of parsing the files, and
+  // decodes them on the first plan: in the daemon, when a rank is first opened.
+  struct Compact {
+    std::string origin;  // the path, for messages; empty: no strategy on this side
+    std::string bytes;
+  };
+  mutable std::optional<std::pair<Compact, Compact>> compact;
+  mutable std::mutex compact_mu;
+
+  void decode_strategies() const {
+    std::lock_guard lock(compact_mu);
+    if (!compact) return;
+    const auto decode = [](const Compact& c) -> std::shared_ptr<const strategy::Strategy> {
+      if (c.origin.empty()) return nullptr;
+      std::optional<strategy::Strategy> s = strategy::decode_compact(c.bytes, c.origin);
+      if (!s)
+        fail("{}: the shipped index's copy of this strategy is damaged; rebuild the index",
+             c.origin);
+      return std::make_shared<const strategy::Strategy>(std::move(*s));
+    };
+    const auto start = std::chrono::steady_clock::now();
+    src = decode(compact->first);
+    dst = decode(compact->second);
+    compact.reset();
+    spdlog::info("strategies decoded from the shipped index in {:.3f} s",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
 
   // With `report`, scanning and planning report progress (the first plan, not a step's plan
   // made later by the daemon, which has no terminal).
@@ -208,6 +241,7 @@ struct Planning {
   // The same, exposing `ranks_shown` (empty: all).
   plan::Plan plan_ranks(const std::map<int64_t, std::filesystem::path>& files, bool mixed_allowed,
                         const std::vector<int64_t>& ranks_shown, bool report = false) const {
+    decode_strategies();
     plan::ViewOptions shown = views;
     shown.ranks = ranks_shown;
     std::vector<std::filesystem::path> paths;
@@ -378,8 +412,9 @@ struct RankDirs {
 
 // `pinned`: the files a shipped index was built from, taken instead of listing the source
 // directory (whose thousands of rank directories every node would otherwise read).
+// `parse`: false leaves the strategies unparsed (a lazily listed mount takes them from the index).
 RankDirs prepare_rank_dirs(const ViewArgs& args, ViewNotes& notes,
-                           const source::Choice* pinned = nullptr) {
+                           const source::Choice* pinned = nullptr, bool parse = true) {
   RankDirs out;
   if (pinned) {
     out.choice = *pinned;
@@ -405,9 +440,9 @@ RankDirs prepare_rank_dirs(const ViewArgs& args, ViewNotes& notes,
         out.src_strategy);
   }
   auto planning = std::make_shared<Planning>();
-  if (!out.src_strategy.empty())
+  if (parse && !out.src_strategy.empty())
     planning->src = std::make_shared<strategy::Strategy>(strategy::read_strategy(out.src_strategy));
-  if (!args.dst_strategy.empty())
+  if (parse && !args.dst_strategy.empty())
     planning->dst =
         std::make_shared<strategy::Strategy>(strategy::read_strategy(args.dst_strategy));
   planning->index_dir = index_dir(args);
@@ -488,8 +523,23 @@ std::optional<source::Choice> parse_files_text(std::string_view text) {
   return out;
 }
 
-// Everything a target summary depends on, in one comparable string.
-std::string view_key(const RankDirs& dirs, const ViewArgs& args) {
+struct StrategyDigests {
+  std::string src, dst;
+};
+
+StrategyDigests strategy_digests(const RankDirs& dirs, const ViewArgs& args) {
+  return {strategy_digest(dirs.src_strategy), strategy_digest(args.dst_strategy)};
+}
+
+// Where a shipped index keeps the compact copy of a strategy whose files have `digest`.
+std::string compact_key(std::string_view side, const std::string& digest) {
+  return fmt::format("{} strategy {}", side, digest);
+}
+
+// Everything a target summary depends on, in one comparable string; the index stores it
+// followed by "targets: <count>\n" (the destination's rank count, so that a mount need not
+// parse the strategy to know it).
+std::string view_key(const RankDirs& dirs, const ViewArgs& args, const StrategyDigests& digests) {
   const plan::ViewOptions& views = dirs.planning->views;
   const std::string files = files_text(dirs.choice);
   const uint32_t files_crc = ckpt::crc32_update(
@@ -497,9 +547,22 @@ std::string view_key(const RankDirs& dirs, const ViewArgs& args) {
   return fmt::format(
       "ckptfs target summaries 3\nsrc strategy: {}\ndst strategy: {}\nviews: {}{}\nprefix: "
       "{}\nstep: {}{}\nsource files: {} crc {:08x}\n",
-      strategy_digest(dirs.src_strategy), strategy_digest(args.dst_strategy),
-      views.ckpt ? "ckpt " : "", views.safetensors ? "safetensors" : "", views.prefix, args.step,
-      args.allow_mixed_steps ? " (mixed allowed)" : "", dirs.choice.files.size(), files_crc);
+      digests.src, digests.dst, views.ckpt ? "ckpt " : "", views.safetensors ? "safetensors" : "",
+      views.prefix, args.step, args.allow_mixed_steps ? " (mixed allowed)" : "",
+      dirs.choice.files.size(), files_crc);
+}
+
+// The target count a stored view ends with, if it is `key`'s; nullopt for another view.
+std::optional<int64_t> view_targets(std::string_view stored, std::string_view key) {
+  constexpr std::string_view kCount = "targets: ";
+  if (!stored.starts_with(key)) return std::nullopt;
+  std::string_view rest = stored.substr(key.size());
+  if (!rest.starts_with(kCount) || !rest.ends_with('\n')) return std::nullopt;
+  rest = rest.substr(kCount.size(), rest.size() - kCount.size() - 1);
+  int64_t count = 0;
+  const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), count);
+  if (ec != std::errc() || end != rest.data() + rest.size() || count < 1) return std::nullopt;
+  return count;
 }
 
 // The files a shipped index with target summaries was built from; nullopt if it has none.
@@ -534,9 +597,6 @@ std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) 
   const Planning& planning = *dirs.planning;
   if (args.shipped_index.empty() || planning.views.by_stage) return nullptr;
   std::vector<int64_t> shown = planning.views.ranks;
-  plan::check_target_ranks(shown, planning.dst.get());
-  if (shown.empty())
-    for (int64_t t = 0; t < plan::target_count(planning.dst.get()); ++t) shown.push_back(t);
   std::vector<fs::LazyRanks::File> files;
   {
     std::lock_guard lock(shipped_mutex());
@@ -549,13 +609,34 @@ std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) 
           args.shipped_index);
       return nullptr;
     }
-    if (*view != view_key(dirs, args)) {
+    const StrategyDigests digests = strategy_digests(dirs, args);
+    const std::optional<int64_t> count = view_targets(*view, view_key(dirs, args, digests));
+    if (!count) {
       spdlog::warn(
           "--index {}: its target summaries were built for another view (the strategies, "
           "--view, --prefix, --step or the source files differ): planning the exposed ranks now "
           "instead of on first open",
           args.shipped_index);
       return nullptr;
+    }
+    // A rank the destination lacks: the plan at mount refuses it in its own words.
+    if (std::any_of(shown.begin(), shown.end(), [&](int64_t t) { return t < 0 || t >= *count; }))
+      return nullptr;
+    if (shown.empty())
+      for (int64_t t = 0; t < *count; ++t) shown.push_back(t);
+    // The strategies as the build parsed these very bytes, decoded on the first plan (an index
+    // that lacks a copy is damaged: the mount plans at mount instead).
+    if (!planning.src && !planning.dst) {
+      Planning::Compact src{dirs.src_strategy, {}}, dst{args.dst_strategy, {}};
+      for (auto [c, side, digest] :
+           {std::tuple{&src, "src", &digests.src}, std::tuple{&dst, "dst", &digests.dst}}) {
+        if (c->origin.empty()) continue;
+        if (std::optional<std::string> bytes = store.targets_extra(compact_key(side, *digest)))
+          c->bytes = std::move(*bytes);
+        else
+          return nullptr;
+      }
+      planning.compact.emplace(std::move(src), std::move(dst));
     }
     std::set<int64_t> sources;
     std::vector<std::vector<int64_t>> reads;  // files[i] reads the sources of ranks reads[i]
@@ -631,7 +712,7 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
     if (const std::optional<source::Choice> pinned = pinned_files(args.shipped_index)) {
       tried_lazy = true;
       ViewNotes pinned_notes;
-      const RankDirs dirs = prepare_rank_dirs(args, pinned_notes, &*pinned);
+      const RankDirs dirs = prepare_rank_dirs(args, pinned_notes, &*pinned, /*parse=*/false);
       if (std::unique_ptr<fs::Tree> tree = lazy_tree(dirs, args)) {
         notes = std::move(pinned_notes);
         return tree;
@@ -667,6 +748,10 @@ size_t summarize_targets(const ViewArgs& args, index::Store& store,
     fail("{}: target summaries are for directories of rank_<N>/ checkpoints only", args.src_dir);
   if (args.by_stage) fail("index build: --by-stage views are planned at mount; omit it");
   ViewNotes notes;
+  // The strategies' bytes before they are parsed, compared with them after: their compact copies
+  // are stored under the digest of the bytes that were parsed.
+  const StrategyDigests before{strategy_digest(args.src_strategy),
+                               strategy_digest(args.dst_strategy)};
   const RankDirs dirs = prepare_rank_dirs(args, notes);
   Planning& planning = *dirs.planning;
   planning.store = &store;
@@ -697,7 +782,18 @@ size_t summarize_targets(const ViewArgs& args, index::Store& store,
     worker();
   }
   if (error) std::rethrow_exception(error);
-  store.put_targets(view_key(dirs, args), files_text(dirs.choice), summaries);
+  // With each strategy's compact copy, under the digest of its files, so that a mount neither
+  // parses them nor plans until a rank is opened.
+  const StrategyDigests digests = strategy_digests(dirs, args);
+  if (digests.src != before.src || digests.dst != before.dst)
+    fail("index build: a strategy file changed while the index was built; build it again");
+  std::vector<std::pair<std::string, std::string>> extra;
+  if (planning.src)
+    extra.emplace_back(compact_key("src", digests.src), strategy::encode_compact(*planning.src));
+  if (planning.dst)
+    extra.emplace_back(compact_key("dst", digests.dst), strategy::encode_compact(*planning.dst));
+  store.put_targets(view_key(dirs, args, digests) + fmt::format("targets: {}\n", count),
+                    files_text(dirs.choice), summaries, extra);
   return summaries.size();
 }
 

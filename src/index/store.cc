@@ -450,7 +450,8 @@ std::string encode_target(const TargetSummary& t) {
 }  // namespace
 
 void Store::put_targets(std::string_view view_key, std::string_view files,
-                        std::span<const TargetSummary> targets) {
+                        std::span<const TargetSummary> targets,
+                        std::span<const std::pair<std::string, std::string>> extra) {
   if (impl_->read_only) fail("{}: a shipped index is never written by a mount", dir().string());
   std::vector<std::pair<std::string, std::string>> encoded;
   encoded.reserve(targets.size());
@@ -461,6 +462,8 @@ void Store::put_targets(std::string_view view_key, std::string_view files,
     const auto put_all = [&] {
       if (!txn.drop(*impl_->targets)) return false;
       for (const auto& [key, value] : encoded)
+        if (!txn.put(*impl_->targets, key, value)) return false;
+      for (const auto& [key, value] : extra)
         if (!txn.put(*impl_->targets, key, value)) return false;
       return txn.put(*impl_->targets, kTargetsViewKey, view_key) &&
              txn.put(*impl_->targets, kTargetsFilesKey, files) && txn.commit();
@@ -483,6 +486,10 @@ std::optional<std::string> Store::targets_value(std::string_view key) const {
 std::optional<std::string> Store::targets_view() const { return targets_value(kTargetsViewKey); }
 
 std::optional<std::string> Store::targets_files() const { return targets_value(kTargetsFilesKey); }
+
+std::optional<std::string> Store::targets_extra(std::string_view key) const {
+  return targets_value(key);
+}
 
 std::optional<TargetSummary> Store::target(int64_t rank) const {
   if (!impl_->targets) return std::nullopt;

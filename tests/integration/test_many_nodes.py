@@ -215,6 +215,31 @@ def lazy_ranks_other_view(args):
         and "rebuild" in lines[0], proc
 
 
+def lazy_ranks_changed_strategy(args):
+    """The index holds the strategies as parsed at build (a mount does not parse them), found by
+    the digest of the files' bytes: a strategy file changed since the build, even to the same
+    size, is not taken from the index; a damaged one is refused in one line naming it."""
+    fx = fixture(args, "demo")
+    work = os.path.join(args.work, "lazy_strategy")
+    os.makedirs(work, exist_ok=True)
+    dst = os.path.join(work, os.path.basename(fx.dst_strategy))
+    shutil.copyfile(fx.dst_strategy, dst)
+    idx = os.path.join(work, "idx")
+    itest.run([args.ckptfs, "index", "build", fx.src_dir, "--output", idx, "--src-strategy",
+               fx.src_strategy, "--dst-strategy", dst, "-q"])
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt, exist_ok=True)
+    size = os.path.getsize(dst)
+    with open(dst, "wb") as f:
+        f.write(b"\x0a\xff" * (size // 2) + b"\x00" * (size % 2))
+    proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                                     dst_strategy=dst, extra_args=["--index", idx, "--ranks", "1"]),
+                     check=False)
+    itest.unmount(args.ckptfs, mnt)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and dst in lines[-1] and len(lines) <= 2, proc
+
+
 NODE_SCRIPT = r"""
 set -e
 mount --bind -o ro "$IDX" "$IDX"
@@ -313,6 +338,7 @@ def main():
     checks.run("shipped_index", shipped_index, args)
     checks.run("lazy_ranks", lazy_ranks, args)
     checks.run("lazy_ranks_other_view", lazy_ranks_other_view, args)
+    checks.run("lazy_ranks_changed_strategy", lazy_ranks_changed_strategy, args)
     checks.run("two_nodes", two_nodes, args)
     checks.run("read_only_bind_source", read_only_bind_source, args)
     checks.finish()

@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckptfs/ckpt/scanner.h"
@@ -125,9 +126,14 @@ class Store {
   std::optional<source::Fingerprint> fingerprint(const std::string& path) const;
 
   // Replaces every target summary with `targets`, planned for the view `view_key` from the
-  // source files `files` (as the caller lists them), in one write transaction.
+  // source files `files` (as the caller lists them), in one write transaction, with `extra`
+  // values beside them (keys longer than the summaries' 8-byte rank keys), read back with
+  // targets_extra.
   void put_targets(std::string_view view_key, std::string_view files,
-                   std::span<const TargetSummary> targets);
+                   std::span<const TargetSummary> targets,
+                   std::span<const std::pair<std::string, std::string>> extra = {});
+  // A value put_targets stored as `extra`; nullopt if none.
+  std::optional<std::string> targets_extra(std::string_view key) const;
   // The view the target summaries were planned for; nullopt if the index holds none (built
   // without a destination strategy, or by an older ckptfs).
   std::optional<std::string> targets_view() const;
