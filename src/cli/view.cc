@@ -190,6 +190,28 @@ std::optional<std::filesystem::path> index_dir(const ViewArgs& args) {
   return std::filesystem::path(args.index_dir);
 }
 
+uint32_t crc_of(std::string_view bytes) {
+  return ckpt::crc32_update(
+      0, std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+}
+
+// A strategy's compact copy as the index stores it: the encoding, then its CRC-32 (8 hex
+// digits), so that a damaged copy is refused rather than planned from.
+std::string stored_compact(const strategy::Strategy& s) {
+  std::string bytes = strategy::encode_compact(s);
+  return bytes + fmt::format("{:08x}", crc_of(bytes));
+}
+
+bool compact_intact(std::string_view stored) {
+  return stored.size() >= 8 && fmt::format("{:08x}", crc_of(stored.substr(0, stored.size() - 8))) ==
+                                   stored.substr(stored.size() - 8);
+}
+
+std::optional<strategy::Strategy> load_compact(std::string_view stored, std::string origin) {
+  if (!compact_intact(stored)) return std::nullopt;
+  return strategy::decode_compact(stored.substr(0, stored.size() - 8), std::move(origin));
+}
+
 // What planning any step needs: the strategies and where the index lives.
 struct Planning {
   // Set at mount, or on the first plan from `compact` (see decode_strategies).
@@ -217,7 +239,7 @@ struct Planning {
     if (!compact) return;
     const auto decode = [](const Compact& c) -> std::shared_ptr<const strategy::Strategy> {
       if (c.origin.empty()) return nullptr;
-      std::optional<strategy::Strategy> s = strategy::decode_compact(c.bytes, c.origin);
+      std::optional<strategy::Strategy> s = load_compact(c.bytes, c.origin);
       if (!s)
         fail("{}: the shipped index's copy of this strategy is damaged; rebuild the index",
              c.origin);
@@ -631,10 +653,15 @@ std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) 
       for (auto [c, side, digest] :
            {std::tuple{&src, "src", &digests.src}, std::tuple{&dst, "dst", &digests.dst}}) {
         if (c->origin.empty()) continue;
-        if (std::optional<std::string> bytes = store.targets_extra(compact_key(side, *digest)))
-          c->bytes = std::move(*bytes);
-        else
+        std::optional<std::string> bytes = store.targets_extra(compact_key(side, *digest));
+        if (!bytes || !compact_intact(*bytes)) {
+          spdlog::warn(
+              "--index {}: its copy of {} is missing or damaged: planning the exposed "
+              "ranks now",
+              args.shipped_index, c->origin);
           return nullptr;
+        }
+        c->bytes = std::move(*bytes);
       }
       planning.compact.emplace(std::move(src), std::move(dst));
     }
@@ -789,9 +816,9 @@ size_t summarize_targets(const ViewArgs& args, index::Store& store,
     fail("index build: a strategy file changed while the index was built; build it again");
   std::vector<std::pair<std::string, std::string>> extra;
   if (planning.src)
-    extra.emplace_back(compact_key("src", digests.src), strategy::encode_compact(*planning.src));
+    extra.emplace_back(compact_key("src", digests.src), stored_compact(*planning.src));
   if (planning.dst)
-    extra.emplace_back(compact_key("dst", digests.dst), strategy::encode_compact(*planning.dst));
+    extra.emplace_back(compact_key("dst", digests.dst), stored_compact(*planning.dst));
   store.put_targets(view_key(dirs, args, digests) + fmt::format("targets: {}\n", count),
                     files_text(dirs.choice), summaries, extra);
   return summaries.size();
