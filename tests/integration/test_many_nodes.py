@@ -227,17 +227,14 @@ def lazy_ranks_changed_strategy(args):
     idx = os.path.join(work, "idx")
     itest.run([args.ckptfs, "index", "build", fx.src_dir, "--output", idx, "--src-strategy",
                fx.src_strategy, "--dst-strategy", dst, "-q"])
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt, exist_ok=True)
     size = os.path.getsize(dst)
     with open(dst, "wb") as f:
         f.write(b"\x0a\xff" * (size // 2) + b"\x00" * (size % 2))
-    proc = itest.run(itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
-                                     dst_strategy=dst, extra_args=["--index", idx, "--ranks", "1"]),
-                     check=False)
-    itest.unmount(args.ckptfs, mnt)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode != 0 and dst in lines[-1] and len(lines) <= 2, proc
+    proc = itest.refused_mount(args.ckptfs, fx.src_dir, os.path.join(work, "mnt"),
+                               src_strategy=fx.src_strategy, dst_strategy=dst,
+                               extra_args=["--index", idx, "--ranks", "1"])
+    lines = itest.stderr_lines(proc)
+    assert dst in lines[-1] and len(lines) <= 2, proc
 
 
 NODE_SCRIPT = r"""
