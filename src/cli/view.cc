@@ -35,6 +35,7 @@
 #include "ckptfs/mindformers/metadata.h"
 #include "ckptfs/plan/source_fit.h"
 #include "ckptfs/plan/step_scalars.h"
+#include "ckptfs/source/pinned_files.h"
 #include "ckptfs/source/step_choice.h"
 #include "ckptfs/source/unified.h"
 #include "ckptfs/strategy/compact.h"
@@ -511,38 +512,11 @@ std::string absolute_name(const std::filesystem::path& path) {
   return (ec ? path : absolute.lexically_normal()).string();
 }
 
-// The chosen files as a shipped index keeps them: "mixed <0|1>" then "<rank>\t<path>" lines.
-std::string files_text(const source::Choice& choice) {
-  std::string out = fmt::format("mixed {}\n", choice.mixed_allowed ? 1 : 0);
-  for (const auto& [rank, path] : choice.files)
-    out += fmt::format("{}\t{}\n", rank, absolute_name(path));
-  return out;
-}
-
-std::optional<source::Choice> parse_files_text(std::string_view text) {
-  source::Choice out;
-  size_t begin = 0;
-  bool first = true;
-  while (begin < text.size()) {
-    size_t end = text.find('\n', begin);
-    if (end == std::string_view::npos) return std::nullopt;
-    const std::string_view line = text.substr(begin, end - begin);
-    begin = end + 1;
-    if (first) {
-      if (line != "mixed 0" && line != "mixed 1") return std::nullopt;
-      out.mixed_allowed = line == "mixed 1";
-      first = false;
-      continue;
-    }
-    const size_t tab = line.find('\t');
-    int64_t rank = 0;
-    const auto [ptr, ec] = std::from_chars(line.data(), line.data() + tab, rank);
-    if (tab == std::string_view::npos || ec != std::errc() || ptr != line.data() + tab)
-      return std::nullopt;
-    out.files.emplace(rank, std::filesystem::path(line.substr(tab + 1)));
-  }
-  if (first || out.files.empty()) return std::nullopt;
-  return out;
+// The chosen files as a shipped index keeps them (source/pinned_files.h), by absolute name.
+std::string absolute_files_text(const source::Choice& choice) {
+  source::Choice absolute = choice;
+  for (auto& [rank, path] : absolute.files) path = absolute_name(path);
+  return source::files_text(absolute);
 }
 
 struct StrategyDigests {
@@ -563,7 +537,7 @@ std::string compact_key(std::string_view side, const std::string& digest) {
 // parse the strategy to know it).
 std::string view_key(const RankDirs& dirs, const ViewArgs& args, const StrategyDigests& digests) {
   const plan::ViewOptions& views = dirs.planning->views;
-  const std::string files = files_text(dirs.choice);
+  const std::string files = absolute_files_text(dirs.choice);
   const uint32_t files_crc = ckpt::crc32_update(
       0, std::span(reinterpret_cast<const uint8_t*>(files.data()), files.size()));
   return fmt::format(
@@ -592,7 +566,7 @@ std::optional<source::Choice> pinned_files(const std::string& shipped) {
   std::lock_guard lock(shipped_mutex());
   const index::Store store = index::Store::open_shipped(shipped);
   const std::optional<std::string> text = store.targets_files();
-  return text ? parse_files_text(*text) : std::nullopt;
+  return text ? source::parse_files_text(*text) : std::nullopt;
 }
 
 index::TargetSummary summarize(const plan::Plan& plan, int64_t rank) {
@@ -820,7 +794,7 @@ size_t summarize_targets(const ViewArgs& args, index::Store& store,
   if (planning.dst)
     extra.emplace_back(compact_key("dst", digests.dst), stored_compact(*planning.dst));
   store.put_targets(view_key(dirs, args, digests) + fmt::format("targets: {}\n", count),
-                    files_text(dirs.choice), summaries, extra);
+                    absolute_files_text(dirs.choice), summaries, extra);
   return summaries.size();
 }
 
