@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -431,6 +432,8 @@ std::string with_checksum(std::string bytes) {
   return bytes;
 }
 
+}  // namespace
+
 std::string encode_target(const TargetSummary& t) {
   indexpb::TargetSummary out;
   out.set_format_version(kFormatVersion);
@@ -447,7 +450,54 @@ std::string encode_target(const TargetSummary& t) {
   return with_checksum(out.SerializeAsString());
 }
 
+namespace {
+
+bool strictly_ascending(const google::protobuf::RepeatedField<int64_t>& ranks) {
+  int64_t previous = -1;
+  for (int64_t r : ranks) {
+    if (r <= previous) return false;
+    previous = r;
+  }
+  return true;
+}
+
 }  // namespace
+
+std::optional<TargetSummary> decode_target(std::string_view entry, int64_t rank, std::string* why) {
+  const auto bad = [&](std::string what) -> std::optional<TargetSummary> {
+    if (why) *why = std::move(what);
+    return std::nullopt;
+  };
+  const std::optional<std::string_view> message = checked_message(entry);
+  if (!message) return bad("its checksum does not match");
+  indexpb::TargetSummary in;
+  if (!in.ParseFromArray(message->data(), static_cast<int>(message->size())))
+    return bad("it does not decode");
+  if (in.format_version() != kFormatVersion) return bad("it is of another format version");
+  if (in.rank() != rank) return bad(fmt::format("it is the summary of rank {}", in.rank()));
+  TargetSummary out;
+  out.rank = rank;
+  out.files.reserve(static_cast<size_t>(in.files_size()));
+  std::set<std::string_view> names;
+  for (const indexpb::ListedFile& f : in.files()) {
+    const std::string& name = f.name();
+    // Each name becomes a directory entry of the mount: one plain component.
+    if (name.empty() || name == "." || name == ".." || name.size() > 255 ||
+        name.find_first_of(std::string_view("/\0", 2)) != std::string::npos)
+      return bad("it lists a file name that is not a plain directory entry");
+    if (!names.insert(name).second) return bad("it lists a file name twice");
+    if (f.size() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return bad("it lists a file size beyond an off_t");
+    if (!strictly_ascending(f.source_ranks()))
+      return bad("a file's source ranks are not non-negative and ascending");
+    out.files.push_back({name, f.size(), f.mtime_ns(), f.page_cache(),
+                         std::vector<int64_t>(f.source_ranks().begin(), f.source_ranks().end())});
+  }
+  if (!strictly_ascending(in.source_ranks()))
+    return bad("its source ranks are not non-negative and ascending");
+  out.source_ranks.assign(in.source_ranks().begin(), in.source_ranks().end());
+  return out;
+}
 
 void Store::put_targets(std::string_view view_key, std::string_view files,
                         std::span<const TargetSummary> targets,
@@ -501,18 +551,7 @@ std::optional<TargetSummary> Store::target(int64_t rank) const {
     if (!value) return std::nullopt;
     bytes.assign(*value);
   }
-  const std::optional<std::string_view> message = checked_message(bytes);
-  indexpb::TargetSummary in;
-  if (!message || !in.ParseFromArray(message->data(), static_cast<int>(message->size())) ||
-      in.format_version() != kFormatVersion || in.rank() != rank)
-    return std::nullopt;
-  TargetSummary out;
-  out.rank = rank;
-  for (const indexpb::ListedFile& f : in.files())
-    out.files.push_back({f.name(), f.size(), f.mtime_ns(), f.page_cache(),
-                         std::vector<int64_t>(f.source_ranks().begin(), f.source_ranks().end())});
-  out.source_ranks.assign(in.source_ranks().begin(), in.source_ranks().end());
-  return out;
+  return decode_target(bytes, rank);
 }
 
 Store::~Store() = default;

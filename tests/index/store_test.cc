@@ -193,6 +193,40 @@ TEST_F(StoreTest, TargetSummariesRoundTripAndAreReplacedAsAWhole) {
   EXPECT_EQ(got->source_ranks, (std::vector<int64_t>{2, 6, 7}));
 }
 
+// A shipped index comes from another machine: a summary whose names could not be directory
+// entries of the mount, whose sizes overflow an off_t or whose source ranks are not ascending
+// reads as absent (the mount then plans the ranks itself), with the reason.
+TEST(DecodeTargetTest, SummariesAMountCouldNotServeAreRefused) {
+  const TargetSummary good{5, {{"checkpoint_5.ckpt", 10, 1, false, {0}}}, {0, 3}};
+  std::string why;
+  ASSERT_TRUE(decode_target(encode_target(good), 5, &why).has_value()) << why;
+  EXPECT_FALSE(decode_target(encode_target(good), 6, &why).has_value());
+  EXPECT_EQ(why, "it is the summary of rank 5");
+  std::string damaged = encode_target(good);
+  damaged[3] ^= 1;
+  EXPECT_FALSE(decode_target(damaged, 5, &why).has_value());
+  EXPECT_EQ(why, "its checksum does not match");
+  const auto refused = [&](TargetSummary t) {
+    t.rank = 5;
+    why.clear();
+    const bool ok = decode_target(encode_target(t), 5, &why).has_value();
+    return !ok && !why.empty();
+  };
+  for (const std::string& name :
+       {std::string(), std::string("."), std::string(".."), std::string("a/b"),
+        std::string("a\0b", 3), std::string(256, 'x')}) {
+    EXPECT_TRUE(refused({5, {{name, 1, 0, false, {}}}, {}})) << name;
+  }
+  EXPECT_TRUE(refused({5, {{"a", 1, 0, false, {}}, {"a", 2, 0, false, {}}}, {}}));
+  EXPECT_TRUE(refused({5, {{"a", uint64_t{1} << 63, 0, false, {}}}, {}}));
+  EXPECT_TRUE(refused({5, {}, {3, 3}}));
+  EXPECT_TRUE(refused({5, {}, {4, 2}}));
+  EXPECT_TRUE(refused({5, {}, {-1}}));
+  EXPECT_TRUE(refused({5, {{"a", 1, 0, false, {2, 1}}}, {1, 2}}));  // a file's ranks unordered
+  EXPECT_FALSE(
+      refused({5, {{std::string(255, 'x'), (uint64_t{1} << 63) - 1, -1, true, {7}}}, {7}}));
+}
+
 TEST_F(StoreTest, FingerprintOfAPathWithoutDecodingItsScan) {
   const ckpt::FileScan scan = full_scan();
   Store store(dir_);

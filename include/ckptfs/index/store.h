@@ -65,6 +65,17 @@ struct TargetSummary {
   std::vector<int64_t> source_ranks;  // ascending: the source ranks its plan loads
 };
 
+// The summary of target `rank` stored in a kTargetsDb entry (a serialized
+// indexpb::TargetSummary and its CRC-32), or nullopt with the reason in `why`. A shipped index
+// comes from another machine, so nothing is trusted: besides the checksum, format version and
+// rank, every file name must be one plain directory entry (not empty, "." or "..", no '/' or
+// NUL, at most 255 bytes, each once), every size must fit in an off_t, and the source ranks (the
+// summary's and each file's) must be non-negative and strictly ascending.
+std::optional<TargetSummary> decode_target(std::string_view entry, int64_t rank,
+                                           std::string* why = nullptr);
+// The kTargetsDb entry put_targets stores for `target`: what decode_target reads back.
+std::string encode_target(const TargetSummary& target);
+
 struct Entry {
   std::string path;
   source::Fingerprint fingerprint;
