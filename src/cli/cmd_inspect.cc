@@ -24,6 +24,7 @@
 #include "ckptfs/strategy/strategy.h"
 #include "ckptfs/torchzip/torch_file.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/out_of_memory.h"
 #include "ckptfs/util/shape_text.h"
 #include "commands.h"
 
@@ -240,37 +241,40 @@ void add_inspect_command(CLI::App& app) {
                     "If the file ends with a CRC trailer, check it against the CRC-32 of the body "
                     "(reads the whole file)");
   command->callback([options] {
-    if (is_torch_file(options->file)) {
-      print_torch(torchzip::scan_torch(options->file), options->json);
-      return;
-    }
-    if (safetensors::is_safetensors_name(options->file)) {
-      inspect_safetensors(*options);
-      return;
-    }
-    ckpt::FileScan scan;
-    try {
-      scan = ckpt::scan_checkpoint(options->file,
-                                   ckpt::ScanOptions{.verify_crc = options->verify_crc});
-    } catch (const Error&) {
-      // A strategy file is protobuf too, and a common thing to pass here by mistake.
-      bool is_strategy = false;
-      try {
-        strategy::read_strategy(options->file);
-        is_strategy = true;
-      } catch (const Error&) {
+    // A file of millions of tiny records can need more memory than the process may have.
+    naming_out_of_memory(options->file, "reading it", [&] {
+      if (is_torch_file(options->file)) {
+        print_torch(torchzip::scan_torch(options->file), options->json);
+        return;
       }
-      if (is_strategy)
-        fail(
-            "{}: a parallel strategy file, not a checkpoint; show it with: ckptfs strategy "
-            "show {}",
-            options->file, options->file);
-      throw;
-    }
-    if (options->json)
-      print_json(scan);
-    else
-      print_table(scan, *options);
+      if (safetensors::is_safetensors_name(options->file)) {
+        inspect_safetensors(*options);
+        return;
+      }
+      ckpt::FileScan scan;
+      try {
+        scan = ckpt::scan_checkpoint(options->file,
+                                     ckpt::ScanOptions{.verify_crc = options->verify_crc});
+      } catch (const Error&) {
+        // A strategy file is protobuf too, and a common thing to pass here by mistake.
+        bool is_strategy = false;
+        try {
+          strategy::read_strategy(options->file);
+          is_strategy = true;
+        } catch (const Error&) {
+        }
+        if (is_strategy)
+          fail(
+              "{}: a parallel strategy file, not a checkpoint; show it with: ckptfs strategy "
+              "show {}",
+              options->file, options->file);
+        throw;
+      }
+      if (options->json)
+        print_json(scan);
+      else
+        print_table(scan, *options);
+    });
   });
 }
 

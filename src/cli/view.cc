@@ -43,6 +43,7 @@
 #include "ckptfs/strategy/strategy.h"
 #include "ckptfs/util/eintr.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/out_of_memory.h"
 #include "ckptfs/util/rank_set.h"
 #include "progress.h"
 
@@ -799,7 +800,10 @@ size_t summarize_targets(const ViewArgs& args, index::Store& store,
 }
 
 std::unique_ptr<fs::Tree> build_tree(const ViewArgs& args, ViewNotes& notes, bool steps) {
-  std::unique_ptr<fs::Tree> tree = build_step_tree(args, notes, steps);
+  // A source that runs out of memory while scanned is named by the scan; past that, the view.
+  std::unique_ptr<fs::Tree> tree =
+      naming_out_of_memory(args.src_dir, "planning the view of its files",
+                           [&] { return build_step_tree(args, notes, steps); });
   notes.plan_warnings = tree->plan().warnings;
   return tree;
 }

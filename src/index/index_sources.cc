@@ -12,6 +12,7 @@
 #include "ckptfs/index/store.h"
 #include "ckptfs/safetensors/scanner.h"
 #include "ckptfs/torchzip/torch_file.h"
+#include "ckptfs/util/out_of_memory.h"
 
 namespace ckptfs::index {
 
@@ -61,12 +62,14 @@ size_t parallel_in_order(size_t count, std::exception_ptr& error, const Work& wo
 // A torch.save file is told by its first bytes (whatever its name: .pt, .pth, .bin); a
 // safetensors file by its name, as MindSpore tells it.
 ckpt::FileScan scan_source(int fd, const std::string& name) {
-  char head[4] = {};
-  const ssize_t got = ::pread(fd, head, sizeof head, 0);
-  if (got == sizeof head && torchzip::looks_like_torch(std::string_view(head, sizeof head)))
-    return torchzip::scan_torch_fd(fd, name);
-  return safetensors::is_safetensors_name(name) ? safetensors::scan_safetensors_fd(fd, name)
-                                                : ckpt::scan_checkpoint_fd(fd, name);
+  return naming_out_of_memory(name, "scanning it", [&] {
+    char head[4] = {};
+    const ssize_t got = ::pread(fd, head, sizeof head, 0);
+    if (got == sizeof head && torchzip::looks_like_torch(std::string_view(head, sizeof head)))
+      return torchzip::scan_torch_fd(fd, name);
+    return safetensors::is_safetensors_name(name) ? safetensors::scan_safetensors_fd(fd, name)
+                                                  : ckpt::scan_checkpoint_fd(fd, name);
+  });
 }
 
 // Scans sources[i] for every i in `misses`; returns how many of `misses` (a prefix) were
@@ -105,7 +108,9 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
     const std::string name = absolute_name(s.file.path);
     std::string why;
     std::optional<ckpt::FileScan> scan =
-        store.lookup_path(name, s.file.fingerprint.size, s.file.fingerprint.mtime_ns, why);
+        naming_out_of_memory(name, "reading its scan from the index", [&] {
+          return store.lookup_path(name, s.file.fingerprint.size, s.file.fingerprint.mtime_ns, why);
+        });
     if (!scan)
       fail("{}: the index {} {}; rebuild it with `ckptfs index build SRC --output {}`", name,
            store.dir().string(), why, store.dir().string());
@@ -126,7 +131,9 @@ BuildResult build_index(Store& store, const std::vector<fs::path>& paths, const 
   parallel_in_order(paths.size(), error, [&](size_t i) {
     const source::SourceFile file = source::SourceFile::open(paths[i]);
     const std::string name = file.path.string();
-    if (const std::optional<ckpt::FileScan> known = store.lookup(file.fingerprint)) {
+    if (const std::optional<ckpt::FileScan> known =
+            naming_out_of_memory(name, "reading its scan from the index",
+                                 [&] { return store.lookup(file.fingerprint); })) {
       params += known->params.size();
       ++hits;
       if (on_file) on_file(*known);
@@ -169,7 +176,10 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
   std::exception_ptr lookup_error;
   if (store != nullptr)
     parallel_in_order(sources.size(), lookup_error, [&](size_t i) {
-      if (std::optional<ckpt::FileScan> scan = store->lookup(sources[i].file.fingerprint)) {
+      std::optional<ckpt::FileScan> scan =
+          naming_out_of_memory(sources[i].file.path.string(), "reading its scan from the index",
+                               [&] { return store->lookup(sources[i].file.fingerprint); });
+      if (scan) {
         sources[i].scan = std::move(*scan);
         sources[i].from_index = true;
         if (on_file) on_file(sources[i].scan);
