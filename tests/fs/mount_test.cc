@@ -6,7 +6,7 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <regex>
@@ -392,19 +393,38 @@ TEST_F(MountTest, ServesTheSameBytesWithoutReadAhead) {
 }
 
 // What a foreground server (a thread of this process) logs while it lives.
+// What the daemon's threads log while a test reads it: the text is copied under the sink's own
+// lock (an ostream sink's stream was read without it while FUSE workers wrote to it: a data
+// race TSan reported).
+class CaptureSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::string text() {
+    std::lock_guard lock(mutex_);
+    return out_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    out_.append(line.data(), line.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::string out_;
+};
+
 class LogCapture {
  public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+  LogCapture() : sink_(std::make_shared<CaptureSink>()) {
     spdlog::default_logger()->sinks().push_back(sink_);
   }
   ~LogCapture() {
     auto& sinks = spdlog::default_logger()->sinks();
     sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
   }
-  std::string text() {
-    spdlog::default_logger()->flush();
-    return out_.str();
-  }
+  std::string text() { return sink_->text(); }
   // READs spliced, from the server's closing line; -1 if there is none.
   int64_t spliced() {
     const std::string all = text();
@@ -414,8 +434,7 @@ class LogCapture {
   }
 
  private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+  std::shared_ptr<CaptureSink> sink_;
 };
 
 TEST_F(MountTest, ServesTheSameBytesSplicingEveryLongRead) {
