@@ -6,19 +6,28 @@
 # timeout (-timeout, s per input) or out-of-memory (-rss_limit_mb); the input that did it is in
 # build-fuzz/artifacts/<name>/. Extra libFuzzer flags: FUZZ_FLAGS="-jobs=2 ...".
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
+#   scripts/fuzz.sh --build [CMAKE_TARGET...]   # builds every fuzz target and these, runs nothing
+# The same build directory holds the test suite built with the same flags (ASan+UBSan for every
+# library): the test command's sanitizer stage builds `ckptfs` and the test binaries there with
+# --build, so the libraries are compiled with sanitizers once for both (docs/RELIABILITY.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${1:-30}
-shift || true
 build=${FUZZ_BUILD_DIR:-build-fuzz}
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 \
-  -DCKPTFS_FUZZ=ON -DCKPTFS_BUILD_TESTS=OFF -DCKPTFS_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
-targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then
-  for dir in fuzz/corpus/*/; do targets+=("$(basename "$dir")"); done
+  -DCKPTFS_FUZZ=ON -DCKPTFS_BUILD_TESTS=ON -DCKPTFS_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
+all_targets=()
+for dir in fuzz/corpus/*/; do all_targets+=("$(basename "$dir")"); done
+if [ "${1:-}" = --build ]; then
+  shift
+  cmake --build "$build" -j"$(nproc)" --target "${all_targets[@]/#/fuzz_}" "$@"
+  exit 0
 fi
+seconds=${1:-30}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=("${all_targets[@]}")
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]/#/fuzz_}"
 failed=()
 for name in "${targets[@]}"; do
