@@ -2,14 +2,13 @@
 # The README's test command: installs dependencies, builds (warnings are errors), runs the whole
 # suite (unit tests and integration tests that really mount), the conformance lane, then the
 # reliability stages: one clang build with ASan+UBSan of every library (build-fuzz) serves both
-# the sanitizer stage (every unit test and the input and read integration tests) and the fuzz
-# stage (every fuzz target for a short budget); docs/RELIABILITY.md. Exits non-zero when any test
-# fails or is skipped, a sanitizer reports or a fuzzer finds something, and prints each stage's
-# time. Knobs: CKPTFS_QUICK=1 runs the build and the suite only; CKPTFS_CONFORMANCE=0 skips the
-# conformance lane (offline); CKPTFS_SANITIZERS=0 skips the ASan+UBSan tests (the fuzz stage
-# still builds build-fuzz); CKPTFS_ASAN_ALL=1 runs every integration test under ASan+UBSan;
-# CKPTFS_TSAN=1 adds the fs tests and two integration tests under TSan (a gcc build of its own);
-# CKPTFS_FUZZ_SECONDS=N sets the fuzz budget per target (default 20).
+# the sanitizer stage (the whole suite under ASan+UBSan) and the fuzz stage (every fuzz target
+# for a short budget); docs/RELIABILITY.md. Exits non-zero when any test fails or is skipped, a
+# sanitizer reports or a fuzzer finds something, and prints each stage's time. Knobs:
+# CKPTFS_QUICK=1 runs the build and the suite only; CKPTFS_CONFORMANCE=0 skips the conformance
+# lane (offline); CKPTFS_SANITIZERS=0 skips the ASan+UBSan tests (the fuzz stage still builds
+# build-fuzz); CKPTFS_TSAN=1 adds the fs tests and two integration tests under TSan (a gcc build
+# of its own); CKPTFS_FUZZ_SECONDS=N sets the fuzz budget per target (default 20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -85,21 +84,14 @@ bash scripts/conformance.sh
 
 # ASan+UBSan, on by default (CKPTFS_SANITIZERS=0 skips it): the fuzz stage's clang build
 # (build-fuzz) already compiles every library with ASan+UBSan, so the binary and the unit tests
-# are built there too, once for both stages. Every unit test, and the integration tests that feed
-# ckptfs bad, huge or changing input and serve reads under load and faults; CKPTFS_ASAN_ALL=1 runs
-# every integration test (docs/RELIABILITY.md has the times).
-asan_itests='bad_input|limits|source_changed|inspect|safetensors|mindformers|hfai|faults'
+# are built there too, once for both stages. The whole suite runs under it, unit and integration
+# tests (about three minutes on 2 cores; docs/RELIABILITY.md has the times).
 if [ "${CKPTFS_SANITIZERS:-1}" = 1 ]; then
   stage "clang ASan+UBSan build (build-fuzz): the fuzz targets, ckptfs and the unit tests"
   bash scripts/fuzz.sh --build ckptfs unit_tests
-  stage "unit tests and input and read integration tests under ASan+UBSan (build-fuzz)"
+  stage "unit and integration tests under ASan+UBSan (build-fuzz)"
   rm -rf build-fuzz/reports && mkdir -p build-fuzz/reports
-  if [ "${CKPTFS_ASAN_ALL:-0}" = 1 ]; then
-    (sanitizer_env "$root/build-fuzz/reports/report" && run_ctest build-fuzz)
-  else
-    (sanitizer_env "$root/build-fuzz/reports/report" && run_ctest build-fuzz -E '^integration\.' &&
-      run_ctest build-fuzz -R "^integration\.test_($asan_itests)\$")
-  fi
+  (sanitizer_env "$root/build-fuzz/reports/report" && run_ctest build-fuzz)
   check_reports build-fuzz/reports/report
 fi
 
