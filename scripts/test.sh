@@ -52,7 +52,7 @@ run_ctest() {  # BUILD_DIR [ctest args...]
 # Sanitizer reports, also from a mount's daemon (whose stderr is /dev/null), go to files; any
 # such file fails the stage.
 sanitizer_env() {  # REPORT_PREFIX
-  export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:log_path=$1:suppressions=$root/scripts/asan.supp"
+  export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:log_path=$1"
   export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$1"
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$1"
   export LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"

@@ -230,8 +230,8 @@ Service::Opened Service::open_status(uint64_t ino, int flags) {
   // Made now, whole: its size is known only now (stat shows 0), so direct I/O.
   auto handle = std::make_unique<Handle>();
   const Counters c = counters();
-  handle->status_bytes =
-      status_->content(ino, ReadTotals{c.spliced, c.read_ahead_hits, c.read_ahead_blocks});
+  handle->status_bytes = std::make_shared<const std::string>(
+      status_->content(ino, ReadTotals{c.spliced, c.read_ahead_hits, c.read_ahead_blocks}));
   o.direct_io = true;
   o.noflush = true;
   o.fh = keep(std::move(handle));
@@ -327,7 +327,8 @@ void Service::read(uint64_t ino, uint64_t fh, int64_t off, size_t size, bool pag
 }
 
 void Service::read_status(const Handle& handle, int64_t off, size_t size, ReadSink& sink) const {
-  const std::string& bytes = handle.status_bytes;
+  const std::shared_ptr<const std::string> held = handle.status_bytes;
+  const std::string& bytes = *held;
   const size_t from = std::min<uint64_t>(std::max<int64_t>(off, 0), bytes.size());
   sink.bytes(std::span<const char>(bytes.data() + from, std::min(size, bytes.size() - from)));
 }

@@ -196,10 +196,12 @@ class Service {
 
  private:
   // What an open file handle (fh) points to: the read-ahead stream of a direct_io file, or the
-  // bytes of a status file as of its open.
+  // bytes of a status file as of its open. Both shared: a READ keeps its own reference, since
+  // once its reply is out the reader may close the file and the RELEASE free the handle on
+  // another worker while this one is still returning from the write.
   struct Handle {
     std::shared_ptr<Prefetcher::Stream> stream;
-    std::string status_bytes;
+    std::shared_ptr<const std::string> status_bytes;
   };
   static const Handle* handle_of(uint64_t fh) { return reinterpret_cast<const Handle*>(fh); }
   uint64_t keep(std::unique_ptr<Handle> handle);
