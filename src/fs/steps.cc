@@ -51,6 +51,10 @@ struct Steps::Impl {
   bool listed = false;
 
   std::mutex plan_mutex;  // one step planned at a time: planning reads and indexes files
+  // One refresh at a time, listing and applying: the watcher's refresh and a caller's may run
+  // together, and a listing taken earlier must not be applied after a later one (a deleted step
+  // would come back until the next change). Taken before `mutex`.
+  std::mutex refresh_mutex;
 
   std::once_flag watcher_once;
   std::thread watcher;
@@ -99,6 +103,7 @@ struct Steps::Impl {
   }
 
   void refresh() {
+    std::lock_guard serial(refresh_mutex);
     source::Listing listing;
     try {
       listing = source::list_sources(src_dir);

@@ -7,7 +7,8 @@
 // Thread-safe: every method may be called from any FUSE worker. A dropped step's Tree is kept a
 // grace period (kGrace) for callers still holding pointers into it, then freed, which closes and
 // unmaps its sources; reads of its files fail with EIO from then on. Lock order: the planning
-// lock, then the lock of the set of steps; no read path lock is taken under either.
+// lock or the refresh lock (one listing applied at a time), then the lock of the set of steps; no
+// read path lock is taken under any of them.
 #pragma once
 
 #include <chrono>
