@@ -233,6 +233,23 @@ class Parser {
     t.dims.push_back(dim);
   }
 
+  // TensorProto.dims: one dimension (varint), or several (packed), appended to t.dims.
+  void dims(const Key& k, uint64_t limit, TensorFields& t) {
+    if (k.wire == kVarint) {
+      const uint64_t at_dim = pos_;
+      add_dim(t, varint(limit, "dims"), at_dim);
+    } else if (k.wire == kLen) {
+      const uint64_t len = length(limit, "packed dims", "TensorProto");
+      const uint64_t packed_end = pos_ + len;
+      while (!at(packed_end)) {
+        const uint64_t at_dim = pos_;
+        add_dim(t, varint(packed_end, "packed dims"), at_dim);
+      }
+    } else {
+      expect_wire(k, kVarint, "TensorProto.dims");
+    }
+  }
+
   // TensorProto fields merge into `t` as protobuf merges a repeated occurrence of a message:
   // dims append, type and content are replaced.
   void tensor(uint64_t limit, TensorFields& t) {
@@ -241,19 +258,7 @@ class Parser {
       const Key k = key(limit, kScope);
       switch (k.field) {
         case 1:
-          if (k.wire == kVarint) {
-            const uint64_t at_dim = pos_;
-            add_dim(t, varint(limit, "dims"), at_dim);
-          } else if (k.wire == kLen) {
-            const uint64_t len = length(limit, "packed dims", kScope);
-            const uint64_t packed_end = pos_ + len;
-            while (!at(packed_end)) {
-              const uint64_t at_dim = pos_;
-              add_dim(t, varint(packed_end, "packed dims"), at_dim);
-            }
-          } else {
-            expect_wire(k, kVarint, "TensorProto.dims");
-          }
+          dims(k, limit, t);
           break;
         case 2:
           expect_wire(k, kLen, "TensorProto.tensor_type");
@@ -466,8 +471,41 @@ const char* encryption_mode(uint32_t magic) {
   }
 }
 
+// Refuses an encrypted file (spec §1.8): its first four bytes are a known magic.
+void refuse_encrypted(const ReadExact& read, uint64_t size, const std::string& name) {
+  if (size < 4) return;
+  std::array<uint8_t, 4> head;
+  read(0, head);
+  const uint32_t magic = static_cast<uint32_t>(head[0]) | static_cast<uint32_t>(head[1]) << 8 |
+                         static_cast<uint32_t>(head[2]) << 16 |
+                         static_cast<uint32_t>(head[3]) << 24;
+  if (const char* mode = encryption_mode(magic))
+    fail("{}: byte offset 0: encrypted checkpoint ({}), not supported (magic 0x{:08X})", name, mode,
+         magic);
+}
+
+// The CRC trailer MindSpore appends: "crc_num" and a 10-byte big-endian integer, of which a
+// CRC-32 only ever fills the last four bytes.
+struct CrcTrailer {
+  uint32_t low = 0;              // the value's low 32 bits
+  bool high_bytes_zero = false;  // the six bytes above them are zero
+};
+
+std::optional<CrcTrailer> read_crc_trailer(const ReadExact& read, uint64_t size) {
+  if (size < kCrcTrailerBytes) return std::nullopt;
+  std::array<uint8_t, kCrcTrailerBytes> trailer;
+  read(size - kCrcTrailerBytes, trailer);
+  if (!std::equal(kCrcMagic.begin(), kCrcMagic.end(), trailer.begin())) return std::nullopt;
+  CrcTrailer out;
+  out.high_bytes_zero =
+      std::all_of(trailer.begin() + 7, trailer.begin() + 13, [](uint8_t b) { return b == 0; });
+  out.low = static_cast<uint32_t>(trailer[13]) << 24 | static_cast<uint32_t>(trailer[14]) << 16 |
+            static_cast<uint32_t>(trailer[15]) << 8 | trailer[16];
+  return out;
+}
+
 void verify_crc(const ReadExact& read, const std::string& name, uint64_t body_size,
-                uint32_t expected_low, bool high_bytes_zero) {
+                const CrcTrailer& trailer) {
   std::vector<uint8_t> block(kCrcBlockBytes);
   uint32_t crc = 0;
   for (uint64_t off = 0; off < body_size;) {
@@ -476,12 +514,22 @@ void verify_crc(const ReadExact& read, const std::string& name, uint64_t body_si
     crc = crc32_update(crc, std::span<const uint8_t>(block.data(), n));
     off += n;
   }
-  if (!high_bytes_zero || crc != expected_low)
+  if (!trailer.high_bytes_zero || crc != trailer.low)
     fail(
         "{}: crc check failed: the trailer at byte offset {} holds {}0x{:08X}, the CRC-32 of the "
         "{} body bytes is 0x{:08X}",
-        name, body_size, high_bytes_zero ? "" : "a value above 32 bits, low word ", expected_low,
-        body_size, crc);
+        name, body_size, trailer.high_bytes_zero ? "" : "a value above 32 bits, low word ",
+        trailer.low, body_size, crc);
+}
+
+// The body's records, grouped into parameters in file order.
+std::vector<Param> scan_params(const ReadExact& read, const std::string& name, uint64_t body_size,
+                               bool has_crc_trailer) {
+  Parser parser(read, name, body_size,
+                has_crc_trailer ? "checkpoint body (before the CRC trailer)" : "file");
+  Grouper grouper(name);
+  parser.walk([&](Record r) { grouper.add(std::move(r)); });
+  return grouper.finish();
 }
 
 }  // namespace
@@ -572,45 +620,16 @@ FileScan scan_checkpoint_fd(int fd, const std::string& display_name, const ScanO
 
 FileScan scan_checkpoint_bytes(const ReadExact& read, uint64_t size,
                                const std::string& display_name, const ScanOptions& options) {
+  refuse_encrypted(read, size, display_name);
   FileScan scan;
   scan.file_size = size;
-  scan.body_size = scan.file_size;
-
-  if (scan.file_size >= 4) {
-    std::array<uint8_t, 4> head;
-    read(0, head);
-    const uint32_t magic = static_cast<uint32_t>(head[0]) | static_cast<uint32_t>(head[1]) << 8 |
-                           static_cast<uint32_t>(head[2]) << 16 |
-                           static_cast<uint32_t>(head[3]) << 24;
-    if (const char* mode = encryption_mode(magic))
-      fail("{}: byte offset 0: encrypted checkpoint ({}), not supported (magic 0x{:08X})",
-           display_name, mode, magic);
+  scan.body_size = size;
+  if (const std::optional<CrcTrailer> trailer = read_crc_trailer(read, size)) {
+    scan.has_crc_trailer = true;
+    scan.body_size = size - kCrcTrailerBytes;
+    if (options.verify_crc) verify_crc(read, display_name, scan.body_size, *trailer);
   }
-
-  if (scan.file_size >= kCrcTrailerBytes) {
-    std::array<uint8_t, kCrcTrailerBytes> trailer;
-    const uint64_t at = scan.file_size - kCrcTrailerBytes;
-    read(at, trailer);
-    if (std::equal(kCrcMagic.begin(), kCrcMagic.end(), trailer.begin())) {
-      scan.has_crc_trailer = true;
-      scan.body_size = at;
-      if (options.verify_crc) {
-        // The value is a 10-byte big-endian integer; a CRC-32 only ever fills the last four.
-        const bool high_zero = std::all_of(trailer.begin() + 7, trailer.begin() + 13,
-                                           [](uint8_t b) { return b == 0; });
-        const uint32_t expected = static_cast<uint32_t>(trailer[13]) << 24 |
-                                  static_cast<uint32_t>(trailer[14]) << 16 |
-                                  static_cast<uint32_t>(trailer[15]) << 8 | trailer[16];
-        verify_crc(read, display_name, scan.body_size, expected, high_zero);
-      }
-    }
-  }
-
-  Parser parser(read, display_name, scan.body_size,
-                scan.has_crc_trailer ? "checkpoint body (before the CRC trailer)" : "file");
-  Grouper grouper(display_name);
-  parser.walk([&](Record r) { grouper.add(std::move(r)); });
-  scan.params = grouper.finish();
+  scan.params = scan_params(read, display_name, scan.body_size, scan.has_crc_trailer);
   return scan;
 }
 

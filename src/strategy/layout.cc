@@ -51,17 +51,8 @@ std::vector<int64_t> optimizer_parts(const std::vector<int64_t>& dev,
   return parts;
 }
 
-}  // namespace
-
-Layout Layout::unsharded(size_t tensor_rank) {
-  Layout layout;
-  layout.dim_axes_.assign(tensor_rank, {});
-  layout.splits_.assign(tensor_rank, 1);
-  return layout;
-}
-
-Layout Layout::from(const ParamLayout& in, size_t tensor_rank, std::string_view param) {
-  const std::vector<int64_t>& dev = in.dev_matrix;
+// The number of devices dev_matrix spans; refuses a non-positive axis and more than kMaxRanks.
+int64_t device_count(const std::vector<int64_t>& dev, std::string_view param) {
   if (dev.empty()) fail("parameter {}: dev_matrix is empty", param);
   int64_t devices = 1;
   for (int64_t d : dev) {
@@ -72,7 +63,12 @@ Layout Layout::from(const ParamLayout& in, size_t tensor_rank, std::string_view 
            kMaxRanks);
     devices *= d;
   }
-  // MindSpore's transform ignores these and produces wrong data (§3.4), so refuse.
+  return devices;
+}
+
+// MindSpore's transform ignores field and manual splits and produces wrong data (§3.4), so they
+// are refused, as is a tensor_map whose length is not the tensor's rank.
+void refuse_unsupported(const ParamLayout& in, size_t tensor_rank, std::string_view param) {
   if (in.field > 0)
     fail("parameter {}: field-split layout (field {}) is not supported", param, in.field);
   if (!in.param_split_shape.empty())
@@ -81,11 +77,20 @@ Layout Layout::from(const ParamLayout& in, size_t tensor_rank, std::string_view 
   if (in.tensor_map.size() != tensor_rank)
     fail("parameter {}: tensor_map {} has {} dimensions but the tensor has {}", param,
          map_string(in.tensor_map), in.tensor_map.size(), tensor_rank);
+}
 
+// The tensor_map read against dev_matrix. Original axes are indexed outer -> inner (tensor_map
+// counts them inner -> outer).
+struct AxisUse {
+  std::vector<int> used_by;                // per original axis: the tensor dim it splits, or -1
+  std::vector<std::vector<int>> dim_orig;  // per tensor dim: the original axes splitting it
+  int64_t model_split = 1;                 // product of the axes that split some dim
+};
+
+AxisUse map_axes(const ParamLayout& in, size_t tensor_rank, std::string_view param) {
+  const std::vector<int64_t>& dev = in.dev_matrix;
   const int n = static_cast<int>(dev.size());
-  std::vector<int> used_by(dev.size(), -1);
-  std::vector<std::vector<int>> dim_orig(tensor_rank);
-  int64_t model_split = 1;
+  AxisUse use{std::vector<int>(dev.size(), -1), std::vector<std::vector<int>>(tensor_rank), 1};
   for (size_t j = 0; j < tensor_rank; ++j) {
     for (int32_t a : in.tensor_map[j]) {
       if (a < 0 || a >= n)
@@ -94,17 +99,22 @@ Layout Layout::from(const ParamLayout& in, size_t tensor_rank, std::string_view 
             "[{}] has {} axes",
             param, map_string(in.tensor_map), a, j, fmt::join(dev, ","), n);
       const int i = n - 1 - a;
-      if (used_by[i] >= 0)
+      if (use.used_by[i] >= 0)
         fail("parameter {}: tensor_map {} uses device axis {} twice", param,
              map_string(in.tensor_map), a);
-      used_by[i] = static_cast<int>(j);
-      dim_orig[j].push_back(i);
-      model_split *= dev[i];
+      use.used_by[i] = static_cast<int>(j);
+      use.dim_orig[j].push_back(i);
+      use.model_split *= dev[i];
     }
   }
+  return use;
+}
 
+// K, the optimizer split of dimension 0 over the replicas (1 = none), from
+// opt_weight_shard_size (-1 = all replicas) and opt_weight_shard_step.
+int64_t optimizer_split(const ParamLayout& in, int64_t replicas, size_t tensor_rank,
+                        std::string_view param) {
   const int32_t step = in.opt_shard_step, size = in.opt_shard_size;
-  const int64_t replicas = devices / model_split;
   if (size < -1) fail("parameter {}: opt_weight_shard_size {} is invalid", param, size);
   if (size > 0 && step == 0)
     fail("parameter {}: opt_weight_shard_size {} with opt_weight_shard_step 0 is not supported",
@@ -116,43 +126,93 @@ Layout Layout::from(const ParamLayout& in, size_t tensor_rank, std::string_view 
          replicas);
   if (k > 1 && tensor_rank == 0)
     fail("parameter {}: optimizer sharding (size {}) of a 0-d tensor", param, size);
-  const std::vector<int64_t> parts = optimizer_parts(dev, used_by, k, param);
+  return k;
+}
 
-  Layout out;
-  out.devices_ = devices;
-  std::vector<int32_t> whole(dev.size(), -1), opt(dev.size(), -1);
+// The expanded device axes (Layout::axes): each original axis of size > 1 becomes its
+// non-optimizer rest and its optimizer part, each kept only when larger than 1.
+struct ExpandedAxes {
+  std::vector<int64_t> axes;  // sizes, outer -> inner
+  std::vector<int32_t> rest;  // per original axis: index of its rest in axes, or -1
+  std::vector<int32_t> opt;   // per original axis: index of its optimizer part in axes, or -1
+};
+
+ExpandedAxes expand_axes(const std::vector<int64_t>& dev, const std::vector<int64_t>& parts) {
+  ExpandedAxes x{{}, std::vector<int32_t>(dev.size(), -1), std::vector<int32_t>(dev.size(), -1)};
   for (size_t i = 0; i < dev.size(); ++i) {
     const int64_t rest = dev[i] / parts[i];
     if (rest > 1) {
-      whole[i] = static_cast<int32_t>(out.axes_.size());
-      out.axes_.push_back(rest);
+      x.rest[i] = static_cast<int32_t>(x.axes.size());
+      x.axes.push_back(rest);
     }
     if (parts[i] > 1) {
-      opt[i] = static_cast<int32_t>(out.axes_.size());
-      out.axes_.push_back(parts[i]);
+      x.opt[i] = static_cast<int32_t>(x.axes.size());
+      x.axes.push_back(parts[i]);
     }
   }
-  out.dim_axes_.resize(tensor_rank);
-  for (size_t j = 0; j < tensor_rank; ++j)
-    for (int i : dim_orig[j])
-      if (whole[i] >= 0) out.dim_axes_[j].push_back(whole[i]);
-  if (k > 1)
-    for (size_t i = 0; i < dev.size(); ++i)
-      if (opt[i] >= 0) out.dim_axes_[0].push_back(opt[i]);
-  out.splits_.assign(tensor_rank, 1);
-  for (size_t j = 0; j < tensor_rank; ++j)
-    for (int32_t a : out.dim_axes_[j]) out.splits_[j] *= out.axes_[a];
+  return x;
+}
 
-  // §7: MindSpore's transform re-derives a different assignment in this corner; we keep §3.2.
-  if (k > 1 && std::count(used_by.begin(), used_by.end(), -1) == 1 && used_by[0] == -1) {
-    std::vector<int> order;
-    for (const auto& axes : dim_orig) order.insert(order.end(), axes.begin(), axes.end());
-    if (!std::is_sorted(order.begin(), order.end()))
-      spdlog::warn(
-          "parameter {}: optimizer sharding with tensor_map {} on dev_matrix [{}]: "
-          "following spec §3.2, MindSpore's transform may assign slices differently",
-          param, map_string(in.tensor_map), fmt::join(dev, ","));
-  }
+// Per tensor dim, the expanded axes splitting it, most significant first; the optimizer parts
+// are the least significant axes of dimension 0 (§3.2).
+std::vector<std::vector<int32_t>> dim_axes_of(const AxisUse& use, const ExpandedAxes& x,
+                                              int64_t k) {
+  std::vector<std::vector<int32_t>> dim_axes(use.dim_orig.size());
+  for (size_t j = 0; j < use.dim_orig.size(); ++j)
+    for (int i : use.dim_orig[j])
+      if (x.rest[i] >= 0) dim_axes[j].push_back(x.rest[i]);
+  if (k > 1)
+    for (int32_t o : x.opt)
+      if (o >= 0) dim_axes[0].push_back(o);
+  return dim_axes;
+}
+
+std::vector<int64_t> splits_of(const std::vector<std::vector<int32_t>>& dim_axes,
+                               const std::vector<int64_t>& axes) {
+  std::vector<int64_t> splits(dim_axes.size(), 1);
+  for (size_t j = 0; j < dim_axes.size(); ++j)
+    for (int32_t a : dim_axes[j]) splits[j] *= axes[a];
+  return splits;
+}
+
+// §7: MindSpore's transform re-derives a different assignment in one corner (optimizer sharding
+// on the one free axis, the outermost, with the map not in axis order); we keep §3.2 and say so.
+void warn_if_transform_differs(const ParamLayout& in, const AxisUse& use, int64_t k,
+                               std::string_view param) {
+  if (k <= 1 || std::count(use.used_by.begin(), use.used_by.end(), -1) != 1 || use.used_by[0] != -1)
+    return;
+  std::vector<int> order;
+  for (const auto& axes : use.dim_orig) order.insert(order.end(), axes.begin(), axes.end());
+  if (!std::is_sorted(order.begin(), order.end()))
+    spdlog::warn(
+        "parameter {}: optimizer sharding with tensor_map {} on dev_matrix [{}]: "
+        "following spec §3.2, MindSpore's transform may assign slices differently",
+        param, map_string(in.tensor_map), fmt::join(in.dev_matrix, ","));
+}
+
+}  // namespace
+
+Layout Layout::unsharded(size_t tensor_rank) {
+  Layout layout;
+  layout.dim_axes_.assign(tensor_rank, {});
+  layout.splits_.assign(tensor_rank, 1);
+  return layout;
+}
+
+Layout Layout::from(const ParamLayout& in, size_t tensor_rank, std::string_view param) {
+  const int64_t devices = device_count(in.dev_matrix, param);
+  refuse_unsupported(in, tensor_rank, param);
+  const AxisUse use = map_axes(in, tensor_rank, param);
+  const int64_t k = optimizer_split(in, devices / use.model_split, tensor_rank, param);
+  const std::vector<int64_t> parts = optimizer_parts(in.dev_matrix, use.used_by, k, param);
+  ExpandedAxes expanded = expand_axes(in.dev_matrix, parts);
+
+  Layout out;
+  out.devices_ = devices;
+  out.dim_axes_ = dim_axes_of(use, expanded, k);
+  out.axes_ = std::move(expanded.axes);
+  out.splits_ = splits_of(out.dim_axes_, out.axes_);
+  warn_if_transform_differs(in, use, k, param);
   return out;
 }
 
