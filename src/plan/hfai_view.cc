@@ -2,7 +2,6 @@
 // {"format":"pt"}, each tensor read from its chunks or its strided record, and extra.json.
 #include <algorithm>
 #include <memory>
-#include <numeric>
 
 #include "ckptfs/error.h"
 #include "ckptfs/plan/planner.h"
@@ -53,19 +52,14 @@ VirtualFile safetensors_file(const std::vector<index::IndexedSource>& sources,
     for (int64_t s : t.shape) n *= static_cast<uint64_t>(s);
     header.push_back({t.name, d->code, t.shape, n});
   }
-  std::vector<size_t> order(header.size());
-  std::iota(order.begin(), order.end(), size_t{0});
   for (size_t i = 1; i < tensors.size(); ++i)
     for (size_t k = 0; k < i; ++k)
       if (tensors[k].name == tensors[i].name)
         fail("{}: two tensors named {}", file, tensors[i].name);
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return safetensors::writer_before(header[a], header[b]); });
-  std::vector<safetensors::HeaderEntry> sorted;
-  for (size_t i : order) sorted.push_back(header[i]);
+  const std::vector<size_t> order = safetensors::sort_like_writer(header);
   static const std::vector<std::pair<std::string, std::string>> kMetadata{{"format", "pt"}};
   VirtualFile::Builder builder;
-  builder.add_bytes(safetensors::encode_header(sorted, kMetadata));
+  builder.add_bytes(safetensors::encode_header(header, kMetadata));
   for (size_t i : order) add_content(builder, sources, tensors[i]);
   return builder.finish();
 }

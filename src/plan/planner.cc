@@ -676,6 +676,7 @@ void add_content(VirtualFile::Builder& builder, const Entry& e, uint64_t begin, 
 VirtualFile ckpt_view(const std::vector<Entry>& entries,
                       const std::vector<TrailingScalar>& trailing = {}) {
   VirtualFile::Builder builder;
+  builder.reserve(2 * (entries.size() + trailing.size()));  // a header and its content each
   for (const Entry& e : entries) {
     if (e.copy && e.kind == ckpt::EntryKind::MapTensor) {
       for (const ckpt::Extent& r : e.copy->records)
@@ -722,20 +723,17 @@ VirtualFile safetensors_view(const std::vector<Entry>& entries, std::set<std::st
       left_out.emplace(e.name);
       continue;
     }
-    header.push_back({std::string(e.name), d->code, e.shape, e.nbytes()});
+    header.push_back({e.name, d->code, e.shape, e.nbytes()});
     from.push_back(&e);
   }
-  std::vector<size_t> order(header.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return safetensors::writer_before(header[a], header[b]); });
-  std::vector<safetensors::HeaderEntry> sorted;
-  sorted.reserve(header.size());
-  for (size_t i : order) sorted.push_back(std::move(header[i]));
+  const std::vector<size_t> order = safetensors::sort_like_writer(header);
   static const std::vector<std::pair<std::string, std::string>> kMetadata{{"format", "ms"}};
 
   VirtualFile::Builder builder;
-  builder.add_bytes(safetensors::encode_header(sorted, kMetadata));
+  builder.add_bytes(safetensors::encode_header(header, kMetadata));
+  // Freed before the pieces grow: a large view holds millions of entries.
+  header = decltype(header)();
+  builder.reserve(1 + order.size());
   for (size_t i : order)
     if (const uint64_t n = from[i]->nbytes(); n > 0) add_content(builder, *from[i], 0, n);
   return builder.finish();

@@ -14,15 +14,19 @@ enum class PieceKind : uint8_t { Bytes, Source, Tensor, Strided };
 
 // A contiguous part of the virtual file. `pos` is the start in the header arena (Bytes), in the
 // source file (Source) or in the tensor's content (Tensor).
+// 40 bytes: a target file has two pieces per record, and mounts plan millions of records.
 struct Piece {
   uint64_t start = 0;
   uint64_t length = 0;
   uint64_t pos = 0;
-  const TensorContent* tensor = nullptr;
-  const StridedContent* strided = nullptr;
-  uint32_t source = 0;
+  union {
+    const TensorContent* tensor = nullptr;  // kind Tensor
+    const StridedContent* strided;          // kind Strided
+  };
+  uint32_t source = 0;  // kind Source
   PieceKind kind = PieceKind::Bytes;
 };
+static_assert(sizeof(Piece) == 40);
 
 }  // namespace
 
@@ -101,7 +105,11 @@ void VirtualFile::Builder::add_bytes(std::string bytes) {
   piece.kind = PieceKind::Bytes;
   piece.pos = impl_->arena.size();
   piece.length = bytes.size();
-  impl_->arena += bytes;
+  // A safetensors header is the whole arena: taken over, not copied.
+  if (impl_->arena.empty())
+    impl_->arena = std::move(bytes);
+  else
+    impl_->arena += bytes;
   impl_->add(piece);
 }
 
@@ -112,7 +120,7 @@ void VirtualFile::Builder::add_source_range(uint32_t source, uint64_t offset, ui
   piece.pos = offset;
   piece.length = length;
   impl_->add(piece);
-  impl_->sources.push_back(source);
+  if (impl_->sources.empty() || impl_->sources.back() != source) impl_->sources.push_back(source);
 }
 
 void VirtualFile::Builder::add_tensor(std::shared_ptr<const TensorContent> content, uint64_t begin,
@@ -140,12 +148,26 @@ void VirtualFile::Builder::add_strided(std::shared_ptr<const StridedContent> con
   impl_->add(piece);
 }
 
+void VirtualFile::Builder::reserve(size_t pieces) { impl_->pieces.reserve(pieces); }
+
+namespace {
+
+// Dropping a container's slack copies it, and for a moment holds both: worth it only for more
+// than an eighth (a doubling's slack), not for a reserve's small overestimate.
+template <typename Container>
+void shrink_if_loose(Container& c) {
+  if (c.capacity() - c.size() > c.size() / 8) c.shrink_to_fit();
+}
+
+}  // namespace
+
 VirtualFile VirtualFile::Builder::finish() {
   auto& sources = impl_->sources;
   std::sort(sources.begin(), sources.end());
   sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
-  impl_->arena.shrink_to_fit();
-  impl_->pieces.shrink_to_fit();
+  shrink_if_loose(sources);
+  shrink_if_loose(impl_->arena);
+  shrink_if_loose(impl_->pieces);
   VirtualFile file;
   file.impl_ = std::exchange(impl_, std::make_unique<Impl>());
   return file;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <iterator>
+#include <numeric>
 #include <utility>
 
 #include "ckptfs/ckpt/dtype.h"
@@ -61,8 +63,29 @@ bool writer_before(const HeaderEntry& a, const HeaderEntry& b) {
   return a.name < b.name;  // std::string compares bytes as unsigned char
 }
 
-void sort_like_writer(std::vector<HeaderEntry>& entries) {
-  std::sort(entries.begin(), entries.end(), writer_before);
+std::vector<size_t> sort_like_writer(std::vector<HeaderEntry>& entries) {
+  std::vector<size_t> order(entries.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return writer_before(entries[a], entries[b]); });
+  // Entry j becomes entry order[j], following each cycle of the permutation: a sorted copy would
+  // hold every entry twice.
+  std::vector<bool> placed(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (placed[i]) continue;
+    HeaderEntry first = std::move(entries[i]);
+    for (size_t j = i;;) {
+      placed[j] = true;
+      const size_t from = order[j];
+      if (from == i) {
+        entries[j] = std::move(first);
+        break;
+      }
+      entries[j] = std::move(entries[from]);
+      j = from;
+    }
+  }
+  return order;
 }
 
 void append_json_string(std::string& out, std::string_view text) {
@@ -100,36 +123,66 @@ void append_json_string(std::string& out, std::string_view text) {
   out += '"';
 }
 
+namespace {
+
+size_t decimal_digits(uint64_t n) {
+  size_t digits = 1;
+  for (; n >= 10; n /= 10) ++digits;
+  return digits;
+}
+
+// What encode_header writes when no name needs escaping (then a little more).
+size_t encoded_size_estimate(std::span<const HeaderEntry> entries,
+                             std::span<const std::pair<std::string, std::string>> metadata) {
+  size_t size = kLengthBytes + 8 + kMetadataKey.size() + 8;
+  for (const auto& [key, value] : metadata) size += key.size() + value.size() + 6;
+  uint64_t total = 0;
+  for (const HeaderEntry& e : entries) total += e.nbytes;
+  const size_t offset_digits = decimal_digits(total);
+  // ,"<name>":{"dtype":"<code>","shape":[<dims>],"data_offsets":[<begin>,<end>]}
+  for (const HeaderEntry& e : entries) {
+    size += e.name.size() + e.code.size() + 47 + 2 * offset_digits;
+    for (int64_t d : e.shape) size += decimal_digits(static_cast<uint64_t>(d)) + 1;
+  }
+  return size;
+}
+
+}  // namespace
+
 std::string encode_header(std::span<const HeaderEntry> entries,
                           std::span<const std::pair<std::string, std::string>> metadata) {
-  std::string json = "{";
+  // One buffer, the length prefix first and filled in last: a header of millions of entries is
+  // hundreds of megabytes, and neither a second copy nor a doubling's slack should add to that.
+  std::string out(kLengthBytes, '\0');
+  out.reserve(encoded_size_estimate(entries, metadata));
+  out += '{';
   if (!metadata.empty()) {
-    append_json_string(json, kMetadataKey);
-    json += ":{";
+    append_json_string(out, kMetadataKey);
+    out += ":{";
     for (size_t i = 0; i < metadata.size(); ++i) {
-      if (i > 0) json += ',';
-      append_json_string(json, metadata[i].first);
-      json += ':';
-      append_json_string(json, metadata[i].second);
+      if (i > 0) out += ',';
+      append_json_string(out, metadata[i].first);
+      out += ':';
+      append_json_string(out, metadata[i].second);
     }
-    json += '}';
+    out += '}';
   }
   uint64_t offset = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const HeaderEntry& e = entries[i];
-    if (i > 0 || !metadata.empty()) json += ',';
-    append_json_string(json, e.name);
-    json += fmt::format(":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", e.code,
-                        fmt::join(e.shape, ","), offset, offset + e.nbytes);
+    if (i > 0 || !metadata.empty()) out += ',';
+    append_json_string(out, e.name);
+    fmt::format_to(std::back_inserter(out),
+                   ":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", e.code,
+                   fmt::join(e.shape, ","), offset, offset + e.nbytes);
     offset += e.nbytes;
   }
-  json += '}';
-  json.append((8 - json.size() % 8) % 8, ' ');
+  out += '}';
+  out.append((8 - out.size() % 8) % 8, ' ');
 
-  std::string out(kLengthBytes, '\0');
-  const uint64_t n = json.size();
+  const uint64_t n = out.size() - kLengthBytes;
   for (size_t i = 0; i < kLengthBytes; ++i) out[i] = static_cast<char>(n >> (8 * i));
-  return out + json;
+  return out;
 }
 
 }  // namespace ckptfs::safetensors

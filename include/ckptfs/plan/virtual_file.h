@@ -49,6 +49,9 @@ class VirtualFile::Builder {
  public:
   Builder();
   ~Builder();
+  // Room for `pieces` additions (each add_* call is one piece), so that a file of millions of
+  // records is not copied as it grows. An estimate: more pieces are still taken.
+  void reserve(size_t pieces);
   // Bytes held in memory (record headers).
   void add_bytes(std::string bytes);
   // A verbatim byte range of a source file.

@@ -32,9 +32,10 @@ struct Dtype {
 std::optional<Dtype> dtype_by_code(std::string_view code);
 std::optional<Dtype> dtype_by_mindspore(std::string_view tensor_type);
 
-// One tensor as a header lists it. Offsets follow from the order of the list.
+// One tensor as a header lists it. Offsets follow from the order of the list. The name is viewed:
+// it must outlive the entry (headers of millions of tensors are built at mount).
 struct HeaderEntry {
-  std::string name;
+  std::string_view name;
   std::string_view code;  // a Dtype::code
   std::vector<int64_t> shape;
   uint64_t nbytes = 0;
@@ -43,7 +44,9 @@ struct HeaderEntry {
 // The reference writer's order: dtype descending (enum order), then name byte-wise. Data is
 // laid out in this order, so it is also offset order.
 bool writer_before(const HeaderEntry& a, const HeaderEntry& b);
-void sort_like_writer(std::vector<HeaderEntry>& entries);
+// Sorts `entries` into that order in place and returns where each came from: entry i of the
+// result was entry order[i] before.
+std::vector<size_t> sort_like_writer(std::vector<HeaderEntry>& entries);
 
 // The first bytes of the file: the length, then the compact JSON header as serde_json writes it
 // ({"__metadata__":{...}} first when `metadata` is not empty, keys in the order given, then the
