@@ -561,7 +561,7 @@ std::string check_scan(const FileScan& scan, uint64_t file_size) {
   if (scan.body_size > scan.file_size)
     return fmt::format("body of {} bytes in a file of {}", scan.body_size, scan.file_size);
   for (const Param& p : scan.params) {
-    for (const std::vector<Extent>* list : {&p.content, &p.records})
+    for (const Extents* list : {&p.content, &p.records})
       for (const Extent& e : *list)
         if (e.offset > scan.body_size || e.length > scan.body_size - e.offset)
           return fmt::format("parameter '{}' has bytes [{}, +{}) past the body's {} bytes", p.name,

@@ -52,23 +52,30 @@ const char* kind_name(ckpt::EntryKind kind) {
   return "unknown";
 }
 
-std::string extents_text(const std::vector<ckpt::Extent>& extents) {
+std::string extents_text(const ckpt::Extents& extents) {
   std::vector<std::string> parts;
   parts.reserve(extents.size());
   for (const ckpt::Extent& e : extents) parts.push_back(fmt::format("{}+{}", e.offset, e.length));
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
-nlohmann::json extents_json(const std::vector<ckpt::Extent>& extents) {
+nlohmann::json extents_json(const ckpt::Extents& extents) {
   nlohmann::json out = nlohmann::json::array();
   for (const ckpt::Extent& e : extents) out.push_back({e.offset, e.length});
   return out;
 }
 
+// The text of dumping the whole array with indent 2, one element at a time: a JSON document of
+// millions of parameters would take several times the scan's memory.
 void print_json(const ckpt::FileScan& scan) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const ckpt::Param& p : scan.params) {
-    out.push_back({
+  if (scan.params.empty()) {
+    fmt::print("[]\n");
+    return;
+  }
+  fmt::print("[\n");
+  for (size_t i = 0; i < scan.params.size(); ++i) {
+    const ckpt::Param& p = scan.params[i];
+    const nlohmann::json item = {
         {"name", p.name},
         {"dtype", p.dtype},
         {"shape", p.shape},
@@ -77,9 +84,13 @@ void print_json(const ckpt::FileScan& scan) {
         {"kind", kind_name(p.kind)},
         {"dims_zero", p.dims_zero},
         {"records", extents_json(p.records)},
-    });
+    };
+    std::string text = item.dump(2);  // strings are escaped: every '\n' ends a line
+    for (size_t at = text.find('\n'); at != std::string::npos; at = text.find('\n', at + 3))
+      text.insert(at + 1, "  ");
+    fmt::print("  {}{}\n", text, i + 1 < scan.params.size() ? "," : "");
   }
-  fmt::print("{}\n", out.dump(2));
+  fmt::print("]\n");
 }
 
 // Non-tensor values of a torch.save object, one "path = value" line per leaf, in order.
@@ -135,33 +146,45 @@ void print_torch(const ckpt::FileScan& scan, bool json) {
   print_values(nlohmann::json::parse(scan.tree), "");
 }
 
+// One line of the table. Rows are formatted twice (for the column widths, then to print) rather
+// than held: a file of millions of tiny records would need more for its rows than for its scan.
+struct TableRow {
+  std::string_view name, dtype;
+  std::string shape, bytes, offsets;
+};
+
+TableRow table_row(const ckpt::Param& p) {
+  // A map tensor has no single content range; its whole records are what gets copied.
+  if (p.kind == ckpt::EntryKind::MapTensor)
+    return {p.name, "(maptensor)", "-", std::to_string(p.nbytes()),
+            "records " + extents_text(p.records)};
+  return {p.name, p.dtype, shape_text(p.shape), std::to_string(p.nbytes()),
+          extents_text(p.content)};
+}
+
 void print_table(const ckpt::FileScan& scan, const InspectOptions& options) {
-  struct Row {
-    std::string name, dtype, shape, bytes, offsets;
+  const TableRow heading{"NAME", "DTYPE", "SHAPE", "BYTES", "OFFSETS"};
+  size_t w_name = 0, w_dtype = 0, w_shape = 0, w_bytes = 0;
+  auto widen = [&](const TableRow& r) {
+    w_name = std::max(w_name, r.name.size());
+    w_dtype = std::max(w_dtype, r.dtype.size());
+    w_shape = std::max(w_shape, r.shape.size());
+    w_bytes = std::max(w_bytes, r.bytes.size());
   };
-  std::vector<Row> rows;
-  rows.push_back({"NAME", "DTYPE", "SHAPE", "BYTES", "OFFSETS"});
+  widen(heading);
   uint64_t content_bytes = 0;
   size_t records = 0;
   for (const ckpt::Param& p : scan.params) {
     content_bytes += p.nbytes();
     records += p.records.size();
-    const bool is_map = p.kind == ckpt::EntryKind::MapTensor;
-    // A map tensor has no single content range; its whole records are what gets copied.
-    rows.push_back({p.name, is_map ? "(maptensor)" : p.dtype, is_map ? "-" : shape_text(p.shape),
-                    std::to_string(p.nbytes()),
-                    is_map ? "records " + extents_text(p.records) : extents_text(p.content)});
+    widen(table_row(p));
   }
-  size_t w_name = 0, w_dtype = 0, w_shape = 0, w_bytes = 0;
-  for (const Row& r : rows) {
-    w_name = std::max(w_name, r.name.size());
-    w_dtype = std::max(w_dtype, r.dtype.size());
-    w_shape = std::max(w_shape, r.shape.size());
-    w_bytes = std::max(w_bytes, r.bytes.size());
-  }
-  for (const Row& r : rows)
+  auto print = [&](const TableRow& r) {
     fmt::print("{:<{}}  {:<{}}  {:<{}}  {:>{}}  {}\n", r.name, w_name, r.dtype, w_dtype, r.shape,
                w_shape, r.bytes, w_bytes, r.offsets);
+  };
+  print(heading);
+  for (const ckpt::Param& p : scan.params) print(table_row(p));
 
   std::string crc = "no CRC trailer";
   if (scan.has_crc_trailer) crc = options.verify_crc ? "CRC verified" : "CRC trailer not verified";

@@ -192,7 +192,7 @@ void verify_sources(const VerifyArgs& args) {
 // Sequential reader of a parameter's content, record after record.
 class ContentReader {
  public:
-  ContentReader(int fd, std::string name, const std::vector<ckpt::Extent>& extents)
+  ContentReader(int fd, std::string name, const ckpt::Extents& extents)
       : fd_(fd), name_(std::move(name)), extents_(extents) {}
   // Fills up to out.size() bytes; returns how many (0 at the end).
   size_t read(std::span<uint8_t> out) {
@@ -214,7 +214,7 @@ class ContentReader {
  private:
   int fd_;
   std::string name_;
-  const std::vector<ckpt::Extent>& extents_;
+  const ckpt::Extents& extents_;
   size_t k_ = 0;
   uint64_t at_ = 0;
 };

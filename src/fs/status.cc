@@ -254,8 +254,7 @@ FilePlan describe_file(const Tree& tree, uint64_t ino) {
       r.dtype = std::move(p.dtype);
       r.shape = std::move(p.shape);
       // A map tensor is copied as whole records; it has no content of its own.
-      const std::vector<ckpt::Extent>& ranges =
-          p.kind == ckpt::EntryKind::MapTensor ? p.records : p.content;
+      const ckpt::Extents& ranges = p.kind == ckpt::EntryKind::MapTensor ? p.records : p.content;
       for (const ckpt::Extent& x : ranges) r.ranges.emplace_back(x.offset, x.length);
     }
   } else {

@@ -58,8 +58,7 @@ std::string path_key(std::string_view path) {
   return key;
 }
 
-bool from_proto(const google::protobuf::RepeatedField<uint64_t>& pairs,
-                std::vector<ckpt::Extent>& out) {
+bool from_proto(const google::protobuf::RepeatedField<uint64_t>& pairs, ckpt::Extents& out) {
   if (pairs.size() % 2 != 0) return false;
   out.reserve(static_cast<size_t>(pairs.size() / 2));
   for (int i = 0; i < pairs.size(); i += 2) out.push_back({pairs[i], pairs[i + 1]});
@@ -119,7 +118,7 @@ class Wire {
     varint(n);
     for (Int v : values) varint(static_cast<uint64_t>(v));
   }
-  void extents(uint32_t field, const std::vector<ckpt::Extent>& values) {
+  void extents(uint32_t field, const ckpt::Extents& values) {
     if (values.empty()) return;
     size_t n = 0;
     for (const ckpt::Extent& e : values) n += varint_size(e.offset) + varint_size(e.length);

@@ -79,8 +79,8 @@ TEST_F(IndexSourcesTest, SpecRecordIsScannedThenServedFromTheIndex) {
     EXPECT_EQ(w.shape, std::vector<int64_t>{2});
     EXPECT_EQ(w.kind, ckpt::EntryKind::Tensor);
     EXPECT_EQ(w.element_size, 4u);
-    EXPECT_EQ(w.content, (std::vector<ckpt::Extent>{{20, 8}}));
-    EXPECT_EQ(w.records, (std::vector<ckpt::Extent>{{0, 28}}));
+    EXPECT_EQ(w.content, (ckpt::Extents{{20, 8}}));
+    EXPECT_EQ(w.records, (ckpt::Extents{{0, 28}}));
   }
   // Stored under the absolute path, with the file's fingerprint.
   const std::vector<Entry> entries = Store(root_ / "index").entries();

@@ -77,12 +77,12 @@ TEST_F(ScannerTest, GoodFileGivesParamsInOffsetOrderWithAbsoluteExtents) {
   EXPECT_EQ(scan.params[1].name, "q");
   EXPECT_EQ(scan.params[1].dtype, "Int8");
   EXPECT_EQ(scan.params[1].kind, ckpt::EntryKind::Opaque);
-  EXPECT_EQ(scan.params[1].content, (std::vector<ckpt::Extent>{{d + 8, 4}}));
+  EXPECT_EQ(scan.params[1].content, (ckpt::Extents{{d + 8, 4}}));
   EXPECT_EQ(scan.params[2].name, "a");
   EXPECT_EQ(scan.params[2].dtype, "Float32");
   EXPECT_EQ(scan.params[2].element_size, 4u);
   EXPECT_EQ(scan.params[2].shape, (std::vector<int64_t>{2}));
-  EXPECT_EQ(scan.params[2].content, (std::vector<ckpt::Extent>{{d + 12, 8}}));
+  EXPECT_EQ(scan.params[2].content, (ckpt::Extents{{d + 12, 8}}));
   EXPECT_EQ(scan.params[3].name, "e");
   EXPECT_EQ(scan.params[3].nbytes(), 0u);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ckptfs/util/pread.h"
+#include "ckptfs/util/small_vector.h"
 
 namespace ckptfs::ckpt {
 
@@ -24,22 +25,27 @@ enum class EntryKind : uint8_t {
   Opaque = 3,     // Int4, random_op, unknown type names: copied, never resharded
 };
 
-// One parameter: consecutive records with the same tag, merged (spec §1.5).
+// Extents of a parameter's records: nearly always one, held without an allocation.
+using Extents = SmallVector<Extent, 1>;
+
+// One parameter: consecutive records with the same tag, merged (spec §1.5). Scans hold millions
+// of these: the fields are packed, and a one-record parameter allocates only for a name or type
+// longer than 15 bytes and for its dims.
 struct Param {
   std::string name;
   std::string dtype;           // tensor_type of the last record ("" for map tensors)
   std::vector<int64_t> shape;  // empty for scalars (dims absent, or [0] on a non-string)
-  bool dims_zero = false;      // the file wrote dims [0] (≤2.2 scalar, or a string)
+  uint32_t element_size = 0;   // 0 unless kind == Tensor
   EntryKind kind = EntryKind::Tensor;
-  uint32_t element_size = 0;    // 0 unless kind == Tensor
-  std::vector<Extent> content;  // tensor_content of each record, in order
-  std::vector<Extent> records;  // each whole top-level record (0x0A, length, Value)
+  bool dims_zero = false;  // the file wrote dims [0] (≤2.2 scalar, or a string)
   // A strided view (torch.save tensors): content is the one whole storage record, and element
   // (i0, ..., in) of the tensor is element storage_offset + sum(ik * strides[k]) of it. Without
   // a view, content holds the tensor in C order.
   bool view = false;
-  uint64_t storage_offset = 0;   // elements
-  std::vector<int64_t> strides;  // elements, one per dimension
+  Extents content;               // tensor_content of each record, in order
+  Extents records;               // each whole top-level record (0x0A, length, Value)
+  uint64_t storage_offset = 0;   // elements (views only)
+  std::vector<int64_t> strides;  // elements, one per dimension (views only)
 
   uint64_t nbytes() const;    // the tensor's bytes: content bytes, or elements x size for a view
   uint64_t elements() const;  // product of shape (1 for a scalar)
