@@ -13,20 +13,17 @@ namespace {
 enum class PieceKind : uint8_t { Bytes, Source, Tensor, Strided };
 
 // A contiguous part of the virtual file. `pos` is the start in the header arena (Bytes), in the
-// source file (Source) or in the tensor's content (Tensor).
-// 40 bytes: a target file has two pieces per record, and mounts plan millions of records.
+// source file (Source) or in the tensor's content (Tensor, Strided). 32 bytes: a target file has
+// two pieces per record, and a mount plans millions of records.
 struct Piece {
   uint64_t start = 0;
   uint64_t length = 0;
   uint64_t pos = 0;
-  union {
-    const TensorContent* tensor = nullptr;  // kind Tensor
-    const StridedContent* strided;          // kind Strided
-  };
-  uint32_t source = 0;  // kind Source
+  uint32_t ref =
+      0;  // Source: the source index; Tensor, Strided: index into Impl's tensors, strided
   PieceKind kind = PieceKind::Bytes;
 };
-static_assert(sizeof(Piece) == 40);
+static_assert(sizeof(Piece) == 32);
 
 }  // namespace
 
@@ -48,10 +45,15 @@ void append_run(std::vector<Run>& out, const Run& run) {
 struct VirtualFile::Impl {
   std::string arena;  // every record header of the file, back to back
   std::vector<Piece> pieces;
-  std::vector<std::shared_ptr<const TensorContent>> tensors;   // keeps Piece::tensor alive
-  std::vector<std::shared_ptr<const StridedContent>> strided;  // keeps Piece::strided alive
+  std::vector<std::shared_ptr<const TensorContent>> tensors;   // Piece::ref of a Tensor piece
+  std::vector<std::shared_ptr<const StridedContent>> strided;  // Piece::ref of a Strided piece
   std::vector<uint32_t> sources;
   uint64_t size = 0;
+
+  // Sorted and deduplicated by finish(); runs of one source are common and are kept once here.
+  void add_source(uint32_t source) {
+    if (sources.empty() || sources.back() != source) sources.push_back(source);
+  }
 
   void add(Piece piece) {
     if (piece.length == 0) return;
@@ -84,13 +86,13 @@ uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& ou
         append_run(out, Run{f.arena.data() + it->pos + from, 0, 0, to - from});
         break;
       case PieceKind::Source:
-        append_run(out, Run{nullptr, it->source, it->pos + from, to - from});
+        append_run(out, Run{nullptr, it->ref, it->pos + from, to - from});
         break;
       case PieceKind::Tensor:
-        it->tensor->map(it->pos + from, it->pos + to, out);
+        f.tensors[it->ref]->map(it->pos + from, it->pos + to, out);
         break;
       case PieceKind::Strided:
-        it->strided->map(it->pos + from, it->pos + to, out);
+        f.strided[it->ref]->map(it->pos + from, it->pos + to, out);
         break;
     }
   }
@@ -116,23 +118,23 @@ void VirtualFile::Builder::add_bytes(std::string bytes) {
 void VirtualFile::Builder::add_source_range(uint32_t source, uint64_t offset, uint64_t length) {
   Piece piece;
   piece.kind = PieceKind::Source;
-  piece.source = source;
+  piece.ref = source;
   piece.pos = offset;
   piece.length = length;
   impl_->add(piece);
-  if (impl_->sources.empty() || impl_->sources.back() != source) impl_->sources.push_back(source);
+  impl_->add_source(source);
 }
 
 void VirtualFile::Builder::add_tensor(std::shared_ptr<const TensorContent> content, uint64_t begin,
                                       uint64_t end) {
   Piece piece;
   piece.kind = PieceKind::Tensor;
-  piece.tensor = content.get();
   piece.pos = begin;
   piece.length = end - begin;
-  for (const SourceBlock& block : content->blocks) impl_->sources.push_back(block.source);
+  for (const SourceBlock& block : content->blocks) impl_->add_source(block.source);
   if (impl_->tensors.empty() || impl_->tensors.back() != content)
     impl_->tensors.push_back(std::move(content));
+  piece.ref = static_cast<uint32_t>(impl_->tensors.size() - 1);
   impl_->add(piece);
 }
 
@@ -140,11 +142,11 @@ void VirtualFile::Builder::add_strided(std::shared_ptr<const StridedContent> con
                                        uint64_t begin, uint64_t end) {
   Piece piece;
   piece.kind = PieceKind::Strided;
-  piece.strided = content.get();
   piece.pos = begin;
   piece.length = end - begin;
-  for (uint32_t source : content->sources()) impl_->sources.push_back(source);
+  for (uint32_t source : content->sources()) impl_->add_source(source);
   impl_->strided.push_back(std::move(content));
+  piece.ref = static_cast<uint32_t>(impl_->strided.size() - 1);
   impl_->add(piece);
 }
 
@@ -168,6 +170,8 @@ VirtualFile VirtualFile::Builder::finish() {
   shrink_if_loose(sources);
   shrink_if_loose(impl_->arena);
   shrink_if_loose(impl_->pieces);
+  shrink_if_loose(impl_->tensors);
+  shrink_if_loose(impl_->strided);
   VirtualFile file;
   file.impl_ = std::exchange(impl_, std::make_unique<Impl>());
   return file;
