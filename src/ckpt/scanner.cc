@@ -425,7 +425,7 @@ class Grouper {
     Param& p = current_;
     if (p.kind != EntryKind::MapTensor) {
       const bool is_string = p.dtype == "str";
-      const uint32_t size = element_size(p.dtype);
+      const uint32_t size = p.dtype.element_size();
       p.kind = size > 0 ? EntryKind::Tensor : is_string ? EntryKind::String : EntryKind::Opaque;
       p.element_size = size;
       p.dims_zero = raw_dims_.size() == 1 && raw_dims_[0] == 0;
@@ -571,7 +571,7 @@ std::string check_scan(const FileScan& scan, uint64_t file_size) {
       if (std::string what = check_view(p); !what.empty()) return what;
       continue;
     }
-    const uint32_t size = element_size(p.dtype);
+    const uint32_t size = p.dtype.element_size();
     if (size == 0 || size != p.element_size)
       return fmt::format("parameter '{}' of type {} has element size {}", p.name, p.dtype,
                          p.element_size);

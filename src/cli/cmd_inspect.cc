@@ -131,9 +131,10 @@ void print_torch(const ckpt::FileScan& scan, bool json) {
   uint64_t bytes = 0;
   for (const ckpt::Param& p : scan.params) {
     bytes += p.nbytes();
-    rows.push_back(
-        {p.name, p.dtype, shape_text(p.shape), fmt::format("[{}]", fmt::join(p.strides, ",")),
-         std::to_string(p.storage_offset), std::to_string(p.nbytes()), extents_text(p.content)});
+    rows.push_back({p.name, std::string(p.dtype), shape_text(p.shape),
+                    fmt::format("[{}]", fmt::join(p.strides, ",")),
+                    std::to_string(p.storage_offset), std::to_string(p.nbytes()),
+                    extents_text(p.content)});
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows)

@@ -232,7 +232,7 @@ float half_to_float(uint16_t h) {
 }
 
 // One element of `dtype` at `p`, as text.
-std::string element_text(const std::string& dtype, const uint8_t* p) {
+std::string element_text(std::string_view dtype, const uint8_t* p) {
   auto load = [p]<typename T>(T) {
     T v;
     std::memcpy(&v, p, sizeof v);

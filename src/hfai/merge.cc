@@ -44,7 +44,7 @@ struct Set {
   Tensor view(size_t r, const json& ref, std::string name) const {
     const ckpt::Param& p = param(r, ref);
     return {std::move(name),
-            p.dtype,
+            std::string(p.dtype),
             p.element_size,
             p.shape,
             {{static_cast<uint32_t>(r), ref["$tensor"].get<uint32_t>()}}};

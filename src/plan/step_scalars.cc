@@ -34,7 +34,7 @@ std::string content_of(const index::IndexedSource& source, const ckpt::Param& p)
 }
 
 // The value as MindSpore would print it; hex for types a counter never has.
-std::string shown(const std::string& dtype, const std::string& bytes) {
+std::string shown(std::string_view dtype, const std::string& bytes) {
   auto as = [&]<typename T>(T value) {
     std::memcpy(&value, bytes.data(), sizeof value);
     return fmt::format("{}", value);
@@ -47,7 +47,7 @@ std::string shown(const std::string& dtype, const std::string& bytes) {
   if (dtype == "Float64" && bytes.size() == 8) return as(double{});
   std::string hex = "0x";
   for (unsigned char c : bytes) hex += fmt::format("{:02x}", c);
-  return dtype + " " + hex;
+  return fmt::format("{} {}", dtype, hex);
 }
 
 }  // namespace

@@ -2,8 +2,13 @@
 // (safetensors/format.h) and metadata.json's dtype names map onto these.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <array>
 #include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
 #include <string_view>
 
 namespace ckptfs::ckpt {
@@ -36,4 +41,42 @@ constexpr uint32_t element_size(std::string_view tensor_type) {
   return 0;
 }
 
+// A tensor_type as a parameter holds it: 16 bytes, and no allocation for a name of the table
+// above, "str" or "" (a map tensor's). Any other name (Int4, random_op, a name MindSpore cannot
+// load) is kept on the heap. Reads as a std::string_view; compares with one.
+class Dtype {
+ public:
+  Dtype() = default;
+  Dtype(std::string_view name);  // NOLINT(google-explicit-constructor): a type name is a Dtype
+  Dtype(const std::string& name) : Dtype(std::string_view(name)) {}  // NOLINT
+  Dtype(const char* name) : Dtype(std::string_view(name)) {}         // NOLINT
+  Dtype(const Dtype& other);
+  Dtype(Dtype&&) noexcept = default;
+  Dtype& operator=(const Dtype& other);
+  Dtype& operator=(Dtype&&) noexcept = default;
+  ~Dtype() = default;
+
+  std::string_view name() const;
+  operator std::string_view() const { return name(); }  // NOLINT(google-explicit-constructor)
+  bool empty() const { return name().empty(); }
+  // element_size(name()), without looking the name up again.
+  uint32_t element_size() const;
+
+  // Also Dtype == Dtype and std::string == Dtype, through the conversion.
+  friend bool operator==(const Dtype& a, std::string_view b) { return a.name() == b; }
+
+ private:
+  std::unique_ptr<const std::string> other_;  // a name outside the table, or null
+  uint8_t known_ = 0;                         // else: index into the table of known names
+};
+
+std::ostream& operator<<(std::ostream& out, const Dtype& dtype);
+
 }  // namespace ckptfs::ckpt
+
+template <>
+struct fmt::formatter<ckptfs::ckpt::Dtype> : fmt::formatter<std::string_view> {
+  auto format(const ckptfs::ckpt::Dtype& dtype, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(dtype.name(), ctx);
+  }
+};

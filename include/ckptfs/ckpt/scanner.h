@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ckptfs/ckpt/dtype.h"
 #include "ckptfs/util/pread.h"
 #include "ckptfs/util/small_vector.h"
 
@@ -29,11 +30,11 @@ enum class EntryKind : uint8_t {
 using Extents = SmallVector<Extent, 1>;
 
 // One parameter: consecutive records with the same tag, merged (spec §1.5). Scans hold millions
-// of these: the fields are packed, and a one-record parameter allocates only for a name or type
-// longer than 15 bytes and for its dims.
+// of these: the fields are packed, and a one-record parameter allocates only for a name longer
+// than 15 bytes, a type name outside Dtype's table and its dims.
 struct Param {
   std::string name;
-  std::string dtype;           // tensor_type of the last record ("" for map tensors)
+  Dtype dtype;                 // tensor_type of the last record ("" for map tensors)
   std::vector<int64_t> shape;  // empty for scalars (dims absent, or [0] on a non-string)
   uint32_t element_size = 0;   // 0 unless kind == Tensor
   EntryKind kind = EntryKind::Tensor;
