@@ -12,14 +12,14 @@ import subprocess
 import itest
 from ckptfix.ckptio import encode_record
 
-RECORDS = 3_000_000  # the scan runs out of memory (about 0.5 KiB a record)
-PLANNED_RECORDS = 1_200_000  # the scan fits; the plan of its two views does not, on this build
+RECORDS = 8_000_000  # the scan runs out of memory (inspect needs about 0.17 KiB a record)
+PLANNED_RECORDS = 2_000_000  # the scan fits; the plan of its two views does not, on this build
 LIMIT = 1 << 30
 PROGRESS = re.compile(r"^\w+: \d+ of \d+ ")
 
 
 def tiny_records(path, count):
-    """`count` one-byte Int8 scalars, one record each (23 bytes a record): 69 MB for 3M."""
+    """`count` one-byte Int8 scalars, one record each (23 bytes a record): 184 MB for 8M."""
     template = encode_record("p0000000", [], "Int8", b"\x07")
     at = template.index(b"p0000000")
     head, tail = template[:at], template[at + 8:]

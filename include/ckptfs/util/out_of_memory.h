@@ -16,8 +16,9 @@
 namespace ckptfs {
 
 // The peak memory of a mount per tensor record of its sources (the scans, the index entries and
-// the plan of both views; `inspect` needs about half): the README's figure, a guide for sizing.
-inline constexpr uint64_t kBytesPerRecordGuide = 1024;
+// the plan of both views; `inspect` needs about a quarter): the README's figure (0.64 KiB
+// measured), rounded up, a guide for sizing.
+inline constexpr uint64_t kBytesPerRecordGuide = 700;
 
 // The sentence after "<input>: out of memory <doing what>": the address-space limit if there is
 // one (the usual cause), and what to do.
