@@ -1,7 +1,6 @@
 #include "ckptfs/index/store.h"
 
 #include <fmt/format.h>
-#include <google/protobuf/arena.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -15,6 +14,7 @@
 #include <utility>
 
 #include "ckptfs/ckpt/crc32.h"
+#include "ckptfs/ckpt/varint.h"
 #include "ckptfs/error.h"
 #include "ckptfs/index/lmdb.h"
 #include "index.pb.h"
@@ -58,13 +58,6 @@ std::string path_key(std::string_view path) {
   return key;
 }
 
-bool from_proto(const google::protobuf::RepeatedField<uint64_t>& pairs, ckpt::Extents& out) {
-  if (pairs.size() % 2 != 0) return false;
-  out.reserve(static_cast<size_t>(pairs.size() / 2));
-  for (int i = 0; i < pairs.size(); i += 2) out.push_back({pairs[i], pairs[i + 1]});
-  return true;
-}
-
 // An entry is the serialized ScannedFile followed by the CRC-32 of those bytes (big-endian), so
 // a damaged page or a stray write reads as a damaged entry rather than as other offsets.
 constexpr size_t kChecksumBytes = 4;
@@ -86,7 +79,7 @@ std::optional<std::string_view> checked_message(std::string_view entry) {
 
 // Protobuf wire bytes written by hand: index build encodes millions of parameters, and going
 // through generated messages costs several allocations for each. The layout is
-// indexpb::ScannedFile's (proto/index.proto); decode_entry reads it with the generated parser.
+// indexpb::ScannedFile's (proto/index.proto); decode_entry reads it back by hand too.
 class Wire {
  public:
   explicit Wire(std::string& out) : out_(out) {}
@@ -181,6 +174,165 @@ std::string encode(const std::string& path, const ckpt::FileScan& scan) {
 
 }  // namespace
 
+namespace {
+
+// Reads protobuf wire bytes by hand, as Wire writes them: a warm mount and every target summary
+// of `index build` decode millions of parameters, and the generated parser (plus the copy out of
+// its messages) cost as much per parameter as scanning the checkpoint. Accepts what protobuf
+// accepts for these messages: fields in any order, unknown fields skipped, repeated scalars
+// packed or not, the last value of a scalar winning.
+class WireReader {
+ public:
+  explicit WireReader(std::string_view bytes)
+      : at_(reinterpret_cast<const uint8_t*>(bytes.data())), end_(at_ + bytes.size()) {}
+  bool done() const { return at_ == end_; }
+
+  // The next field's number and wire type; false at a malformed tag.
+  bool tag(uint32_t& field, uint32_t& type) {
+    uint64_t v = 0;
+    if (!varint(v) || (v >> 3) == 0 || (v >> 3) > std::numeric_limits<uint32_t>::max())
+      return false;
+    field = static_cast<uint32_t>(v >> 3);
+    type = static_cast<uint32_t>(v & 7);
+    return true;
+  }
+  bool varint(uint64_t& out) {
+    size_t used = 0;
+    const std::optional<uint64_t> v =
+        ckpt::get_varint(std::span(at_, static_cast<size_t>(end_ - at_)), used);
+    if (!v) return false;
+    at_ += used;
+    out = *v;
+    return true;
+  }
+  bool bytes(std::string_view& out) {
+    uint64_t n = 0;
+    if (!varint(n) || n > static_cast<uint64_t>(end_ - at_)) return false;
+    out = {reinterpret_cast<const char*>(at_), static_cast<size_t>(n)};
+    at_ += n;
+    return true;
+  }
+  // Skips a field of wire type `type` (groups are not used by these messages: refused).
+  bool skip(uint32_t type) {
+    uint64_t v = 0;
+    std::string_view b;
+    switch (type) {
+      case 0:
+        return varint(v);
+      case 1:
+      case 5: {
+        const size_t n = type == 1 ? 8 : 4;
+        if (static_cast<size_t>(end_ - at_) < n) return false;
+        at_ += n;
+        return true;
+      }
+      case 2:
+        return bytes(b);
+      default:
+        return false;
+    }
+  }
+  // A repeated integer field: packed (type 2) or one value (type 0), each appended.
+  template <typename Int>
+  bool repeated(uint32_t type, std::vector<Int>& out) {
+    uint64_t v = 0;
+    if (type == 0) {
+      if (!varint(v)) return false;
+      out.push_back(static_cast<Int>(v));
+      return true;
+    }
+    std::string_view packed;
+    if (type != 2 || !bytes(packed)) return false;
+    WireReader in(packed);
+    out.reserve(out.size() + in.ends_of_varints());
+    while (!in.done()) {
+      if (!in.varint(v)) return false;
+      out.push_back(static_cast<Int>(v));
+    }
+    return true;
+  }
+
+ private:
+  size_t ends_of_varints() const {
+    return static_cast<size_t>(std::count_if(at_, end_, [](uint8_t b) { return b < 0x80; }));
+  }
+
+  const uint8_t* at_;
+  const uint8_t* end_;
+};
+
+// Extents stored as flat (offset, length) pairs, packed.
+bool extents(WireReader& in, uint32_t type, ckpt::Extents& out) {
+  std::string_view packed;
+  if (type != 2 || !in.bytes(packed)) return false;
+  WireReader pairs(packed);
+  while (!pairs.done()) {
+    ckpt::Extent e;
+    if (!pairs.varint(e.offset) || !pairs.varint(e.length)) return false;
+    out.push_back(e);
+  }
+  return true;
+}
+
+bool decode_param(std::string_view bytes, ckpt::Param& p) {
+  WireReader in(bytes);
+  std::vector<uint64_t> content, records;
+  for (uint32_t field = 0, type = 0; !in.done();) {
+    if (!in.tag(field, type)) return false;
+    uint64_t v = 0;
+    std::string_view b;
+    bool ok = true;
+    switch (field) {
+      case 1:
+        ok = type == 2 && in.bytes(b);
+        p.name = b;
+        break;
+      case 2:
+        ok = type == 2 && in.bytes(b);
+        p.dtype = b;
+        break;
+      case 3:
+        ok = in.repeated(type, p.shape);
+        break;
+      case 4:
+        ok = type == 0 && in.varint(v);
+        p.dims_zero = v != 0;
+        break;
+      case 5:
+        ok = type == 0 && in.varint(v) && v <= static_cast<uint64_t>(ckpt::EntryKind::Opaque);
+        p.kind = static_cast<ckpt::EntryKind>(v);
+        break;
+      case 6:
+        ok = type == 0 && in.varint(v) && v <= std::numeric_limits<uint32_t>::max();
+        p.element_size = static_cast<uint32_t>(v);
+        break;
+      case 7:
+        ok = extents(in, type, p.content);
+        break;
+      case 8:
+        ok = extents(in, type, p.records);
+        break;
+      case 9:
+        ok = type == 0 && in.varint(v);
+        p.view = v != 0;
+        break;
+      case 10:
+        ok = type == 0 && in.varint(v);
+        p.storage_offset = v;
+        break;
+      case 11:
+        ok = in.repeated(type, p.strides);
+        break;
+      default:
+        ok = in.skip(type);
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file_size,
                                            std::string* why) {
   const auto bad = [&](std::string what) -> std::optional<ckpt::FileScan> {
@@ -189,37 +341,48 @@ std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file
   };
   const std::optional<std::string_view> bytes = checked_message(entry);
   if (!bytes) return bad("its checksum does not match");
-  // One arena for the whole message: thousands of small strings without a malloc each.
-  google::protobuf::Arena arena;
-  auto& file = *google::protobuf::Arena::CreateMessage<indexpb::ScannedFile>(&arena);
-  if (!file.ParseFromArray(bytes->data(), static_cast<int>(bytes->size())))
-    return bad("it does not decode");
-  if (file.format_version() != kFormatVersion) return bad("it is of another format version");
-  if (file.file_size() != file_size) return bad("it is of a file of another size");
-  if (file.source_format() > static_cast<uint32_t>(ckpt::SourceFormat::TorchZip))
-    return bad("it names an unknown source format");
   ckpt::FileScan scan;
-  scan.format = static_cast<ckpt::SourceFormat>(file.source_format());
-  scan.file_size = file.file_size();
-  scan.body_size = file.body_size();
-  scan.has_crc_trailer = file.has_crc_trailer();
-  scan.tree = file.tree();
-  scan.params.reserve(file.params_size());
-  for (const indexpb::ScannedParam& p : file.params()) {
-    if (p.kind() > static_cast<uint32_t>(ckpt::EntryKind::Opaque)) return bad("bad entry kind");
-    ckpt::Param& param = scan.params.emplace_back();
-    param.name = p.name();
-    param.dtype = p.dtype();
-    param.shape.assign(p.shape().begin(), p.shape().end());
-    param.dims_zero = p.dims_zero();
-    param.kind = static_cast<ckpt::EntryKind>(p.kind());
-    param.element_size = p.element_size();
-    if (!from_proto(p.content(), param.content) || !from_proto(p.records(), param.records))
-      return bad("an extent list is odd");
-    param.view = p.view();
-    param.storage_offset = p.storage_offset();
-    param.strides.assign(p.strides().begin(), p.strides().end());
+  uint64_t version = 0, format = 0;
+  WireReader in(*bytes);
+  for (uint32_t field = 0, type = 0; !in.done();) {
+    if (!in.tag(field, type)) return bad("it does not decode");
+    uint64_t v = 0;
+    std::string_view b;
+    bool ok = true;
+    switch (field) {
+      case 1:
+        ok = type == 0 && in.varint(version);
+        break;
+      case 3:
+        ok = type == 0 && in.varint(scan.file_size);
+        break;
+      case 4:
+        ok = type == 0 && in.varint(scan.body_size);
+        break;
+      case 5:
+        ok = type == 0 && in.varint(v);
+        scan.has_crc_trailer = v != 0;
+        break;
+      case 6:
+        ok = type == 2 && in.bytes(b) && decode_param(b, scan.params.emplace_back());
+        break;
+      case 7:
+        ok = type == 0 && in.varint(format);
+        break;
+      case 8:
+        ok = type == 2 && in.bytes(b);
+        scan.tree = b;
+        break;
+      default:  // 2, the path, is the key's: not needed here
+        ok = in.skip(type);
+    }
+    if (!ok) return bad("it does not decode");
   }
+  if (version != kFormatVersion) return bad("it is of another format version");
+  if (scan.file_size != file_size) return bad("it is of a file of another size");
+  if (format > static_cast<uint32_t>(ckpt::SourceFormat::TorchZip))
+    return bad("it names an unknown source format");
+  scan.format = static_cast<ckpt::SourceFormat>(format);
   if (std::string what = ckpt::check_scan(scan, file_size); !what.empty()) return bad(what);
   return scan;
 }
