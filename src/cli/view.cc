@@ -16,6 +16,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -262,12 +263,20 @@ struct Planning {
     return plan_ranks(files, mixed_allowed, views.ranks, report);
   }
 
+  // What a planning thread keeps across its plans of this view (index build's summaries).
+  struct Memos {
+    std::shared_ptr<plan::LayoutMemo> layouts = plan::new_layout_memo();
+    strategy::TransformMemo transform;
+  };
+
   // The same, exposing `ranks_shown` (empty: all).
   plan::Plan plan_ranks(const std::map<int64_t, std::filesystem::path>& files, bool mixed_allowed,
-                        const std::vector<int64_t>& ranks_shown, bool report = false) const {
+                        const std::vector<int64_t>& ranks_shown, bool report = false,
+                        Memos* memos = nullptr) const {
     decode_strategies();
     plan::ViewOptions shown = views;
     shown.ranks = ranks_shown;
+    if (memos) shown.layout_memo = memos->layouts;
     std::vector<std::filesystem::path> paths;
     std::vector<int64_t> ranks;
     for (const auto& [rank, path] : files) {
@@ -276,7 +285,10 @@ struct Planning {
     }
     // Before indexing: a wrong strategy is refused without scanning every file first.
     plan::check_rank_count(ranks, src.get(), root);
-    if (!shown.ranks.empty()) keep_needed(shown.ranks, ranks, paths);
+    if (!shown.ranks.empty()) {
+      strategy::TransformMemo own;
+      keep_needed(shown.ranks, ranks, paths, memos ? memos->transform : own);
+    }
     std::vector<index::IndexedSource> indexed =
         store != nullptr ? index::index_sources_shipped(*store, paths)
                          : index_files(index_dir, shipped, paths, !report || quiet);
@@ -294,7 +306,7 @@ struct Planning {
   // as the planner's load order has them. Record order follows each stage's names, so it does
   // not depend on which files of a stage are loaded.
   void keep_needed(const std::vector<int64_t>& shown, std::vector<int64_t>& ranks,
-                   std::vector<std::filesystem::path>& paths) const {
+                   std::vector<std::filesystem::path>& paths, strategy::TransformMemo& memo) const {
     plan::check_target_ranks(shown, dst.get());
     std::set<int64_t> needed;
     for (int64_t t : shown) {
@@ -303,7 +315,7 @@ struct Planning {
       const int64_t passthrough = maps.target_local() % n;
       std::vector<int64_t> minimal;
       try {
-        minimal = strategy::rank_list_for_transform(src.get(), dst.get(), t, true);
+        minimal = strategy::rank_list_for_transform(src.get(), dst.get(), t, true, &memo);
       } catch (const Error&) {
         return;  // layouts MindSpore cannot pair: the planner's own fallback sees every file
       }
@@ -315,10 +327,10 @@ struct Planning {
         needed.insert(0);
         continue;
       }
-      for (const auto& [name, param] : src->params)
-        if (maps.in_effective_src(name) && maps.in_effective_dst(name))
-          for (const auto& [stage, layout] : param.stages)
-            needed.insert(static_cast<int64_t>(stage) * n + passthrough);
+      // Every stage of a parameter the target reads (the memo has them from the rank list).
+      for (const strategy::TransformMemo::Pair& pair : memo.stage(maps).pairs)
+        for (uint32_t stage : pair.stages)
+          needed.insert(static_cast<int64_t>(stage) * n + passthrough);
     }
     // No parameter the targets read is in both strategies (a strategy of another model): every
     // file goes to the planner, which says what does not fit, as a mount of all ranks would.
@@ -426,6 +438,28 @@ std::unique_ptr<fs::Tree> build_metadata_tree(const ViewArgs& args,
   return std::make_unique<fs::Tree>(std::move(plan));
 }
 
+// Both strategies, parsed at once (a large job's JSON strategy takes most of a second each);
+// null for an empty path. The source's error is reported first, as when parsed in turn.
+std::pair<std::shared_ptr<const strategy::Strategy>, std::shared_ptr<const strategy::Strategy>>
+read_strategies(const std::string& src, const std::string& dst) {
+  const auto read = [](const std::string& path) -> std::shared_ptr<const strategy::Strategy> {
+    if (path.empty()) return nullptr;
+    return std::make_shared<const strategy::Strategy>(strategy::read_strategy(path));
+  };
+  std::future<std::shared_ptr<const strategy::Strategy>> first =
+      std::async(std::launch::async, read, src);
+  std::shared_ptr<const strategy::Strategy> second;
+  std::exception_ptr second_error;
+  try {
+    second = read(dst);
+  } catch (...) {
+    second_error = std::current_exception();
+  }
+  std::shared_ptr<const strategy::Strategy> parsed = first.get();
+  if (second_error) std::rethrow_exception(second_error);
+  return {std::move(parsed), std::move(second)};
+}
+
 // A directory of rank_<N>/ checkpoints: which files, and how to plan them.
 struct RankDirs {
   source::Listing listing;
@@ -464,11 +498,8 @@ RankDirs prepare_rank_dirs(const ViewArgs& args, ViewNotes& notes,
         out.src_strategy);
   }
   auto planning = std::make_shared<Planning>();
-  if (parse && !out.src_strategy.empty())
-    planning->src = std::make_shared<strategy::Strategy>(strategy::read_strategy(out.src_strategy));
-  if (parse && !args.dst_strategy.empty())
-    planning->dst =
-        std::make_shared<strategy::Strategy>(strategy::read_strategy(args.dst_strategy));
+  if (parse)
+    std::tie(planning->src, planning->dst) = read_strategies(out.src_strategy, args.dst_strategy);
   planning->index_dir = index_dir(args);
   planning->root = out.listing.root.string();
   planning->views = view_options(args);
@@ -764,10 +795,11 @@ size_t summarize_targets(const ViewArgs& args, index::Store& store,
   std::exception_ptr error;
   std::mutex mu;
   const auto worker = [&] {
+    Planning::Memos memos;
     for (int64_t t; (t = next.fetch_add(1)) < count;) {
       try {
         const plan::Plan plan =
-            planning.plan_ranks(dirs.choice.files, dirs.choice.mixed_allowed, {t});
+            planning.plan_ranks(dirs.choice.files, dirs.choice.mixed_allowed, {t}, false, &memos);
         summaries[static_cast<size_t>(t)] = summarize(plan, t);
         if (progress) progress(done.fetch_add(1) + 1, static_cast<size_t>(count));
       } catch (...) {

@@ -124,6 +124,8 @@ class SourceSet {
   std::vector<const ckpt::Param*> any_;  // by id: the first copy seen
 };
 
+}  // namespace
+
 // Local source ranks MindSpore reads for a (source, target) layout pair. Where MindSpore's planner
 // has no answer (device counts that are not multiples of each other) every holder of an
 // intersecting block is a candidate and none is required.
@@ -133,9 +135,19 @@ struct Needed {
 };
 
 // Layouts repeat across thousands of parameters: each distinct one gets an id, and what derives
-// from layouts alone (block holders, needed ranks) is computed once per id.
-class LayoutCache {
+// from layouts alone (block holders, needed ranks) is computed once per id. Keyed by name, so
+// one memo serves every plan of the same two strategies (planner.h).
+class LayoutMemo {
  public:
+  // Forgets everything unless it was computed for these strategies.
+  void use_for(const strategy::Strategy* src, const strategy::Strategy* dst) {
+    if (used_ && src == src_ && dst == dst_) return;
+    *this = LayoutMemo();
+    used_ = true;
+    src_ = src;
+    dst_ = dst;
+  }
+
   struct Pair {
     const Layout* src = nullptr;
     const Layout* dst = nullptr;
@@ -144,12 +156,13 @@ class LayoutCache {
     std::vector<uint32_t> src_stages;
   };
 
-  // The layouts of a Reshard parameter for targets of the given TargetMaps' stage. `name` must
-  // outlive the cache (it points into the plan's scans).
+  // The layouts of a Reshard parameter for targets of the given TargetMaps' stage.
   const Pair& layouts(const TargetMaps& maps, std::string_view name, size_t rank) {
     auto& by_name = by_stage_rank_[{maps.target_stage(), rank}];
-    auto [it, inserted] = by_name.try_emplace(name);
-    if (inserted) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      // The key must outlive the scans it came from: the cache may serve later plans.
+      it = by_name.try_emplace(names_.emplace_back(name)).first;
       Pair& pair = it->second;
       pair.src_id = intern(maps.src_layout(name, rank));
       pair.dst_id = intern(maps.dst_layout(name, rank));
@@ -194,19 +207,26 @@ class LayoutCache {
   }
 
  private:
+  bool used_ = false;
+  const strategy::Strategy* src_ = nullptr;
+  const strategy::Strategy* dst_ = nullptr;
+
   uint32_t intern(Layout layout) {
     auto [it, inserted] = ids_.try_emplace(layout_key(layout), static_cast<uint32_t>(ids_.size()));
     if (inserted) layouts_.push_back(std::move(layout));
     return it->second;
   }
 
-  std::deque<Layout> layouts_;  // by id; a deque keeps Pair pointers valid
+  std::deque<Layout> layouts_;     // by id; a deque keeps Pair pointers valid
+  std::deque<std::string> names_;  // the keys of by_stage_rank_
   std::unordered_map<std::string, uint32_t> ids_;
   // (target stage, tensor rank) -> parameter name -> its layouts
   std::map<std::pair<int64_t, size_t>, std::unordered_map<std::string_view, Pair>> by_stage_rank_;
   std::unordered_map<uint32_t, std::vector<std::vector<int64_t>>> holders_;
   std::map<std::tuple<uint32_t, uint32_t, int64_t>, Needed> needed_;
 };
+
+namespace {
 
 // Global shape of a resharded parameter, checked once against every source copy of its stage.
 struct ParamFacts {
@@ -241,13 +261,17 @@ class Planner {
  public:
   // `ranks`: the rank each of plan.sources plays (plan.source_ranks, or stage-local ranks).
   // `located`: make_located_plan's sources (every file loaded, any holder as good as another).
+  // `memo`: kept across plans of the same strategies (null: this planner's own).
   Planner(Plan& plan, const strategy::Strategy* src, const strategy::Strategy* dst,
-          bool safetensors_rules, const std::vector<int64_t>& ranks, bool located = false)
+          bool safetensors_rules, const std::vector<int64_t>& ranks, bool located = false,
+          LayoutMemo* memo = nullptr)
       : files_(plan.sources, ranks),
         src_(src),
         dst_(dst),
         safetensors_rules_(safetensors_rules),
-        located_(located) {
+        located_(located),
+        layouts_(memo ? *memo : own_layouts_) {
+    layouts_.use_for(src, dst);
     if (located_) {
       std::set<int64_t> distinct;
       for (int64_t g : ranks)
@@ -429,7 +453,7 @@ class Planner {
       const ckpt::Param* copy = files_.find_any(files_.id_of(name));
       const size_t rank =
           copy ? copy->shape.size() : param.stages.begin()->second.tensor_map.size();
-      const LayoutCache::Pair& pair = layouts_.layouts(maps, name, rank);
+      const LayoutMemo::Pair& pair = layouts_.layouts(maps, name, rank);
       const Needed& needed = layouts_.needed(pair, maps.target_local());
       // Thousands of parameters share a few rank lists: each is merged in once.
       if (merged_lists.insert(&needed).second)
@@ -477,7 +501,7 @@ class Planner {
   Entry resharded_entry(const TargetMaps& maps, const ParamRef& ref, int64_t t) {
     const ckpt::Param& p = *ref.param;
     const size_t rank = p.shape.size();
-    const LayoutCache::Pair& pair = layouts_.layouts(maps, p.name, rank);
+    const LayoutMemo::Pair& pair = layouts_.layouts(maps, p.name, rank);
     const Layout& src = *pair.src;
     const Layout& dst = *pair.dst;
     const uint32_t stage = pair.src_stages.front();
@@ -529,7 +553,7 @@ class Planner {
     const std::vector<int64_t> split_vec = scalar ? std::vector<int64_t>{1} : splits;
     for (bool more = true; more;) {
       const auto& candidates =
-          holders[static_cast<size_t>(LayoutCache::flat_block(coord, split_vec))];
+          holders[static_cast<size_t>(LayoutMemo::flat_block(coord, split_vec))];
       content->blocks.push_back(pick_block(ref, stage, maps, candidates, preferred, t));
       more = false;
       for (size_t j = coord.size(); j-- > 0;) {
@@ -647,7 +671,8 @@ class Planner {
   void set_partial() { partial_ = true; }
 
  private:
-  LayoutCache layouts_;
+  LayoutMemo own_layouts_;
+  LayoutMemo& layouts_;
   std::map<std::vector<int64_t>, std::vector<ParamRef>> orders_;  // by load order
   std::map<int64_t, std::vector<uint32_t>> stage_orders_;         // name ids, by stage
   std::unordered_map<uint32_t, ParamFacts> facts_;                // by name id
@@ -826,6 +851,8 @@ void plan_by_stage(Plan& plan, const strategy::Strategy* src, const strategy::St
 
 }  // namespace
 
+std::shared_ptr<LayoutMemo> new_layout_memo() { return std::make_shared<LayoutMemo>(); }
+
 int64_t target_count(const strategy::Strategy* dst) {
   return dst ? dst->devices_per_stage * dst->num_stages : 1;
 }
@@ -982,7 +1009,8 @@ Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strate
     plan_by_stage(plan, src, dst, safetensors_rules, views, located);
     return plan;
   }
-  Planner planner(plan, src, dst, safetensors_rules, plan.source_ranks, located);
+  Planner planner(plan, src, dst, safetensors_rules, plan.source_ranks, located,
+                  views.layout_memo.get());
   if (!views.ranks.empty()) planner.set_partial();
   std::vector<int64_t> targets = views.ranks;
   if (targets.empty())

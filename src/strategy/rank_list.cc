@@ -210,61 +210,74 @@ std::vector<int64_t> minimal_needed(const Layout& src, const Layout& dst, int64_
   return out;
 }
 
+const TransformMemo::Stage& TransformMemo::stage(const TargetMaps& maps) {
+  if (src_ != maps.src() || dst_ != maps.dst()) {
+    stages_.clear();
+    src_ = maps.src();
+    dst_ = maps.dst();
+  }
+  if (auto it = stages_.find(maps.target_stage()); it != stages_.end()) return it->second;
+  Stage out;  // kept only once complete: a layout that cannot be used throws
+  // Many parameters share a layout pair: each distinct pair is kept once, with the first
+  // parameter that has it (named if the pair cannot be used) and the stages of all of them.
+  std::vector<std::pair<Layout, Layout>> seen;
+  for (const auto& [name, param] : src_->params) {
+    out.any_src = out.any_src || maps.in_effective_src(name);
+    if (!maps.in_effective_src(name) || !maps.in_effective_dst(name)) continue;
+    const size_t rank = param.stages.begin()->second.tensor_map.size();
+    Layout s = maps.src_layout(name, rank), d = maps.dst_layout(name, rank);
+    size_t k = 0;
+    while (k < seen.size() && !(seen[k].first == s && seen[k].second == d)) ++k;
+    if (k == seen.size()) {
+      seen.emplace_back(s, d);
+      out.pairs.push_back({std::move(s), std::move(d), name, {}, {}});
+    }
+    out.pairs[k].first_stages.insert(param.stages.begin()->first);
+    for (const auto& [st, layout] : param.stages) out.pairs[k].stages.insert(st);
+  }
+  return stages_.emplace(maps.target_stage(), std::move(out)).first->second;
+}
+
 std::vector<int64_t> rank_list_for_transform(const Strategy* src, const Strategy* dst,
-                                             int64_t target_rank, bool minimal) {
+                                             int64_t target_rank, bool minimal,
+                                             TransformMemo* memo) {
   const TargetMaps maps(src, dst, target_rank);
   if (!src) return {0};
-
-  bool any_src = false;
-  for (const auto& [name, param] : src->params) any_src = any_src || maps.in_effective_src(name);
-  if (!any_src)
+  TransformMemo own;
+  const TransformMemo::Stage& stage = (memo ? *memo : own).stage(maps);
+  if (!stage.any_src)
     fail("The src_strategy_file is empty: {} has no parameter for target rank {}", src->origin,
          target_rank);
-
-  // Many parameters share a layout pair; compute each distinct pair once.
-  std::vector<std::pair<std::pair<Layout, Layout>, std::vector<int64_t>>> cache;
-  auto needed = [&](const Layout& s, const Layout& d) -> const std::vector<int64_t>& {
-    for (const auto& [layouts, ranks] : cache)
-      if (layouts.first == s && layouts.second == d) return ranks;
-    std::vector<int64_t> ranks = mindspore_needed(s, d, maps.target_local());
-    if (minimal) {
-      const std::vector<int64_t> overlap = minimal_needed(s, d, maps.target_local());
-      std::vector<int64_t> both;
-      std::set_intersection(ranks.begin(), ranks.end(), overlap.begin(), overlap.end(),
-                            std::back_inserter(both));
-      ranks = std::move(both);
-    }
-    cache.emplace_back(std::pair{s, d}, std::move(ranks));
-    return cache.back().second;
-  };
 
   std::set<int64_t> locals;
   std::set<uint32_t> stages;
   std::set<int64_t, std::greater<>> global;
-  // Thousands of parameters share a few (rank list, stage) pairs: each is merged in once.
-  std::set<std::pair<const std::vector<int64_t>*, uint32_t>> merged;
-  for (const auto& [name, param] : src->params) {
-    if (!maps.in_effective_src(name) || !maps.in_effective_dst(name)) continue;
-    const size_t rank = param.stages.begin()->second.tensor_map.size();
-    const Layout s = maps.src_layout(name, rank), d = maps.dst_layout(name, rank);
-    const std::vector<int64_t>* ranks = nullptr;
+  for (const TransformMemo::Pair& pair : stage.pairs) {
+    std::vector<int64_t> ranks;
     try {
-      ranks = &needed(s, d);
+      ranks = mindspore_needed(pair.src, pair.dst, maps.target_local());
+      if (minimal) {
+        const std::vector<int64_t> overlap =
+            minimal_needed(pair.src, pair.dst, maps.target_local());
+        std::vector<int64_t> both;
+        std::set_intersection(ranks.begin(), ranks.end(), overlap.begin(), overlap.end(),
+                              std::back_inserter(both));
+        ranks = std::move(both);
+      }
     } catch (const Error& e) {
-      fail("parameter {}: {}", name, e.what());
+      fail("parameter {}: {}", pair.name, e.what());
     }
     if (minimal) {
-      if (!merged.emplace(ranks, param.stages.begin()->first).second) continue;
-      for (int64_t local : *ranks)
-        global.insert(param.stages.begin()->first * maps.src_devices() + local);
+      for (uint32_t st : pair.first_stages)
+        for (int64_t local : ranks) global.insert(st * maps.src_devices() + local);
     } else {
-      locals.insert(ranks->begin(), ranks->end());
-      for (const auto& [stage, layout] : param.stages) stages.insert(stage);
+      locals.insert(ranks.begin(), ranks.end());
+      stages.insert(pair.stages.begin(), pair.stages.end());
     }
   }
   // MindSpore takes the cross product of stages and local ranks (§4.5 step 3, example G5).
-  for (uint32_t stage : stages)
-    for (int64_t local : locals) global.insert(stage * maps.src_devices() + local);
+  for (uint32_t st : stages)
+    for (int64_t local : locals) global.insert(st * maps.src_devices() + local);
   return {global.begin(), global.end()};
 }
 

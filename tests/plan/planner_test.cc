@@ -136,6 +136,41 @@ TEST_P(PlannerAgainstGenerator, TargetsMatchTheSummariesAndTheExpectedBytes) {
   }
 }
 
+// index build plans one target rank at a time with a memo of what derives from the strategies
+// alone, shared by the targets: each target's file must be what the generator expects, as when
+// all are planned at once.
+TEST_P(PlannerAgainstGenerator, OneTargetAtATimeWithASharedMemoPlansTheSame) {
+  TempDir tmp("planner-test");
+  const stdfs::path dir = tmp.path() / GetParam();
+  const json fixture = make_fixture(GetParam(), dir);
+  std::vector<int64_t> ranks;
+  std::vector<stdfs::path> paths;
+  for (const auto& [rank, rel] : fixture.at("source_files").items()) {
+    ranks.push_back(std::stoll(rank));
+    paths.push_back(dir / rel.get<std::string>());
+  }
+  const std::optional<strategy::Strategy> src = strategy_of(fixture, "src_strategy", dir);
+  const std::optional<strategy::Strategy> dst = strategy_of(fixture, "dst_strategy", dir);
+  ViewOptions views;
+  views.safetensors = false;
+  views.layout_memo = new_layout_memo();
+  for (const json& want : fixture.at("targets")) {
+    const int64_t t = want.at("rank").get<int64_t>();
+    SCOPED_TRACE("target rank " + std::to_string(t));
+    std::vector<index::IndexedSource> indexed = index::index_sources(nullptr, paths);
+    std::map<int64_t, index::IndexedSource> sources;
+    for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
+    views.ranks = {t};
+    const Plan plan =
+        make_plan(std::move(sources), src ? &*src : nullptr, dst ? &*dst : nullptr, views);
+    ASSERT_EQ(plan.targets.size(), 1u);
+    EXPECT_EQ(plan.targets[0].file.size(), want.at("size").get<uint64_t>());
+    const std::string expected = testsupport::read_file(dir / want.at("file").get<std::string>());
+    EXPECT_TRUE(materialize(plan, plan.targets[0].file) == expected)
+        << "bytes differ from " << want.at("file");
+  }
+}
+
 // Layout changes of every kind the generator knows with one strategy file (or directory) per
 // side: M -> N, merge, split, optimizer sharding on either side, pipelines on either side,
 // JSON, multi-axis maps, a non-multiple, chunked sources, CRC trailers and old scalars, a real

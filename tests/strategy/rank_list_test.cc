@@ -133,6 +133,27 @@ TEST(RankList, G5_PipelineSourceCrossProduct) {
   EXPECT_EQ(rank_list_for_transform(&src, &dst, 1, true), (Ranks{5, 4, 1}));
 }
 
+// One memo kept across targets (and across strategy pairs, which reset it) gives every target
+// the list a fresh call gives.
+TEST(RankList, AMemoKeptAcrossTargetsAndStrategiesChangesNoList) {
+  const Strategy pipeline =
+      strategy_of({{"w0", 0, classic({2, 2}, {1, -1})}, {"w1", 1, classic({2, 2}, {-1, 0})}});
+  const Strategy four =
+      strategy_of({{"w0", 0, classic({4}, {0, -1})}, {"w1", 0, classic({4}, {0, -1})}});
+  const Strategy two =
+      strategy_of({{"w0", 0, classic({2}, {-1, 0})}, {"w1", 0, classic({2}, {0, -1})}});
+  TransformMemo memo;
+  for (const auto& [src, dst] : {std::pair{&pipeline, &four}, std::pair{&four, &two},
+                                 std::pair{&two, &pipeline}, std::pair{&pipeline, &four}}) {
+    for (int64_t t = 0; t < dst->devices_per_stage * dst->num_stages; ++t)
+      for (bool minimal : {false, true})
+        EXPECT_EQ(rank_list_for_transform(src, dst, t, minimal, &memo),
+                  rank_list_for_transform(src, dst, t, minimal))
+            << src->devices_per_stage << " -> " << dst->devices_per_stage << ", target " << t
+            << (minimal ? ", minimal" : "");
+  }
+}
+
 TEST(RankList, UnshardedSourceAndEmptySource) {
   const Strategy dst = strategy_of({{"w", 0, kExampleA}});
   EXPECT_EQ(rank_list_for_transform(nullptr, &dst, 6), (Ranks{0}));

@@ -41,6 +41,14 @@ struct TrailingScalar {
   std::string bytes;  // the value, little-endian
 };
 
+// What planning derives from the two strategies alone (each parameter's layouts, the blocks'
+// holders, the ranks MindSpore reads for them), kept across plans: planning the target ranks
+// one plan at a time then computes these once, not once per plan. A memo serves only the two
+// strategy objects it was first used with (others reset it); they must outlive its use. Not
+// thread-safe: one per planning thread.
+class LayoutMemo;
+std::shared_ptr<LayoutMemo> new_layout_memo();
+
 struct ViewOptions {
   bool ckpt = true;
   bool safetensors = true;
@@ -58,6 +66,8 @@ struct ViewOptions {
   // Progress: called with (0, total) before the first target rank is planned and with
   // (done, total) after each, on the planning thread.
   std::function<void(size_t done, size_t total)> on_planned;
+  // Kept across this thread's plans of the same strategies (null: none kept).
+  std::shared_ptr<LayoutMemo> layout_memo;
 };
 
 // How many target ranks `dst` has (1 for the unsharded side).

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <set>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -36,6 +39,8 @@ class TargetMaps {
   Layout dst_layout(std::string_view name, size_t tensor_rank) const;
   // Source stages listing the parameter ({0} when the source is unsharded).
   std::vector<uint32_t> src_stages(std::string_view name) const;
+  const Strategy* src() const { return src_; }
+  const Strategy* dst() const { return dst_; }
 
  private:
   const Strategy* src_;
@@ -54,14 +59,40 @@ std::vector<int64_t> mindspore_needed(const Layout& src, const Layout& dst, int6
 // intersection is the set of replicas whose data a MindSpore-faithful reader touches.
 std::vector<int64_t> minimal_needed(const Layout& src, const Layout& dst, int64_t t_local);
 
+// What rank_list_for_transform derives from the strategies alone for a target stage: the
+// distinct (source, destination) layout pairs of its parameters. Kept across calls for targets
+// of the same two strategy objects (others reset it), which must outlive its use. Not
+// thread-safe: one per thread.
+class TransformMemo {
+ public:
+  struct Pair {
+    Layout src, dst;
+    std::string name;                 // the first parameter with this pair, for messages
+    std::set<uint32_t> first_stages;  // each parameter's lowest source stage
+    std::set<uint32_t> stages;        // every source stage of those parameters
+  };
+  struct Stage {
+    bool any_src = false;  // some parameter is in the effective source map
+    std::vector<Pair> pairs;
+  };
+  const Stage& stage(const TargetMaps& maps);
+
+ private:
+  const Strategy* src_ = nullptr;
+  const Strategy* dst_ = nullptr;
+  std::map<int64_t, Stage> stages_;  // by target stage
+};
+
 // rank_list_for_transform (§4.5 steps 1–3): global source ranks, descending; [0] when `src` is
 // null. Throws Error for an empty effective source map, a target rank outside the destination's
 // devices x stages, or a parameter whose layouts cannot be used (message names it).
 // With `minimal`: per Reshard parameter, the ranks of mindspore_needed whose blocks intersect
 // the target block, in the parameter's lowest source stage (the copy whose data is used); the
 // source of passthrough parameters (local t_local mod N_src) is not included, since it depends
-// on which parameters the checkpoints hold.
+// on which parameters the checkpoints hold. With `memo`, what depends on the strategies alone is
+// computed once for all the targets of a stage.
 std::vector<int64_t> rank_list_for_transform(const Strategy* src, const Strategy* dst,
-                                             int64_t target_rank, bool minimal = false);
+                                             int64_t target_rank, bool minimal = false,
+                                             TransformMemo* memo = nullptr);
 
 }  // namespace ckptfs::strategy
