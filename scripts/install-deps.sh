@@ -11,6 +11,7 @@ packages=(
   liblmdb-dev
   libspdlog-dev libfmt-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libjemalloc-dev
   python3 python3-numpy
 )
 if [ "${1:-}" != --demo ]; then

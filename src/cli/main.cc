@@ -1,4 +1,5 @@
 // ckptfs: lazily resharded MindSpore checkpoints. Subcommands live in cmd_*.cc.
+#include <fmt/format.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -15,11 +16,29 @@
 #include "commands.h"
 #include "mount_helper.h"
 
+#ifdef CKPTFS_JEMALLOC
+#include <jemalloc/jemalloc.h>
+#endif
+
 #ifndef CKPTFS_VERSION
 #define CKPTFS_VERSION "unknown"
 #endif
 
 namespace {
+
+// The allocator is named too: it changes what memory and speed figures to expect.
+std::string version_text() {
+#ifdef CKPTFS_JEMALLOC
+  const char* version = "?";
+  size_t size = sizeof(version);
+  mallctl("version", &version, &size, nullptr, 0);
+  const std::string_view release(version);  // "5.3.0-0-g<commit>"
+  return fmt::format("ckptfs {} (jemalloc {})", CKPTFS_VERSION,
+                     release.substr(0, release.find('-')));
+#else
+  return "ckptfs " CKPTFS_VERSION " (C library allocator)";
+#endif
+}
 
 // A mount keeps a descriptor per source file open; 1,100 source ranks do not fit the usual
 // soft limit of 1024, while the hard limit is usually far higher and ours to take.
@@ -162,7 +181,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"ckptfs: MindSpore checkpoints resharded on read, through a FUSE mount", "ckptfs"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "ckptfs " CKPTFS_VERSION);
+  app.set_version_flag("--version", version_text());
   std::string unused_level = log_level;  // parsed above; listed here for --help
   app.add_option("--log-level", unused_level,
                  "trace, debug, info, warn, error or off (also accepted after the subcommand)")
