@@ -62,8 +62,11 @@ class Dtype {
   // element_size(name()), without looking the name up again.
   uint32_t element_size() const;
 
-  // Also Dtype == Dtype and std::string == Dtype, through the conversion.
+  // One overload per kind of operand, so that no comparison needs a conversion to pick one.
+  friend bool operator==(const Dtype& a, const Dtype& b) { return a.name() == b.name(); }
   friend bool operator==(const Dtype& a, std::string_view b) { return a.name() == b; }
+  friend bool operator==(const Dtype& a, const std::string& b) { return a.name() == b; }
+  friend bool operator==(const Dtype& a, const char* b) { return a.name() == b; }
 
  private:
   std::unique_ptr<const std::string> other_;  // a name outside the table, or null
