@@ -19,7 +19,7 @@ size_t varint_size(uint64_t value) {
   return n;
 }
 
-std::optional<uint64_t> get_varint(std::span<const uint8_t> in, size_t& used) {
+std::optional<uint64_t> detail::get_long_varint(std::span<const uint8_t> in, size_t& used) {
   uint64_t value = 0;
   for (size_t i = 0; i < in.size() && i < 10; ++i) {
     value |= static_cast<uint64_t>(in[i] & 0x7F) << (7 * i);

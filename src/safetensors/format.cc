@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <iterator>
 #include <numeric>
 #include <utility>
@@ -99,6 +100,12 @@ std::vector<size_t> sort_like_writer(std::vector<HeaderEntry>& entries) {
 
 void append_json_string(std::string& out, std::string_view text) {
   out += '"';
+  // Names rarely need escaping: the run before the first character that does goes in at once.
+  const auto plain = std::find_if(text.begin(), text.end(), [](char c) {
+    return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20;
+  });
+  out.append(text.begin(), plain);
+  text.remove_prefix(static_cast<size_t>(plain - text.begin()));
   for (const char c : text) {
     switch (c) {
       case '"':
@@ -133,6 +140,13 @@ void append_json_string(std::string& out, std::string_view text) {
 }
 
 namespace {
+
+template <typename Int>
+void append_decimal(std::string& out, Int value) {
+  char digits[24];
+  const auto [end, ec] = std::to_chars(digits, digits + sizeof(digits), value);
+  out.append(digits, end);
+}
 
 size_t decimal_digits(uint64_t n) {
   size_t digits = 1;
@@ -181,9 +195,19 @@ std::string encode_header(std::span<const HeaderEntry> entries,
     const HeaderEntry& e = entries[i];
     if (i > 0 || !metadata.empty()) out += ',';
     append_json_string(out, e.name);
-    fmt::format_to(std::back_inserter(out),
-                   ":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", e.code,
-                   fmt::join(e.shape, ","), offset, offset + e.nbytes);
+    // Appended piece by piece: a formatting call per entry costs as much as the rest of a plan.
+    out += ":{\"dtype\":\"";
+    out += e.code;
+    out += "\",\"shape\":[";
+    for (size_t d = 0; d < e.shape.size(); ++d) {
+      if (d > 0) out += ',';
+      append_decimal(out, e.shape[d]);
+    }
+    out += "],\"data_offsets\":[";
+    append_decimal(out, offset);
+    out += ',';
+    append_decimal(out, offset + e.nbytes);
+    out += "]}";
     offset += e.nbytes;
   }
   out += '}';
