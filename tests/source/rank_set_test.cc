@@ -48,5 +48,22 @@ TEST(RankSet, LongRangeFromTheFuzzer) {
   EXPECT_EQ(ranks.back(), 765305);
 }
 
+// Found by reading the parser for its fuzz target: a rank equal to the largest int64_t made the
+// loop that stored a range step past it (a signed overflow: UBSan reports it; what an optimized
+// build does is undefined).
+TEST(RankSet, LargestRankEndsItsRange) {
+  EXPECT_EQ(parse_rank_set("9223372036854775807"), (std::vector<int64_t>{9223372036854775807}));
+  EXPECT_EQ(parse_rank_set("9223372036854775806-9223372036854775807,9223372036854775807"),
+            (std::vector<int64_t>{9223372036854775806, 9223372036854775807}));
+}
+
+// Ranges out of order, overlapping, nested and repeated give each rank once, ascending (the
+// ranges are sorted and merged; the ranks themselves are no longer sorted).
+TEST(RankSet, OverlappingRangesAreMerged) {
+  EXPECT_EQ(parse_rank_set("10-12,0-3,2-5,4,11,1-2,20,6-6"),
+            (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 20}));
+  EXPECT_EQ(parse_rank_set("3-9,4-5,0-99").size(), 100u);
+}
+
 }  // namespace
 }  // namespace ckptfs::util

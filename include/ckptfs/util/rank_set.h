@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdint>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ckptfs/error.h"
@@ -23,9 +24,10 @@ inline std::vector<int64_t> parse_rank_set(std::string_view text) {
       fail("--ranks {}: '{}' is not a rank (expected a list such as 0-7,16)", text, s);
     return v;
   };
-  // Counted before any is stored: many long ranges, each within bounds, would otherwise take
-  // gigabytes first.
-  std::vector<int64_t> out;
+  // Items are kept as ranges and only the ranges are sorted: sorting the expanded ranks cost
+  // O(n log n) for one range of 2^20 ranks, already in order. Counted before any is
+  // stored: many long ranges, each within bounds, would otherwise take gigabytes first.
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // inclusive
   size_t count = 0;
   size_t begin = 0;
   while (true) {
@@ -45,12 +47,23 @@ inline std::vector<int64_t> parse_rank_set(std::string_view text) {
     }
     count += static_cast<size_t>(hi - lo) + 1;
     if (count > kMaxRanks) fail("--ranks {}: more than {} ranks", text, kMaxRanks);
-    for (int64_t r = lo; r <= hi; ++r) out.push_back(r);
+    ranges.emplace_back(lo, hi);
     if (comma == std::string_view::npos) break;
     begin = comma + 1;
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
+  // A list written in order (a script's "0,1,2,...") is not sorted again.
+  if (!std::is_sorted(ranges.begin(), ranges.end())) std::sort(ranges.begin(), ranges.end());
+  std::vector<int64_t> out;
+  out.reserve(count);
+  for (auto [lo, hi] : ranges) {
+    if (!out.empty() && lo <= out.back()) {
+      if (hi <= out.back()) continue;
+      lo = out.back() + 1;
+    }
+    // Counted from lo, not stepped up to hi: past a range ending at the largest int64_t, the
+    // step would overflow.
+    for (int64_t i = 0; i <= hi - lo; ++i) out.push_back(lo + i);
+  }
   return out;
 }
 
