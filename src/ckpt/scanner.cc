@@ -506,7 +506,8 @@ std::optional<CrcTrailer> read_crc_trailer(const ReadExact& read, uint64_t size)
 
 void verify_crc(const ReadExact& read, const std::string& name, uint64_t body_size,
                 const CrcTrailer& trailer) {
-  std::vector<uint8_t> block(kCrcBlockBytes);
+  // No larger than the body: a small file's check does not zero a whole block first.
+  std::vector<uint8_t> block(static_cast<size_t>(std::min<uint64_t>(kCrcBlockBytes, body_size)));
   uint32_t crc = 0;
   for (uint64_t off = 0; off < body_size;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), body_size - off));

@@ -195,6 +195,27 @@ TEST_F(ScannerTest, CrcMismatchFailsOnlyWhenVerifying) {
   EXPECT_THROW(scan(high_bits, ScanOptions{.verify_crc = true}), Error);
 }
 
+// A body longer than the CRC check's 1 MiB read block (its buffer is sized to the body, at most
+// one block): the bytes past the first block are checked too.
+TEST_F(ScannerTest, CrcOverMoreThanOneReadBlock) {
+  const size_t n = (size_t{1} << 20) + 100;
+  std::string content(n, '\0');
+  for (size_t i = 0; i < n; ++i) content[i] = static_cast<char>(i * 7);
+  const std::string tensor = varint_field(1, n) + len_field(2, "Int8") + len_field(3, content);
+  const std::string body = len_field(1, len_field(1, "big") + len_field(2, tensor));
+  const uint32_t crc =
+      crc32_update(0, std::span(reinterpret_cast<const uint8_t*>(body.data()), body.size()));
+  std::string file = body + "crc_num" + std::string(6, '\0');
+  for (int shift = 24; shift >= 0; shift -= 8) file.push_back(static_cast<char>(crc >> shift));
+  const FileScan s = scan(file, {.verify_crc = true});
+  EXPECT_EQ(s.body_size, body.size());
+  ASSERT_EQ(s.params.size(), 1u);
+  EXPECT_EQ(s.params[0].nbytes(), n);
+  file[body.size() - 10] ^= 0x01;  // a content byte in the second block
+  EXPECT_EQ(scan(file).params.size(), 1u);
+  EXPECT_THROW(scan(file, {.verify_crc = true}), Error);
+}
+
 TEST_F(ScannerTest, CrcTrailerOnEmptyBody) {
   // CRC-32 of no bytes is 0.
   const FileScan s = scan(std::string("crc_num") + std::string(10, '\0'), {.verify_crc = true});
