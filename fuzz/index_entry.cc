@@ -8,6 +8,7 @@
 #include "ckptfs/ckpt/crc32.h"
 #include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/index/store.h"
+#include "quiet_protobuf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ckptfs;

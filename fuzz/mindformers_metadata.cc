@@ -2,40 +2,22 @@
 // returns parameters whose every slice is stored by a file of the directory at a rank of the
 // saved job. The input is written as metadata.json of a scratch directory (the reader takes a
 // directory); no safetensors file is there, so any file name it returns is a bug.
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <string>
 
 #include "ckptfs/error.h"
 #include "ckptfs/mindformers/metadata.h"
-
-namespace {
-
-const std::filesystem::path& scratch() {
-  static const std::filesystem::path dir = [] {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "ckptfs-fuzz-mf-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) std::abort();
-    return std::filesystem::path(tmpl);
-  }();
-  return dir;
-}
-
-}  // namespace
+#include "fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ckptfs;
-  {
-    std::ofstream out(scratch() / mindformers::kMetadataFile, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-    if (!out) std::abort();
-  }
+  // The process's scratch folder on tmpfs, removed at exit (a folder made under /tmp was left
+  // behind by every fuzzer process, and /tmp may be a disk).
+  const std::filesystem::path& dir = fuzz::scratch_dir();
+  fuzz::write_named(mindformers::kMetadataFile, data, size);
   mindformers::Iteration it;
   try {
-    it = mindformers::read_iteration(scratch());
+    it = mindformers::read_iteration(dir);
   } catch (const Error&) {
     return 0;
   }

@@ -12,6 +12,7 @@
 
 #include "ckptfs/ckpt/crc32.h"
 #include "ckptfs/index/store.h"
+#include "quiet_protobuf.h"
 
 namespace {
 
