@@ -515,6 +515,10 @@ class Planner {
     // A scalar is a one-element box: the read map works on rank >= 1.
     const bool scalar = rank == 0;
     const auto& splits = src.splits();
+    // Sized once: a target of 100,000 tensors builds as many contents on every plan.
+    for (std::vector<int64_t>* v : {&content->target_begin, &content->target_shape,
+                                    &content->block_shape, &content->first_block, &content->grid})
+      v->reserve(std::max<size_t>(rank, 1));
     for (size_t j = 0; j < rank; ++j) {
       const int64_t block = facts.global_shape[j] / splits[j];
       content->target_begin.push_back(box.begin[j]);
@@ -547,10 +551,13 @@ class Planner {
       last[j] = (content->target_begin[j] + content->target_shape[j] - 1) / b;
       content->grid.push_back(last[j] - content->first_block[j] + 1);
     }
+    content->blocks.reserve(static_cast<size_t>(std::accumulate(
+        content->grid.begin(), content->grid.end(), int64_t{1}, std::multiplies<>())));
     // Walk the intersecting blocks in C order and pick, for each, the replica MindSpore reads
     // (the holder in its needed set) or else any holder whose file exists.
     std::vector<int64_t> coord = content->first_block;
-    const std::vector<int64_t> split_vec = scalar ? std::vector<int64_t>{1} : splits;
+    static const std::vector<int64_t> kScalarSplits{1};
+    const std::vector<int64_t>& split_vec = scalar ? kScalarSplits : splits;
     for (bool more = true; more;) {
       const auto& candidates =
           holders[static_cast<size_t>(LayoutMemo::flat_block(coord, split_vec))];
