@@ -161,14 +161,15 @@ class LayoutMemo {
     auto& by_name = by_stage_rank_[{maps.target_stage(), rank}];
     auto it = by_name.find(name);
     if (it == by_name.end()) {
-      // The key must outlive the scans it came from: the cache may serve later plans.
-      it = by_name.try_emplace(names_.emplace_back(name)).first;
-      Pair& pair = it->second;
+      // Kept only once complete (a layout that cannot be used throws), under a key that outlives
+      // the scans it came from: the memo may serve later plans.
+      Pair pair;
       pair.src_id = intern(maps.src_layout(name, rank));
       pair.dst_id = intern(maps.dst_layout(name, rank));
       pair.src = &layouts_[pair.src_id];
       pair.dst = &layouts_[pair.dst_id];
       pair.src_stages = maps.src_stages(name);
+      it = by_name.emplace(names_.emplace_back(name), std::move(pair)).first;
     }
     return it->second;
   }
