@@ -605,15 +605,9 @@ index::TargetSummary summarize(const plan::Plan& plan, int64_t rank) {
   index::TargetSummary out;
   out.rank = rank;
   for (const plan::TargetFile& target : plan.targets) {
-    int64_t mtime = -1;  // none: the mount time
-    std::set<int64_t> read;
-    for (uint32_t s : target.file.sources())
-      if (s < plan.sources.size()) {
-        mtime = std::max(mtime, plan.sources[s].file.fingerprint.mtime_ns);
-        read.insert(plan.source_ranks[s]);
-      }
-    out.files.push_back({target.file_name(), target.file.size(), mtime, target.page_cache,
-                         std::vector<int64_t>(read.begin(), read.end())});
+    plan::SourcesRead read = plan::sources_read(plan, target.file);
+    out.files.push_back({target.file_name(), target.file.size(), read.newest_mtime_ns,
+                         target.page_cache, std::move(read.ranks)});
   }
   out.source_ranks = plan.source_ranks;
   return out;

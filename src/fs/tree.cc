@@ -159,16 +159,10 @@ void Tree::set_mtimes() {
                          static_cast<long>(ns % 1'000'000'000)};
       continue;
     }
-    bool found = false;
-    for (uint32_t s : plan_.targets[i].file.sources()) {
-      if (s >= plan_.sources.size()) continue;
-      const int64_t ns = plan_.sources[s].file.fingerprint.mtime_ns;
-      const struct timespec t {
-        static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)
-      };
-      if (!found || later(t, file_mtimes_[i])) file_mtimes_[i] = t;
-      found = true;
-    }
+    const int64_t ns = plan::sources_read(plan_, plan_.targets[i].file).newest_mtime_ns;
+    if (ns >= 0)
+      file_mtimes_[i] = {static_cast<time_t>(ns / 1'000'000'000),
+                         static_cast<long>(ns % 1'000'000'000)};
   }
   dir_mtimes_.assign(dirs_.size(), time_);
   root_mtime_ = time_;

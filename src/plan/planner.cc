@@ -859,6 +859,18 @@ void plan_by_stage(Plan& plan, const strategy::Strategy* src, const strategy::St
 
 }  // namespace
 
+SourcesRead sources_read(const Plan& plan, const VirtualFile& file) {
+  SourcesRead out;
+  for (uint32_t s : file.sources()) {
+    if (s >= plan.sources.size()) continue;
+    out.newest_mtime_ns = std::max(out.newest_mtime_ns, plan.sources[s].file.fingerprint.mtime_ns);
+    out.ranks.push_back(plan.source_ranks[s]);
+  }
+  std::sort(out.ranks.begin(), out.ranks.end());
+  out.ranks.erase(std::unique(out.ranks.begin(), out.ranks.end()), out.ranks.end());
+  return out;
+}
+
 std::shared_ptr<LayoutMemo> new_layout_memo() { return std::make_shared<LayoutMemo>(); }
 
 int64_t target_count(const strategy::Strategy* dst) {

@@ -83,6 +83,15 @@ struct Plan {
   std::vector<std::string> warnings;
 };
 
+// The sources a planned file reads, as listing shows them: their global ranks (ascending, each
+// once) and the newest of their mtimes (-1 when it reads none: the file takes the mount time).
+// An eager mount and a shipped index's summaries both derive a file's mtime and access from it.
+struct SourcesRead {
+  std::vector<int64_t> ranks;
+  int64_t newest_mtime_ns = -1;
+};
+SourcesRead sources_read(const Plan& plan, const VirtualFile& file);
+
 // Plans every target rank. A null strategy is the unsharded side. Sources all .ckpt follow
 // MindSpore's .ckpt transform, all .safetensors its safetensors transform (spec
 // mindspore-safetensors.md §2.2); a mix is refused. Throws Error naming the file or parameter
