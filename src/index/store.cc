@@ -276,7 +276,6 @@ bool extents(WireReader& in, uint32_t type, ckpt::Extents& out) {
 
 bool decode_param(std::string_view bytes, ckpt::Param& p) {
   WireReader in(bytes);
-  std::vector<uint64_t> content, records;
   for (uint32_t field = 0, type = 0; !in.done();) {
     if (!in.tag(field, type)) return false;
     uint64_t v = 0;
