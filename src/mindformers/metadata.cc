@@ -42,6 +42,9 @@ Json parse_json(const fs::path& path) {
   } catch (const Json::parse_error& e) {
     fail("{}: not valid JSON at byte {}; the save did not finish or the file is damaged",
          path.string(), e.byte);
+  } catch (const Json::exception& e) {
+    // Valid JSON that the parser cannot hold, such as a number beyond a double's range.
+    fail("{}: cannot be read ({}); the file is damaged", path.string(), e.what());
   }
 }
 
