@@ -5,9 +5,11 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -38,11 +40,22 @@ class MemFile {
   int fd_;
 };
 
-// The folder of this process's named scratch files; removed at exit.
+// The folder of this process's named scratch files; removed at exit. A fuzzer that stops on a
+// finding exits without running atexit handlers: the folders of processes that are gone are
+// removed when the next one starts.
 inline const std::filesystem::path& scratch_dir() {
   static const std::filesystem::path dir = [] {
     const char* base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : "/tmp";
-    auto d = std::filesystem::path(base) / ("ckptfs-fuzz-" + std::to_string(::getpid()));
+    constexpr std::string_view kPrefix = "ckptfs-fuzz-";
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(base, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (!name.starts_with(kPrefix)) continue;
+      const long pid = std::strtol(name.c_str() + kPrefix.size(), nullptr, 10);
+      if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+        std::filesystem::remove_all(entry.path(), ec);
+    }
+    auto d = std::filesystem::path(base) / (std::string(kPrefix) + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
     std::atexit([] {
       std::error_code ec;
