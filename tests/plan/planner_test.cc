@@ -72,30 +72,41 @@ std::string materialize(const Plan& plan, const VirtualFile& file) {
   return out;
 }
 
-class PlannerAgainstGenerator : public ::testing::TestWithParam<const char*> {};
+// One built-in case of the generator: its files, its strategies and the targets it expects.
+class PlannerAgainstGenerator : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    fixture_ = make_fixture(GetParam(), dir_);
+    for (const auto& [rank, rel] : fixture_.at("source_files").items()) {
+      ranks_.push_back(std::stoll(rank));
+      paths_.push_back(dir_ / rel.get<std::string>());
+    }
+    src_ = strategy_of(fixture_, "src_strategy", dir_);
+    dst_ = strategy_of(fixture_, "dst_strategy", dir_);
+  }
+
+  // A plan of the case's sources, freshly indexed (a plan takes them).
+  Plan plan(const ViewOptions& views) const {
+    std::vector<index::IndexedSource> indexed = index::index_sources(nullptr, paths_);
+    std::map<int64_t, index::IndexedSource> sources;
+    for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks_[i], std::move(indexed[i]));
+    return make_plan(std::move(sources), src_ ? &*src_ : nullptr, dst_ ? &*dst_ : nullptr, views);
+  }
+
+  TempDir tmp_{"planner-test"};
+  const stdfs::path dir_ = tmp_.path() / GetParam();
+  json fixture_;
+  std::vector<int64_t> ranks_;
+  std::vector<stdfs::path> paths_;
+  std::optional<strategy::Strategy> src_, dst_;
+};
 
 TEST_P(PlannerAgainstGenerator, TargetsMatchTheSummariesAndTheExpectedBytes) {
-  TempDir tmp("planner-test");
-  const stdfs::path dir = tmp.path() / GetParam();
-  const json fixture = make_fixture(GetParam(), dir);
-
-  std::vector<int64_t> ranks;
-  std::vector<stdfs::path> paths;
-  for (const auto& [rank, rel] : fixture.at("source_files").items()) {
-    ranks.push_back(std::stoll(rank));
-    paths.push_back(dir / rel.get<std::string>());
-  }
-  std::vector<index::IndexedSource> indexed = index::index_sources(nullptr, paths);
-  std::map<int64_t, index::IndexedSource> sources;
-  for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
-  const std::optional<strategy::Strategy> src = strategy_of(fixture, "src_strategy", dir);
-  const std::optional<strategy::Strategy> dst = strategy_of(fixture, "dst_strategy", dir);
   ViewOptions views;
   views.safetensors = false;
-  const Plan plan =
-      make_plan(std::move(sources), src ? &*src : nullptr, dst ? &*dst : nullptr, views);
+  const Plan plan = this->plan(views);
 
-  const json& targets = fixture.at("targets");
+  const json& targets = fixture_.at("targets");
   ASSERT_EQ(plan.targets.size(), targets.size());
   for (size_t t = 0; t < targets.size(); ++t) {
     const json& want = targets[t];
@@ -118,11 +129,11 @@ TEST_P(PlannerAgainstGenerator, TargetsMatchTheSummariesAndTheExpectedBytes) {
     }
 
     const std::string bytes = materialize(plan, got.file);
-    const std::string expected = testsupport::read_file(dir / want.at("file").get<std::string>());
+    const std::string expected = testsupport::read_file(dir_ / want.at("file").get<std::string>());
     EXPECT_TRUE(bytes == expected) << "bytes differ from " << want.at("file");
 
     // Record for record, as a checkpoint reader sees the planned file.
-    const stdfs::path written = testsupport::write_file(tmp.path() / "planned.ckpt", bytes);
+    const stdfs::path written = testsupport::write_file(tmp_.path() / "planned.ckpt", bytes);
     const ckpt::FileScan scan = ckpt::scan_checkpoint(written.string());
     const json& records = want.at("records");
     ASSERT_EQ(scan.params.size(), records.size());
@@ -140,32 +151,17 @@ TEST_P(PlannerAgainstGenerator, TargetsMatchTheSummariesAndTheExpectedBytes) {
 // alone, shared by the targets: each target's file must be what the generator expects, as when
 // all are planned at once.
 TEST_P(PlannerAgainstGenerator, OneTargetAtATimeWithASharedMemoPlansTheSame) {
-  TempDir tmp("planner-test");
-  const stdfs::path dir = tmp.path() / GetParam();
-  const json fixture = make_fixture(GetParam(), dir);
-  std::vector<int64_t> ranks;
-  std::vector<stdfs::path> paths;
-  for (const auto& [rank, rel] : fixture.at("source_files").items()) {
-    ranks.push_back(std::stoll(rank));
-    paths.push_back(dir / rel.get<std::string>());
-  }
-  const std::optional<strategy::Strategy> src = strategy_of(fixture, "src_strategy", dir);
-  const std::optional<strategy::Strategy> dst = strategy_of(fixture, "dst_strategy", dir);
   ViewOptions views;
   views.safetensors = false;
   views.layout_memo = new_layout_memo();
-  for (const json& want : fixture.at("targets")) {
+  for (const json& want : fixture_.at("targets")) {
     const int64_t t = want.at("rank").get<int64_t>();
     SCOPED_TRACE("target rank " + std::to_string(t));
-    std::vector<index::IndexedSource> indexed = index::index_sources(nullptr, paths);
-    std::map<int64_t, index::IndexedSource> sources;
-    for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
     views.ranks = {t};
-    const Plan plan =
-        make_plan(std::move(sources), src ? &*src : nullptr, dst ? &*dst : nullptr, views);
+    const Plan plan = this->plan(views);
     ASSERT_EQ(plan.targets.size(), 1u);
     EXPECT_EQ(plan.targets[0].file.size(), want.at("size").get<uint64_t>());
-    const std::string expected = testsupport::read_file(dir / want.at("file").get<std::string>());
+    const std::string expected = testsupport::read_file(dir_ / want.at("file").get<std::string>());
     EXPECT_TRUE(materialize(plan, plan.targets[0].file) == expected)
         << "bytes differ from " << want.at("file");
   }
