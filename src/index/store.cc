@@ -83,13 +83,7 @@ std::optional<std::string_view> checked_message(std::string_view entry) {
 class Wire {
  public:
   explicit Wire(std::string& out) : out_(out) {}
-  void varint(uint64_t v) {
-    while (v >= 0x80) {
-      out_.push_back(static_cast<char>(v | 0x80));
-      v >>= 7;
-    }
-    out_.push_back(static_cast<char>(v));
-  }
+  void varint(uint64_t v) { ckpt::put_varint(out_, v); }
   void tag(uint32_t field, uint32_t wire_type) { varint(uint64_t{field} << 3 | wire_type); }
   void uint(uint32_t field, uint64_t v) {
     if (v == 0) return;  // proto3: a zero is not written
@@ -106,7 +100,7 @@ class Wire {
   void packed(uint32_t field, const std::vector<Int>& values) {
     if (values.empty()) return;
     size_t n = 0;
-    for (Int v : values) n += varint_size(static_cast<uint64_t>(v));
+    for (Int v : values) n += ckpt::varint_size(static_cast<uint64_t>(v));
     tag(field, 2);
     varint(n);
     for (Int v : values) varint(static_cast<uint64_t>(v));
@@ -114,21 +108,14 @@ class Wire {
   void extents(uint32_t field, const ckpt::Extents& values) {
     if (values.empty()) return;
     size_t n = 0;
-    for (const ckpt::Extent& e : values) n += varint_size(e.offset) + varint_size(e.length);
+    for (const ckpt::Extent& e : values)
+      n += ckpt::varint_size(e.offset) + ckpt::varint_size(e.length);
     tag(field, 2);
     varint(n);
     for (const ckpt::Extent& e : values) {
       varint(e.offset);
       varint(e.length);
     }
-  }
-  static size_t varint_size(uint64_t v) {
-    size_t n = 1;
-    while (v >= 0x80) {
-      v >>= 7;
-      ++n;
-    }
-    return n;
   }
 
  private:
@@ -212,6 +199,10 @@ class WireReader {
     at_ += n;
     return true;
   }
+  // A scalar field's value (wire type 0) and a string or message field's bytes (wire type 2);
+  // false for another wire type.
+  bool number(uint32_t type, uint64_t& out) { return type == 0 && varint(out); }
+  bool text(uint32_t type, std::string_view& out) { return type == 2 && bytes(out); }
   // Skips a field of wire type `type` (groups are not used by these messages: refused).
   bool skip(uint32_t type) {
     uint64_t v = 0;
@@ -242,7 +233,7 @@ class WireReader {
       return true;
     }
     std::string_view packed;
-    if (type != 2 || !bytes(packed)) return false;
+    if (!text(type, packed)) return false;
     WireReader in(packed);
     out.reserve(out.size() + in.ends_of_varints());
     while (!in.done()) {
@@ -264,7 +255,7 @@ class WireReader {
 // Extents stored as flat (offset, length) pairs, packed.
 bool extents(WireReader& in, uint32_t type, ckpt::Extents& out) {
   std::string_view packed;
-  if (type != 2 || !in.bytes(packed)) return false;
+  if (!in.text(type, packed)) return false;
   WireReader pairs(packed);
   while (!pairs.done()) {
     ckpt::Extent e;
@@ -283,26 +274,26 @@ bool decode_param(std::string_view bytes, ckpt::Param& p) {
     bool ok = true;
     switch (field) {
       case 1:
-        ok = type == 2 && in.bytes(b);
+        ok = in.text(type, b);
         p.name = b;
         break;
       case 2:
-        ok = type == 2 && in.bytes(b);
+        ok = in.text(type, b);
         p.dtype = b;
         break;
       case 3:
         ok = in.repeated(type, p.shape);
         break;
       case 4:
-        ok = type == 0 && in.varint(v);
+        ok = in.number(type, v);
         p.dims_zero = v != 0;
         break;
       case 5:
-        ok = type == 0 && in.varint(v) && v <= static_cast<uint64_t>(ckpt::EntryKind::Opaque);
+        ok = in.number(type, v) && v <= static_cast<uint64_t>(ckpt::EntryKind::Opaque);
         p.kind = static_cast<ckpt::EntryKind>(v);
         break;
       case 6:
-        ok = type == 0 && in.varint(v) && v <= std::numeric_limits<uint32_t>::max();
+        ok = in.number(type, v) && v <= std::numeric_limits<uint32_t>::max();
         p.element_size = static_cast<uint32_t>(v);
         break;
       case 7:
@@ -312,11 +303,11 @@ bool decode_param(std::string_view bytes, ckpt::Param& p) {
         ok = extents(in, type, p.records);
         break;
       case 9:
-        ok = type == 0 && in.varint(v);
+        ok = in.number(type, v);
         p.view = v != 0;
         break;
       case 10:
-        ok = type == 0 && in.varint(v);
+        ok = in.number(type, v);
         p.storage_offset = v;
         break;
       case 11:
@@ -350,26 +341,26 @@ std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file
     bool ok = true;
     switch (field) {
       case 1:
-        ok = type == 0 && in.varint(version);
+        ok = in.number(type, version);
         break;
       case 3:
-        ok = type == 0 && in.varint(scan.file_size);
+        ok = in.number(type, scan.file_size);
         break;
       case 4:
-        ok = type == 0 && in.varint(scan.body_size);
+        ok = in.number(type, scan.body_size);
         break;
       case 5:
-        ok = type == 0 && in.varint(v);
+        ok = in.number(type, v);
         scan.has_crc_trailer = v != 0;
         break;
       case 6:
-        ok = type == 2 && in.bytes(b) && decode_param(b, scan.params.emplace_back());
+        ok = in.text(type, b) && decode_param(b, scan.params.emplace_back());
         break;
       case 7:
-        ok = type == 0 && in.varint(format);
+        ok = in.number(type, format);
         break;
       case 8:
-        ok = type == 2 && in.bytes(b);
+        ok = in.text(type, b);
         scan.tree = b;
         break;
       default:  // 2, the path, is the key's: not needed here
