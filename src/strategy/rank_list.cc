@@ -220,18 +220,14 @@ const TransformMemo::Stage& TransformMemo::stage(const TargetMaps& maps) {
   Stage out;  // kept only once complete: a layout that cannot be used throws
   // Many parameters share a layout pair: each distinct pair is kept once, with the first
   // parameter that has it (named if the pair cannot be used) and the stages of all of them.
-  std::vector<std::pair<Layout, Layout>> seen;
   for (const auto& [name, param] : src_->params) {
     out.any_src = out.any_src || maps.in_effective_src(name);
     if (!maps.in_effective_src(name) || !maps.in_effective_dst(name)) continue;
     const size_t rank = param.stages.begin()->second.tensor_map.size();
     Layout s = maps.src_layout(name, rank), d = maps.dst_layout(name, rank);
     size_t k = 0;
-    while (k < seen.size() && !(seen[k].first == s && seen[k].second == d)) ++k;
-    if (k == seen.size()) {
-      seen.emplace_back(s, d);
-      out.pairs.push_back({std::move(s), std::move(d), name, {}, {}});
-    }
+    while (k < out.pairs.size() && !(out.pairs[k].src == s && out.pairs[k].dst == d)) ++k;
+    if (k == out.pairs.size()) out.pairs.push_back({std::move(s), std::move(d), name, {}, {}});
     out.pairs[k].first_stages.insert(param.stages.begin()->first);
     for (const auto& [st, layout] : param.stages) out.pairs[k].stages.insert(st);
   }
