@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -184,9 +185,14 @@ class WireReader {
     return true;
   }
   bool varint(uint64_t& out) {
+    // Most values here (tags, lengths, dims) take one byte.
+    if (at_ != end_ && *at_ < 0x80) {
+      out = *at_++;
+      return true;
+    }
     size_t used = 0;
     const std::optional<uint64_t> v =
-        ckpt::get_varint(std::span(at_, static_cast<size_t>(end_ - at_)), used);
+        ckpt::detail::get_long_varint(std::span(at_, static_cast<size_t>(end_ - at_)), used);
     if (!v) return false;
     at_ += used;
     out = *v;
@@ -222,6 +228,16 @@ class WireReader {
       default:
         return false;
     }
+  }
+  // How many fields numbered `field` follow (a pass that skips every field); nullopt at a
+  // malformed one. Lets a caller size its vector once instead of moving what it decoded.
+  std::optional<size_t> count(uint32_t field) const {
+    WireReader in(*this);
+    size_t n = 0;
+    for (uint32_t f = 0, type = 0; !in.done(); n += f == field) {
+      if (!in.tag(f, type) || !in.skip(type)) return std::nullopt;
+    }
+    return n;
   }
   // A repeated integer field: packed (type 2) or one value (type 0), each appended.
   template <typename Int>
@@ -334,6 +350,9 @@ std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file
   ckpt::FileScan scan;
   uint64_t version = 0, format = 0;
   WireReader in(*bytes);
+  const std::optional<size_t> params = in.count(6);
+  if (!params) return bad("it does not decode");
+  scan.params.reserve(*params);
   for (uint32_t field = 0, type = 0; !in.done();) {
     if (!in.tag(field, type)) return bad("it does not decode");
     uint64_t v = 0;
