@@ -3,11 +3,19 @@
 namespace ckptfs::ckpt {
 
 void put_varint(std::string& out, uint64_t value) {
+  if (value < 0x80) {
+    out.push_back(static_cast<char>(value));
+    return;
+  }
+  // Built on the stack and appended once: a push_back per byte checks capacity every time.
+  char bytes[10];
+  size_t n = 0;
   while (value >= 0x80) {
-    out.push_back(static_cast<char>((value & 0x7F) | 0x80));
+    bytes[n++] = static_cast<char>((value & 0x7F) | 0x80);
     value >>= 7;
   }
-  out.push_back(static_cast<char>(value));
+  bytes[n++] = static_cast<char>(value);
+  out.append(bytes, n);
 }
 
 size_t varint_size(uint64_t value) {
