@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <tuple>
@@ -308,6 +309,7 @@ class Planner {
   // then passthrough entries.
   std::vector<Entry> plan_target(int64_t t) {
     TargetMaps maps(src_, dst_, t);
+    per_name_.assign(files_.names(), {});
     const std::vector<int64_t> load_order = load_order_for(maps);
     if (safetensors_rules_ && src_ && src_->num_stages > 1) return by_stage(maps, load_order, t);
     return entries_for(maps, load_order, t);
@@ -322,7 +324,7 @@ class Planner {
     size_t resharded = 0;
     for (const ParamRef& ref : first_appearance(load_order)) {
       const ckpt::Param& p = *ref.param;
-      switch (maps.role(p.name)) {
+      switch (role_of(maps, ref.id, p.name)) {
         case TargetMaps::Role::Drop:
           break;
         case TargetMaps::Role::Reshard:
@@ -449,12 +451,13 @@ class Planner {
     std::set<uint32_t> stages;
     std::unordered_set<const Needed*> merged_lists;
     for (const auto& [name, param] : src_->params) {
-      if (maps.role(name) != TargetMaps::Role::Reshard) continue;
+      const uint32_t id = files_.id_of(name);
+      if (role_of(maps, id, name) != TargetMaps::Role::Reshard) continue;
       // The checkpoint's own tensor rank, so a map of the wrong length is blamed on its file.
-      const ckpt::Param* copy = files_.find_any(files_.id_of(name));
+      const ckpt::Param* copy = files_.find_any(id);
       const size_t rank =
           copy ? copy->shape.size() : param.stages.begin()->second.tensor_map.size();
-      const LayoutMemo::Pair& pair = layouts_.layouts(maps, name, rank);
+      const LayoutMemo::Pair& pair = layouts_of(maps, id, name, rank);
       const Needed& needed = layouts_.needed(pair, maps.target_local());
       // Thousands of parameters share a few rank lists: each is merged in once.
       if (merged_lists.insert(&needed).second)
@@ -473,6 +476,25 @@ class Planner {
       for (int64_t r : locals) ranks.push_back(static_cast<int64_t>(st) * maps.src_devices() + r);
     std::sort(ranks.rbegin(), ranks.rend());
     return ranks;
+  }
+
+  // The role of a name for the target being planned, and its layouts for a tensor rank: the
+  // load order and the entries both ask for every name, so each is looked up once per target.
+  TargetMaps::Role role_of(const TargetMaps& maps, uint32_t id, std::string_view name) {
+    if (id == SourceSet::kNoId) return maps.role(name);
+    std::optional<TargetMaps::Role>& role = per_name_[id].role;
+    if (!role) role = maps.role(name);
+    return *role;
+  }
+  const LayoutMemo::Pair& layouts_of(const TargetMaps& maps, uint32_t id, std::string_view name,
+                                     size_t rank) {
+    if (id == SourceSet::kNoId) return layouts_.layouts(maps, name, rank);
+    PerName& known = per_name_[id];
+    if (!known.pair || known.rank != rank) {
+      known.pair = &layouts_.layouts(maps, name, rank);  // the memo's nodes do not move
+      known.rank = rank;
+    }
+    return *known.pair;
   }
 
   const ParamFacts& facts_for(const TargetMaps& maps, const ParamRef& ref, uint32_t stage,
@@ -502,7 +524,7 @@ class Planner {
   Entry resharded_entry(const TargetMaps& maps, const ParamRef& ref, int64_t t) {
     const ckpt::Param& p = *ref.param;
     const size_t rank = p.shape.size();
-    const LayoutMemo::Pair& pair = layouts_.layouts(maps, p.name, rank);
+    const LayoutMemo::Pair& pair = layouts_of(maps, ref.id, p.name, rank);
     const Layout& src = *pair.src;
     const Layout& dst = *pair.dst;
     const uint32_t stage = pair.src_stages.front();
@@ -684,6 +706,13 @@ class Planner {
   std::map<std::vector<int64_t>, std::vector<ParamRef>> orders_;  // by load order
   std::map<int64_t, std::vector<uint32_t>> stage_orders_;         // name ids, by stage
   std::unordered_map<uint32_t, ParamFacts> facts_;                // by name id
+  // By name id, for the target being planned (plan_target resets it: roles follow its stage).
+  struct PerName {
+    std::optional<TargetMaps::Role> role;
+    const LayoutMemo::Pair* pair = nullptr;
+    size_t rank = 0;
+  };
+  std::vector<PerName> per_name_;
 };
 
 // Bytes [begin, end) of an entry's content.
