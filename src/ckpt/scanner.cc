@@ -634,19 +634,23 @@ FileScan scan_checkpoint_bytes(const ReadExact& read, uint64_t size,
   return scan;
 }
 
+bool loads_as_saved(std::span<const Param> params) {
+  std::unordered_set<std::string_view> names;
+  names.reserve(params.size());
+  for (const Param& p : params)
+    if (!names.insert(p.name).second || p.name.find(".__param_key__") != std::string::npos)
+      return false;
+  return true;
+}
+
+bool same_names(std::span<const Param> a, std::span<const Param> b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const Param& x, const Param& y) { return x.name == y.name; });
+}
+
 std::vector<Param> loaded_params(FileScan scan) {
   // Nearly every file has unique names and no cache keys: then the order is the file's.
-  {
-    std::unordered_set<std::string_view> names;
-    names.reserve(scan.params.size());
-    bool plain = true;
-    for (const Param& p : scan.params)
-      if (!names.insert(p.name).second || p.name.find(".__param_key__") != std::string::npos) {
-        plain = false;
-        break;
-      }
-    if (plain) return std::move(scan.params);
-  }
+  if (loads_as_saved(scan.params)) return std::move(scan.params);
   // Python dict semantics: assigning an existing key keeps its position, a new key goes last.
   std::vector<std::optional<Param>> slots;
   std::unordered_map<std::string, size_t> index;

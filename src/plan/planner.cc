@@ -922,10 +922,17 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
   if (!views.ckpt && !views.safetensors) fail("no view chosen: give ckpt, safetensors or both");
   const bool st_rules = safetensors_rules(sources);
   std::vector<int64_t> ranks;
+  const std::vector<ckpt::Param>* as_saved = nullptr;  // the last file loaded as saved
   for (auto& [rank, source] : sources) {
-    // MindSpore's safetensors transform has no duplicate or __param_key__ rules.
-    if (!st_rules) source.scan.params = ckpt::loaded_params(std::move(source.scan));
     ranks.push_back(rank);
+    // MindSpore's safetensors transform has no duplicate or __param_key__ rules.
+    if (st_rules) continue;
+    std::vector<ckpt::Param>& params = source.scan.params;
+    if (as_saved && ckpt::same_names(*as_saved, params)) continue;
+    if (ckpt::loads_as_saved(params))
+      as_saved = &params;
+    else
+      params = ckpt::loaded_params(std::move(source.scan));
   }
   // The directory holding the rank directories, for messages. A subset of targets loads a
   // subset of the sources; the caller checked the directories then.

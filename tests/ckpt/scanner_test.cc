@@ -409,6 +409,27 @@ TEST_F(ScannerTest, ParamKeyOntoAnExistingNameKeepsThatPosition) {
   EXPECT_EQ(loaded[1].name, "y");
 }
 
+TEST_F(ScannerTest, LoadsAsSavedOnlyWithUniqueNamesAndNoCacheKey) {
+  const FileScan plain = scan(float_record("a", "AAAA") + float_record("b", "BBBB"));
+  EXPECT_TRUE(loads_as_saved(plain.params));
+  EXPECT_EQ(loaded_params(plain).size(), plain.params.size());
+  const FileScan repeated =
+      scan(float_record("a", "AAAA") + float_record("b", "BBBB") + float_record("a", "CCCC"));
+  EXPECT_FALSE(loads_as_saved(repeated.params));
+  EXPECT_FALSE(loads_as_saved(scan(float_record("a.__param_key__1", "AAAA")).params));
+}
+
+TEST_F(ScannerTest, SameNamesComparesNamesInOrder) {
+  const FileScan ab = scan(float_record("a", "AAAA") + float_record("b", "BBBB"));
+  EXPECT_TRUE(
+      same_names(ab.params, scan(float_record("a", "1111") + float_record("b", "2222")).params));
+  EXPECT_FALSE(
+      same_names(ab.params, scan(float_record("b", "BBBB") + float_record("a", "AAAA")).params));
+  EXPECT_FALSE(same_names(ab.params, scan(float_record("a", "AAAA")).params));
+  EXPECT_FALSE(
+      same_names(ab.params, scan(float_record("a", "AAAA") + float_record("bb", "BBBB")).params));
+}
+
 // Every prefix of a multi-record file either ends on a record boundary outside a chunk run
 // (valid, with the records so far) or fails with an Error naming the file.
 TEST_F(ScannerTest, EveryTruncationIsDetected) {

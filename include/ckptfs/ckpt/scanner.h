@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -96,5 +97,10 @@ std::string check_scan(const FileScan& scan, uint64_t file_size);
 // with an existing name replaces that entry in place; a "name.__param_key__<n>" entry is renamed
 // to "name" and moved to the end. Takes the scan by value: move it in to avoid copying.
 std::vector<Param> loaded_params(FileScan scan);
+// True when loaded_params leaves the parameters as saved: each name once, no cache key.
+bool loads_as_saved(std::span<const Param> params);
+// The same names in the same order: what holds for one file holds for the other. Comparing is
+// cheaper than hashing, and the files of a checkpoint nearly always list the same names.
+bool same_names(std::span<const Param> a, std::span<const Param> b);
 
 }  // namespace ckptfs::ckpt
