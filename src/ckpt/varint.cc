@@ -2,11 +2,7 @@
 
 namespace ckptfs::ckpt {
 
-void put_varint(std::string& out, uint64_t value) {
-  if (value < 0x80) {
-    out.push_back(static_cast<char>(value));
-    return;
-  }
+void detail::put_long_varint(std::string& out, uint64_t value) {
   // Built on the stack and appended once: a push_back per byte checks capacity every time.
   char bytes[10];
   size_t n = 0;
@@ -16,15 +12,6 @@ void put_varint(std::string& out, uint64_t value) {
   }
   bytes[n++] = static_cast<char>(value);
   out.append(bytes, n);
-}
-
-size_t varint_size(uint64_t value) {
-  size_t n = 1;
-  while (value >= 0x80) {
-    value >>= 7;
-    ++n;
-  }
-  return n;
 }
 
 std::optional<uint64_t> detail::get_long_varint(std::span<const uint8_t> in, size_t& used) {

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,15 +55,28 @@ std::string shown(std::string_view dtype, const std::string& bytes) {
 }  // namespace
 
 void check_step_scalars(const std::map<int64_t, index::IndexedSource>& sources) {
-  for (std::string_view counter : kCounters) {
+  // Each file's first entry of each counter, found in one pass over its names.
+  constexpr size_t kCount = std::size(kCounters);
+  std::vector<std::array<const ckpt::Param*, kCount>> found;
+  found.reserve(sources.size());
+  for (const auto& [rank, source] : sources) {
+    std::array<const ckpt::Param*, kCount>& first = found.emplace_back();
+    first.fill(nullptr);
+    for (const ckpt::Param& p : source.scan.params)
+      for (size_t c = 0; c < kCount; ++c)
+        if (!first[c] && p.name == kCounters[c] && p.kind == ckpt::EntryKind::Tensor &&
+            p.nbytes() <= kMaxCounterBytes)
+          first[c] = &p;
+  }
+  for (size_t c = 0; c < kCount; ++c) {
+    const std::string_view counter = kCounters[c];
     // value -> ranks, in rank order; the first file named for each value.
     std::vector<std::pair<std::string, std::vector<int64_t>>> values;
     std::vector<std::string> first_file;
+    size_t file = 0;
     for (const auto& [rank, source] : sources) {
-      for (const ckpt::Param& p : source.scan.params) {
-        if (p.name != counter || p.kind != ckpt::EntryKind::Tensor || p.nbytes() > kMaxCounterBytes)
-          continue;
-        const std::string value = shown(p.dtype, content_of(source, p));
+      if (const ckpt::Param* p = found[file++][c]) {
+        const std::string value = shown(p->dtype, content_of(source, *p));
         auto it = std::find_if(values.begin(), values.end(),
                                [&](const auto& v) { return v.first == value; });
         if (it == values.end()) {
@@ -70,7 +85,6 @@ void check_step_scalars(const std::map<int64_t, index::IndexedSource>& sources) 
           it = values.end() - 1;
         }
         it->second.push_back(rank);
-        break;
       }
     }
     if (values.size() <= 1) continue;

@@ -9,11 +9,25 @@
 
 namespace ckptfs::ckpt {
 
+namespace detail {
+void put_long_varint(std::string& out, uint64_t value);
+}
+
 // Appends the varint encoding of `value` (a negative int64 takes 10 bytes, as protobuf writes it).
-void put_varint(std::string& out, uint64_t value);
+// Index build writes millions of them, most one byte long: that case is inline.
+inline void put_varint(std::string& out, uint64_t value) {
+  if (value < 0x80)
+    out.push_back(static_cast<char>(value));
+  else
+    detail::put_long_varint(out, value);
+}
 
 // Bytes put_varint would append.
-size_t varint_size(uint64_t value);
+inline size_t varint_size(uint64_t value) {
+  size_t n = 1;
+  for (; value >= 0x80; value >>= 7) ++n;
+  return n;
+}
 
 namespace detail {
 std::optional<uint64_t> get_long_varint(std::span<const uint8_t> in, size_t& used);
