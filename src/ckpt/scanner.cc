@@ -68,6 +68,12 @@ class Window {
     return std::span<const uint8_t>(buf_.data() + (pos - buf_off_), n);
   }
 
+  // The byte at pos when the window holds it and pos < limit, else -1: a header walk's varints
+  // are nearly all one byte, and this answers them without building a span.
+  int byte_at(uint64_t pos, uint64_t limit) const {
+    return pos < limit && pos >= buf_off_ && pos - buf_off_ < buf_len_ ? buf_[pos - buf_off_] : -1;
+  }
+
   void copy(uint64_t pos, std::span<uint8_t> out) {
     if (out.size() > buf_.size()) {
       read_(pos, out);
@@ -140,6 +146,10 @@ class Parser {
 
   template <class What>
   uint64_t varint(uint64_t limit, const What& what) {
+    if (const int b = in_.byte_at(pos_, limit); b >= 0 && b < 0x80) {
+      ++pos_;
+      return static_cast<uint64_t>(b);
+    }
     const uint64_t start = pos_;
     const auto bytes = in_.peek(pos_, 10, limit);
     size_t used = 0;
