@@ -6,9 +6,9 @@
 # timeout (-timeout, s per input) or out-of-memory (-rss_limit_mb); the input that did it is in
 # build-fuzz/artifacts/<name>/. Extra libFuzzer flags: FUZZ_FLAGS="-jobs=2 ..." (they come last,
 # so they override the defaults). The long run of docs/RELIABILITY.md, one target at a time:
-#   FUZZ_FLAGS="-runs=10000000 -timeout=60" scripts/fuzz.sh 86400 TARGET
+#   FUZZ_FLAGS="-runs=10000000 -timeout=120" scripts/fuzz.sh 86400 TARGET
 # (libFuzzer's -timeout is wall-clock time: at low priority on a loaded machine an input that
-# takes 3 ms can wait more than 10 s for a CPU.)
+# takes 3 ms can wait more than 10 s for a CPU; a fuzzer at nice 19 got 3 % of a core at times.)
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 #   scripts/fuzz.sh --build [CMAKE_TARGET...]   # builds every fuzz target and these, runs nothing
 # The same build directory holds the test suite built with the same flags (ASan+UBSan for every
