@@ -644,11 +644,14 @@ FileScan scan_checkpoint_bytes(const ReadExact& read, uint64_t size,
   return scan;
 }
 
+// MindSpore's suffix of a parameter cache key entry, "<name>.__param_key__<n>".
+constexpr std::string_view kParamKeySuffix = ".__param_key__";
+
 bool loads_as_saved(std::span<const Param> params) {
   std::unordered_set<std::string_view> names;
   names.reserve(params.size());
   for (const Param& p : params)
-    if (!names.insert(p.name).second || p.name.find(".__param_key__") != std::string::npos)
+    if (!names.insert(p.name).second || p.name.find(kParamKeySuffix) != std::string::npos)
       return false;
   return true;
 }
@@ -676,15 +679,14 @@ std::vector<Param> loaded_params(FileScan scan) {
   for (Param& p : scan.params) assign(std::move(p));
 
   // MindSpore then pops every "<name>.__param_key__<n>" entry, in order, and stores it as <name>.
-  static constexpr std::string_view kSuffix = ".__param_key__";
   std::vector<size_t> keyed;
   for (size_t i = 0; i < slots.size(); ++i)
-    if (slots[i]->name.find(kSuffix) != std::string::npos) keyed.push_back(i);
+    if (slots[i]->name.find(kParamKeySuffix) != std::string::npos) keyed.push_back(i);
   for (size_t i : keyed) {
     Param p = std::move(*slots[i]);
     slots[i].reset();
     index.erase(p.name);
-    p.name.resize(p.name.find(kSuffix));
+    p.name.resize(p.name.find(kParamKeySuffix));
     assign(std::move(p));
   }
 

@@ -185,14 +185,9 @@ class WireReader {
     return true;
   }
   bool varint(uint64_t& out) {
-    // Most values here (tags, lengths, dims) take one byte.
-    if (at_ != end_ && *at_ < 0x80) {
-      out = *at_++;
-      return true;
-    }
     size_t used = 0;
     const std::optional<uint64_t> v =
-        ckpt::detail::get_long_varint(std::span(at_, static_cast<size_t>(end_ - at_)), used);
+        ckpt::get_varint(std::span(at_, static_cast<size_t>(end_ - at_)), used);
     if (!v) return false;
     at_ += used;
     out = *v;

@@ -827,6 +827,24 @@ bool safetensors_rules(const Sources& sources) {
   return first.scan.format == ckpt::SourceFormat::Safetensors;
 }
 
+// MindSpore's loader rules (ckpt::loaded_params), file after file. A file listing the same names
+// in the same order as the last one that loads as saved loads as saved too: comparing its names
+// is cheaper than hashing them, and a checkpoint's files nearly always list the same names. The
+// scans must stay where they are while rules are applied.
+class LoaderRules {
+ public:
+  void apply(ckpt::FileScan& scan) {
+    if (as_saved_ && ckpt::same_names(*as_saved_, scan.params)) return;
+    if (ckpt::loads_as_saved(scan.params))
+      as_saved_ = &scan.params;
+    else
+      scan.params = ckpt::loaded_params(std::move(scan));
+  }
+
+ private:
+  const std::vector<ckpt::Param>* as_saved_ = nullptr;
+};
+
 Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strategy* dst,
                 const ViewOptions& views, bool safetensors_rules, bool located = false);
 
@@ -922,17 +940,11 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
   if (!views.ckpt && !views.safetensors) fail("no view chosen: give ckpt, safetensors or both");
   const bool st_rules = safetensors_rules(sources);
   std::vector<int64_t> ranks;
-  const std::vector<ckpt::Param>* as_saved = nullptr;  // the last file loaded as saved
+  LoaderRules rules;
   for (auto& [rank, source] : sources) {
-    ranks.push_back(rank);
     // MindSpore's safetensors transform has no duplicate or __param_key__ rules.
-    if (st_rules) continue;
-    std::vector<ckpt::Param>& params = source.scan.params;
-    if (as_saved && ckpt::same_names(*as_saved, params)) continue;
-    if (ckpt::loads_as_saved(params))
-      as_saved = &params;
-    else
-      params = ckpt::loaded_params(std::move(source.scan));
+    if (!st_rules) rules.apply(source.scan);
+    ranks.push_back(rank);
   }
   // The directory holding the rank directories, for messages. A subset of targets loads a
   // subset of the sources; the caller checked the directories then.
@@ -959,9 +971,11 @@ Plan make_located_plan(std::vector<index::IndexedSource> files, const std::vecto
   std::vector<std::pair<int64_t, index::IndexedSource>> ranked;
   for (size_t i = 0; i < files.size(); ++i) ranked.emplace_back(ranks[i], std::move(files[i]));
   const bool st_rules = safetensors_rules(ranked);
+  LoaderRules rules;
+  if (!st_rules)
+    for (auto& [rank, source] : ranked) rules.apply(source.scan);
   Plan plan;
   for (auto& [rank, source] : ranked) {
-    if (!st_rules) source.scan.params = ckpt::loaded_params(std::move(source.scan));
     plan.source_ranks.push_back(rank);
     plan.sources.push_back(std::move(source));
   }
