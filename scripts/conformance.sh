@@ -33,8 +33,10 @@ if [ "$(cat "$venv/requirements.sha256" 2>/dev/null)" != "$stamp" ]; then
     exit 1
   fi
   echo "conformance: installing $requirements into $venv"
-  if ! { "$venv/bin/pip" install --quiet --requirement "$requirements" &&
-         "$venv/bin/pip" install --quiet --no-deps --requirement "$requirements_mf"; } \
+  # No wheel cache: the venv is this lane's cache, and a second copy of its wheels would only take
+  # disk that the suite's fixtures need.
+  if ! { "$venv/bin/pip" install --quiet --no-cache-dir --requirement "$requirements" &&
+         "$venv/bin/pip" install --quiet --no-cache-dir --no-deps --requirement "$requirements_mf"; } \
       >build/conformance-pip.log 2>&1; then
     cat build/conformance-pip.log >&2
     rm -rf "$venv"

@@ -17,8 +17,12 @@ root=$PWD
 times=()
 stage_name=""
 stage_start=0
+# The disk left after each stage is printed too: the suite's tests remove their work folders when
+# they pass, and a failure that reads "No space left on device" is the machine's, not the product's.
+free_disk() { df -h --output=avail . 2>/dev/null | tail -1 | tr -d ' '; }
 end_stage() {
-  [ -n "$stage_name" ] && times+=("$(printf '%6d s  %s' $((SECONDS - stage_start)) "$stage_name")")
+  [ -n "$stage_name" ] &&
+    times+=("$(printf '%6d s  %s (then %s free)' $((SECONDS - stage_start)) "$stage_name" "$(free_disk)")")
   stage_name=""
 }
 stage() {
@@ -26,7 +30,7 @@ stage() {
   stage_name=$1
   stage_start=$SECONDS
   echo
-  echo "=== stage: $1 ($(date +%T))"
+  echo "=== stage: $1 ($(date +%T), $(free_disk) free on $PWD's disk)"
 }
 trap 'end_stage; echo; echo "=== stage times (total ${SECONDS} s):"; printf "%s\n" "${times[@]}"' EXIT
 

@@ -35,7 +35,36 @@ def parse_args():
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
+    global _work
+    _work = args.work
     return args
+
+
+_work = None  # the work folder parse_args made; Checks.finish removes it when every check passed
+
+
+def remove_work(work):
+    """Removes a passed test's work folder: the suite writes gigabytes of fixtures (twice, for the
+    sanitizer stage), more than a CI machine's disk may hold at once. A failed test keeps its
+    folder to look at, and so does any test under CKPTFS_KEEP_WORK=1."""
+    if os.environ.get("CKPTFS_KEEP_WORK") == "1":
+        return
+    root = os.path.realpath(work)
+    with open("/proc/self/mounts") as mounts:
+        left = [line.split()[1] for line in mounts
+                if line.split()[1] == root or line.split()[1].startswith(root + "/")]
+    if left:  # never walk into a mount; a check that leaves one behind has failed already
+        print(f"kept {work}: still mounted at {', '.join(left)}", flush=True)
+        return
+
+    def writable_and_retry(fn, path, _):
+        # Checks of permission errors leave folders without write or search permission.
+        os.chmod(os.path.dirname(path), 0o700)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+        fn(path)
+
+    shutil.rmtree(work, onerror=writable_and_retry)
 
 
 class Checks:
@@ -63,6 +92,8 @@ class Checks:
         for name in self.failed:
             print(f"failed: {name}")
         print(f"{self.passed} passed, {len(self.failed)} failed")
+        if not self.failed and _work:
+            remove_work(_work)
         sys.exit(1 if self.failed else 0)
 
 
