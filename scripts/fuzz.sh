@@ -6,7 +6,10 @@
 # timeout (-timeout, s per input) or out-of-memory (-rss_limit_mb); the input that did it is in
 # build-fuzz/artifacts/<name>/. Extra libFuzzer flags: FUZZ_FLAGS="-jobs=2 ..." (they come last,
 # so they override the defaults). The long run of docs/RELIABILITY.md, one target at a time:
-#   FUZZ_FLAGS="-runs=10000000 -timeout=120" scripts/fuzz.sh 86400 TARGET
+#   ASAN_OPTIONS=quarantine_size_mb=64 FUZZ_FLAGS="-runs=10000000 -timeout=120" \
+#     scripts/fuzz.sh 86400 TARGET
+# (ASan keeps up to 256 MB of freed blocks to catch a use after free; over millions of
+# executions that quarantine, not the product, took target_summary past -rss_limit_mb=512.)
 # (libFuzzer's -timeout is wall-clock time: at low priority on a loaded machine an input that
 # takes 3 ms can wait more than 10 s for a CPU; a fuzzer at nice 19 got 3 % of a core at times.)
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
