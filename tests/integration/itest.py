@@ -50,9 +50,7 @@ def remove_work(work):
     if os.environ.get("CKPTFS_KEEP_WORK") == "1":
         return
     root = os.path.realpath(work)
-    with open("/proc/self/mounts") as mounts:
-        left = [line.split()[1] for line in mounts
-                if line.split()[1] == root or line.split()[1].startswith(root + "/")]
+    left = [m for m in mount_points() if m == root or m.startswith(root + "/")]
     if left:  # never walk into a mount; a check that leaves one behind has failed already
         print(f"kept {work}: still mounted at {', '.join(left)}", flush=True)
         return
@@ -97,10 +95,13 @@ class Checks:
         sys.exit(1 if self.failed else 0)
 
 
-def is_mounted(path):
-    path = os.path.realpath(path)
+def mount_points():
     with open("/proc/self/mounts") as mounts:
-        return any(line.split()[1] == path for line in mounts)
+        return [line.split()[1] for line in mounts]
+
+
+def is_mounted(path):
+    return os.path.realpath(path) in mount_points()
 
 
 def run(cmd, timeout=120, check=True):
