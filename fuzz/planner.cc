@@ -134,9 +134,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t rank = in.ConsumeIntegralInRange<size_t>(1, 3);
   const Side src = random_side(in, rank);
   const Side dst = random_side(in, rank);
+  // Each dim is a multiple of both splits. Past kMaxElements the multiples are dropped (16^3 is
+  // the most left then): every split of both layouts is kept, the executions stay cheap enough
+  // for a long run, and a bigger tensor tiles by the same arithmetic.
+  constexpr int64_t kMaxElements = 4096;
   Shape global(rank), slice(rank);
+  int64_t elements = 1;
   for (size_t j = 0; j < rank; ++j) {
     global[j] = src.split(j) * dst.split(j) * in.ConsumeIntegralInRange<int64_t>(1, 3);
+    elements *= global[j];
+  }
+  for (size_t j = 0; j < rank; ++j) {
+    if (elements > kMaxElements) global[j] = src.split(j) * dst.split(j);
     slice[j] = global[j] / src.split(j);
   }
 

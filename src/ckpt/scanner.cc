@@ -54,10 +54,12 @@ enum WireType : uint32_t {
   kFixed32 = 5
 };
 
-// A fixed window over [0, end) of the file.
+// A fixed window over [0, end) of the file, no bigger than the file: a mount scans every source,
+// and a small one should not cost a zero-filled 64 KiB.
 class Window {
  public:
-  Window(const ReadExact& read, uint64_t end) : read_(read), end_(end), buf_(kWindowBytes) {}
+  Window(const ReadExact& read, uint64_t end)
+      : read_(read), end_(end), buf_(static_cast<size_t>(std::min<uint64_t>(kWindowBytes, end))) {}
 
   // Up to n bytes at pos, fewer only where `limit` (<= end) cuts them.
   std::span<const uint8_t> peek(uint64_t pos, size_t n, uint64_t limit) {
