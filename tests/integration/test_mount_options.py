@@ -149,28 +149,38 @@ def splice_when_busy(args):
     work = os.path.join(args.work, "auto_splice")
     fx = ckpt_fixture.make(PAIR_CASE, os.path.join(work, "fixture"))
     files = sorted(fx.expected_files().items())
-    counts = []
+    mounts = iter(range(1000))
+
+    def spliced(options, readers):
+        n = next(mounts)
+        mnt, log = os.path.join(work, f"mnt{n}"), os.path.join(work, f"log{n}")
+        with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                           dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index"),
+                           log_file=log, log_level="info", options=options):
+            paths = [mounted_path(mnt, path, rank) for rank, path in files[:readers]]
+            with concurrent.futures.ThreadPoolExecutor(readers) as pool:
+                got = list(pool.map(read_whole, paths))
+            for (rank, path), data in zip(files, got):
+                assert data == itest.read_file(path), f"rank {rank} differs ({readers} readers)"
+        return closing_counts(log)[2]
+
     try:
         with open(knob, "w") as f:
             f.write(str(4 << 20))
-        for n, (options, readers) in enumerate([("splice", 1), ("splice", 2), (None, 2)]):
-            mnt, log = os.path.join(work, f"mnt{n}"), os.path.join(work, f"log{n}")
-            with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
-                               dst_strategy=fx.dst_strategy,
-                               index_dir=os.path.join(work, "index"), log_file=log,
-                               log_level="info", options=options):
-                paths = [mounted_path(mnt, path, rank) for rank, path in files[:readers]]
-                with concurrent.futures.ThreadPoolExecutor(readers) as pool:
-                    got = list(pool.map(read_whole, paths))
-                for (rank, path), data in zip(files, got):
-                    assert data == itest.read_file(path), f"rank {rank} differs ({readers} readers)"
-            counts.append(closing_counts(log)[2])
+        lone = spliced("splice", 1)
+        # "Busy" is a READ from the other reader within the last 2 ms. Slowed down by a
+        # sanitizer on a loaded machine, the two readers' READs can keep out of step for a whole
+        # file (once in four TSan runs here), so that try proves nothing: up to three tries.
+        busy = [spliced("splice", 2)]
+        while busy[-1] == 0 and len(busy) < 3:
+            busy.append(spliced("splice", 2))
+        default = spliced(None, 2)
     finally:
         with open(knob, "w") as f:
             f.write(old)
-    assert counts[0] == 0, f"-o splice: a lone reader had {counts[0]} reads spliced"
-    assert counts[1] > 0, "-o splice: two readers at once had no read spliced"
-    assert counts[2] == 0, f"default mount: two readers had {counts[2]} reads spliced"
+    assert lone == 0, f"-o splice: a lone reader had {lone} reads spliced"
+    assert busy[-1] > 0, f"-o splice: two readers at once had no read spliced in {len(busy)} tries"
+    assert default == 0, f"default mount: two readers had {default} reads spliced"
 
 
 def libfuse_option(args):
