@@ -3,8 +3,9 @@
 # suite (unit tests and integration tests that really mount), the conformance lane, then the
 # reliability stages: one clang build with ASan+UBSan of every library (build-fuzz) serves both
 # the sanitizer stage (the whole suite under ASan+UBSan) and the fuzz stage (every fuzz target
-# for a short budget), and a gcc build with TSan for the fs tests; docs/RELIABILITY.md. Exits non-zero when any test fails or is skipped, a
-# sanitizer reports or a fuzzer finds something, and prints each stage's time. Knobs:
+# for a short budget), and a gcc build with TSan runs the fs tests; docs/RELIABILITY.md. Exits
+# non-zero when any test fails or is skipped, a sanitizer reports or a fuzzer finds something,
+# and prints each stage's time. Knobs:
 # CKPTFS_QUICK=1 runs the build and the suite only; CKPTFS_CONFORMANCE=0 skips the conformance
 # lane (offline); CKPTFS_SANITIZERS=0 skips the ASan+UBSan tests (the fuzz stage still builds
 # build-fuzz); CKPTFS_TSAN=0 skips the fs tests and two integration tests under TSan (a gcc build

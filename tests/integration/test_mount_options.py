@@ -5,6 +5,7 @@ Ctrl-C and then unmounts."""
 
 import concurrent.futures
 import errno
+import itertools
 import mmap
 import os
 import re
@@ -149,7 +150,7 @@ def splice_when_busy(args):
     work = os.path.join(args.work, "auto_splice")
     fx = ckpt_fixture.make(PAIR_CASE, os.path.join(work, "fixture"))
     files = sorted(fx.expected_files().items())
-    mounts = iter(range(1000))
+    mounts = itertools.count()
 
     def spliced(options, readers):
         n = next(mounts)
