@@ -1,11 +1,15 @@
 """Limits a mount, an index or an inspect meets on real machines: more source files than the soft
-limit on open files; crafted inputs that claim huge sizes, refused quickly and with bounded memory
-(under an address-space limit of 1 GiB) by one line naming the file; the index under an
+limit on open files; crafted inputs that claim huge sizes or nest a million levels deep, refused
+quickly and with bounded memory (under an address-space limit of 1 GiB) by one line naming the
+file; the index under an
 address-space limit, damaged, and on a full disk."""
 
+import io
 import os
+import struct
 import subprocess
 import time
+import zipfile
 
 import itest
 import ckpt_fixture
@@ -113,22 +117,68 @@ CRAFTED = {
 }
 
 
+def refused_quickly(name, cmd, path):
+    """cmd, under an address-space limit of 1 GiB, refuses path in one line within 10 s."""
+    start = time.monotonic()
+    proc = subprocess.run(limit_as(cmd, 1 << 30), capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - start
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1, f"{name}: exit {proc.returncode}: {proc.stderr[-2000:]}"
+    assert len(lines) == 1 and path in lines[0], f"{name}: {proc.stderr[-2000:]}"
+    assert "unexpected" not in lines[0], f"{name}: {lines[0]}"
+    assert took < 10, f"{name}: refused after {took:.1f}s"
+
+
+def write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
 def crafted_huge_sizes(args):
     work = os.path.join(args.work, "crafted")
     os.makedirs(work, exist_ok=True)
     for name, data in CRAFTED.items():
-        path = os.path.join(work, name + ".ckpt")
-        with open(path, "wb") as f:
-            f.write(data)
-        start = time.monotonic()
-        proc = subprocess.run(limit_as([args.ckptfs, "inspect", path], 1 << 30),
-                              capture_output=True, text=True, timeout=60)
-        took = time.monotonic() - start
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 1, f"{name}: exit {proc.returncode}: {proc.stderr[-2000:]}"
-        assert len(lines) == 1 and path in lines[0], f"{name}: {proc.stderr[-2000:]}"
-        assert "unexpected" not in lines[0], f"{name}: {lines[0]}"
-        assert took < 10, f"{name}: refused after {took:.1f}s"
+        path = write(os.path.join(work, name + ".ckpt"), data)
+        refused_quickly(name, [args.ckptfs, "inspect", path], path)
+
+
+def torch_zip(pickle_bytes):
+    """A torch.save archive of one pickle, no storages (zip, stored, as torch writes it)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pickle_bytes)
+        z.writestr("archive/version", "3\n")
+    return buf.getvalue()
+
+
+def safetensors_file(header):
+    return struct.pack("<Q", len(header)) + header.encode()
+
+
+DEPTH = 1_000_000
+NESTED = {
+    # A JSON strategy whose parameter's dev_matrix is an array a million levels deep.
+    "strategy.json": (["strategy", "show"], (
+        '{"parallel_layout_item": {"w": {"dev_matrix": ' + "[" * DEPTH + "]" * DEPTH +
+        ', "tensor_map": [0], "field": 0}}}').encode()),
+    # A strategy protobuf of 100,000 nested groups (field 9, unknown to the schema).
+    "strategy.ckpt": (["strategy", "show"],
+                      bytes([9 << 3 | 3]) * 100_000 + bytes([9 << 3 | 4]) * 100_000),
+    # A safetensors header whose tensor entry is an array a million levels deep.
+    "nested.safetensors": (["inspect"],
+                           safetensors_file('{"w": ' + "[" * DEPTH + "]" * DEPTH + "}")),
+    # A pickle of lists nested a million deep: a million EMPTY_LISTs, then as many APPENDs.
+    "nested.pt": (["inspect"], torch_zip(b"\x80\x02" + b"]" * DEPTH + b"a" * (DEPTH - 1) + b".")),
+}
+
+
+def deeply_nested(args):
+    work = os.path.join(args.work, "nested")
+    os.makedirs(work, exist_ok=True)
+    for name, (verb, data) in NESTED.items():
+        path = write(os.path.join(work, name), data)
+        refused_quickly(name, [args.ckptfs] + verb + [path], path)
 
 
 def main():
@@ -137,6 +187,7 @@ def main():
     checks.run(f"{SOURCES} sources under a soft limit of 100 open files", many_sources, args)
     checks.run("crafted huge sizes refused quickly under prlimit --as=1G", crafted_huge_sizes,
                args)
+    checks.run("deeply nested inputs refused quickly under prlimit --as=1G", deeply_nested, args)
     checks.run("the index under a 2 GiB address-space limit", index_in_small_address_space, args)
     checks.run("a damaged index is named, and cleared", damaged_index, args)
     checks.run("a full disk is reported as such", full_disk, args)
