@@ -1,8 +1,7 @@
 """Limits a mount, an index or an inspect meets on real machines: more source files than the soft
 limit on open files; crafted inputs that claim huge sizes or nest a million levels deep, refused
 quickly and with bounded memory (under an address-space limit of 1 GiB) by one line naming the
-file; the index under an
-address-space limit, damaged, and on a full disk."""
+file; the index under an address-space limit, damaged, and on a full disk."""
 
 import io
 import os
