@@ -230,6 +230,28 @@ def index_dirs(args):
                   [args.ckptfs, "index", "build", fx.src_dir, "--output", p.path], what, words))
 
 
+def mount_index_dir(args):
+    """The index is only a cache: --index-dir of the wrong kind costs a mount one warning line
+    naming it and what it is, and the mount serves."""
+    fx = demo(args, "mount_index_dir")
+
+    def body(p, words, what):
+        mnt = os.path.join(p.dir, "mnt")
+        os.makedirs(mnt)
+        with itest.unmounting(args.ckptfs, mnt):
+            proc, took = run_bounded(mount_cmd(args, fx, mnt, index_dir=p.path), what)
+            assert proc.returncode == 0, f"{what}: exit {proc.returncode}: {proc.stderr[-2000:]}"
+            warned = [line for line in itest.stderr_lines(proc) if "persistent index" in line]
+            assert len(warned) == 1, f"{what}: {proc.stderr[-2000:]}"
+            for word in words:
+                assert word in warned[0], f"{what}: does not say {word!r}: {warned[0]}"
+            assert os.listdir(os.path.join(mnt, "rank_0")), f"{what}: nothing served"
+            print(f"     {what} ({took:.1f}s) -> {warned[0]}", flush=True)
+
+    each_kind(args, "mount --index-dir", [k for k in DIR_KINDS if k[1] is not make_file],
+              "index", body)
+
+
 def src_dir_kinds(args):
     """SRC_DIR itself, for every command taking one."""
     def body(p, words, what):
@@ -382,6 +404,7 @@ def main():
     checks.run("mount --index", mount_shipped_index, args)
     checks.run("index files (data.mdb)", shipped_index_files, args)
     checks.run("index --index-dir and --output", index_dirs, args)
+    checks.run("mount --index-dir: a warning, and the mount serves", mount_index_dir, args)
     checks.run("SRC_DIR", src_dir_kinds, args)
     checks.run("materialize OUT", materialize_out, args)
     checks.run("verify --against", verify_against, args)
