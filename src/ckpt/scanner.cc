@@ -25,6 +25,7 @@
 #include "ckptfs/ckpt/varint.h"
 #include "ckptfs/error.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/open_path.h"
 #include "ckptfs/util/pread.h"
 #include "ckptfs/util/shape_text.h"
 
@@ -618,8 +619,7 @@ uint64_t Param::elements() const {
 }
 
 FileScan scan_checkpoint(const std::string& path, const ScanOptions& options) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) fail("{}: cannot open: {}", path, errno_text(errno));
+  const UniqueFd fd = util::open_regular(path, "checkpoint file");
   return scan_checkpoint_fd(fd.get(), path, options);
 }
 

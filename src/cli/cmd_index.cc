@@ -17,6 +17,7 @@
 #include "ckptfs/source/discover.h"
 #include "ckptfs/source/step_choice.h"
 #include "ckptfs/source/unified.h"
+#include "ckptfs/util/open_path.h"
 #include "commands.h"
 #include "progress.h"
 #include "view.h"
@@ -142,6 +143,7 @@ void build(IndexOptions& options) {
     fail(
         "index build: --src-strategy and --dst-strategy store target summaries, which only a "
         "shipped index (--output DIR) holds");
+  util::require_directory(options.src_dir, "source directory");
   const std::vector<stdfs::path> paths = files_to_index(options);
   const stdfs::path dir = options.output.empty() ? index_dir(options) : stdfs::path(options.output);
 

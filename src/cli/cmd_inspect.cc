@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -12,7 +13,6 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -24,6 +24,7 @@
 #include "ckptfs/strategy/strategy.h"
 #include "ckptfs/torchzip/torch_file.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/open_path.h"
 #include "ckptfs/util/out_of_memory.h"
 #include "ckptfs/util/shape_text.h"
 #include "commands.h"
@@ -195,8 +196,7 @@ void print_table(const ckpt::FileScan& scan, const InspectOptions& options) {
 
 // Tensors in data-offset order (the file's own), with the dtype code as written.
 void inspect_safetensors(const InspectOptions& options) {
-  const UniqueFd fd(::open(options.file.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) fail("{}: cannot open: {}", options.file, std::strerror(errno));
+  const UniqueFd fd = util::open_regular(options.file, "checkpoint file");
   const safetensors::Header h = safetensors::read_header(fd.get(), options.file);
   if (options.json) {
     nlohmann::json tensors = nlohmann::json::array();
@@ -239,9 +239,10 @@ void inspect_safetensors(const InspectOptions& options) {
 }
 
 bool is_torch_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  const UniqueFd fd = util::open_regular(path, "checkpoint file");
   char head[4] = {};
-  return in.read(head, sizeof head) && torchzip::looks_like_torch(std::string_view(head, 4));
+  return ::pread(fd.get(), head, sizeof head, 0) == static_cast<ssize_t>(sizeof head) &&
+         torchzip::looks_like_torch(std::string_view(head, 4));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/fs/materialize.h"
 #include "ckptfs/fs/tree.h"
+#include "ckptfs/util/open_path.h"
 #include "ckptfs/util/rank_set.h"
 #include "commands.h"
 #include "progress.h"
@@ -32,6 +33,7 @@ void run(const MaterializeArgs& args) {
   // The view plans only these ranks (ViewArgs::ranks); the writer writes them.
   if (!args.view.ranks.empty()) options.ranks = util::parse_rank_set(args.view.ranks);
   options.jobs = args.jobs != 0 ? args.jobs : std::max(1u, std::thread::hardware_concurrency());
+  util::directory_if_present(args.out, "output directory");  // before the work of planning
   ViewNotes notes;
   const std::unique_ptr<fs::Tree> tree_ptr = build_tree(args.view, notes, /*steps=*/false);
   const fs::Tree& tree = *tree_ptr;

@@ -15,6 +15,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/fs/mount.h"
 #include "ckptfs/fs/tree.h"
+#include "ckptfs/util/open_path.h"
 #include "commands.h"
 #include "view.h"
 
@@ -101,6 +102,8 @@ fs::MountOptions mount_options(const MountArgs& args) {
 }
 
 void run_mount(MountArgs& args) {
+  // Before the mountpoint may be created: a mistyped SRC_DIR leaves nothing behind.
+  util::require_directory(args.view.src_dir, "source directory");
   // Before the sources are read: a mountpoint that cannot be used is refused at once.
   fs::prepare_mountpoint(args.mountpoint, has_option(args.options, "nonempty"));
   fs::check_log_file(args.log_file);

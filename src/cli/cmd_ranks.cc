@@ -56,12 +56,10 @@ void add_ranks_command(CLI::App& app) {
   command->add_flag("--minimal", options->minimal,
                     "Only the ranks whose data is read (MindSpore's replicas of the blocks that "
                     "overlap the target); passthrough parameters' source not included");
-  command
-      ->add_option("--src", options->src_dir,
-                   "Also check the checkpoint directory as `mount --ranks TARGET_RANK` would "
-                   "(rank directories against the source strategy, parameters the target needs) "
-                   "and refuse what it refuses")
-      ->check(CLI::ExistingDirectory);
+  command->add_option("--src", options->src_dir,
+                      "Also check the checkpoint directory as `mount --ranks TARGET_RANK` would "
+                      "(rank directories against the source strategy, parameters the target needs) "
+                      "and refuse what it refuses");
   command->add_option("--step", options->step, "With --src: which checkpoint of each rank")
       ->capture_default_str();
   command->add_option("--index-dir", options->index_dir, "With --src: where the index lives");

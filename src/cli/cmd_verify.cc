@@ -31,6 +31,7 @@
 #include "ckptfs/source/unified.h"
 #include "ckptfs/strategy/rank_list.h"
 #include "ckptfs/strategy/strategy.h"
+#include "ckptfs/util/open_path.h"
 #include "ckptfs/util/pread.h"
 #include "commands.h"
 #include "progress.h"
@@ -73,8 +74,10 @@ void verify_sources(const VerifyArgs& args) {
   std::map<int64_t, stdfs::path> files;
   const bool unified = source::read_unified(args.view.src_dir).has_value();
   std::string src_strategy = args.view.src_strategy;
+  std::map<int64_t, std::string> unusable;  // source::Listing's
   if (!unified) {
     const source::Listing listing = source::list_sources(args.view.src_dir);
+    unusable = listing.unusable;
     files = source::choose(listing,
                            source::StepRequest::parse(args.view.step, args.view.allow_mixed_steps))
                 .files;
@@ -133,9 +136,15 @@ void verify_sources(const VerifyArgs& args) {
           // Planning below names the layout problem.
         }
       }
+      std::vector<std::string> where;
+      for (int64_t r : missing) {
+        const auto why = unusable.find(r);
+        where.push_back(why != unusable.end() ? why->second : fmt::format("no rank_{}/", r));
+      }
       findings.add(
-          fmt::format("{}: source ranks {} have no checkpoint file; affected: {}",
-                      args.view.src_dir, fmt::join(missing, ","),
+          fmt::format("{}: source rank{} {} {} no checkpoint file ({}); affected: {}",
+                      args.view.src_dir, missing.size() == 1 ? "" : "s", fmt::join(missing, ","),
+                      missing.size() == 1 ? "has" : "have", fmt::join(where, "; "),
                       affected.empty() ? "none" : fmt::format("{}", fmt::join(affected, "; "))));
     }
   }
@@ -353,11 +362,12 @@ void compare_files(const stdfs::path& view, const stdfs::path& other, Findings& 
 std::optional<stdfs::path> counterpart(const stdfs::path& other_root, const stdfs::path& rel) {
   const stdfs::path same = other_root / rel;
   std::error_code ec;
-  if (stdfs::is_regular_file(same, ec)) return same;
+  // One that is there but not a regular file (a FIFO, a device) is named when opened.
+  if (stdfs::is_regular_file(same, ec) || util::wrong_kind(same, S_IFREG)) return same;
   const stdfs::path dir = other_root / rel.parent_path();
   std::vector<stdfs::path> candidates;
   for (const auto& entry : stdfs::directory_iterator(dir, ec))
-    if (entry.is_regular_file() && entry.path().extension() == rel.extension())
+    if (entry.is_regular_file(ec) && entry.path().extension() == rel.extension())
       candidates.push_back(entry.path());
   if (candidates.size() == 1) return candidates[0];
   return std::nullopt;
@@ -365,16 +375,16 @@ std::optional<stdfs::path> counterpart(const stdfs::path& other_root, const stdf
 
 void verify_against(const VerifyArgs& args) {
   const stdfs::path view(args.view.src_dir), other(args.against);
+  util::require_directory(other, "--against directory");
   std::error_code ec;
-  if (!stdfs::is_directory(other, ec)) fail("--against {}: not a directory", other.string());
   Findings findings;
   size_t files = 0, compared = 0;
   std::vector<stdfs::path> rels;
   for (const auto& dir : stdfs::directory_iterator(view, ec)) {
-    if (!dir.is_directory() || !dir.path().filename().string().starts_with("rank_")) continue;
+    if (!dir.is_directory(ec) || !dir.path().filename().string().starts_with("rank_")) continue;
     for (const auto& f : stdfs::directory_iterator(dir.path(), ec)) {
       const std::string ext = f.path().extension().string();
-      if (f.is_regular_file() && (ext == ".ckpt" || ext == ".safetensors") &&
+      if (f.is_regular_file(ec) && (ext == ".ckpt" || ext == ".safetensors") &&
           !f.path().filename().string().starts_with("."))
         rels.push_back(stdfs::relative(f.path(), view));
     }
@@ -411,6 +421,7 @@ void add_verify_command(CLI::App& app) {
                       "Directory of rank_N/ files written by another tool (e.g. "
                       "transform_checkpoints) to compare the view SRC_DIR with");
   command->callback([args] {
+    util::require_directory(args->view.src_dir, "source directory");
     if (!args->against.empty())
       verify_against(*args);
     else

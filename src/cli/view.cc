@@ -44,6 +44,7 @@
 #include "ckptfs/strategy/strategy.h"
 #include "ckptfs/util/eintr.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/open_path.h"
 #include "ckptfs/util/out_of_memory.h"
 #include "ckptfs/util/rank_set.h"
 #include "progress.h"
@@ -59,8 +60,7 @@ CLI::App* add_view_command(CLI::App& app, std::string name, std::string descript
                    "output/ directory, a MindFormers metadata checkpoint (the directory of "
                    "latest_checkpointed_iteration.txt, or one iteration_<N>/), or an hfai "
                    "checkpoint (a directory of PART_000.pt ...)")
-      ->required()
-      ->check(CLI::ExistingDirectory);
+      ->required();  // checked by the command, in its one line: a missing one is bad input
   command->add_option("--src-strategy", args.src_strategy,
                       "Strategy the sources were saved with: protobuf file, .json file, or a "
                       "directory of per-stage files (omit: a MindFormers output/strategy/ if "
@@ -220,8 +220,9 @@ struct Planning {
   // Set at mount, or on the first plan from `compact` (see decode_strategies).
   mutable std::shared_ptr<const strategy::Strategy> src, dst;
   std::optional<std::filesystem::path> index_dir;
-  std::string shipped;  // --index
-  std::string root;     // the directory holding rank_<N>/, for messages
+  std::string shipped;                      // --index
+  std::string root;                         // the directory holding rank_<N>/, for messages
+  std::map<int64_t, std::string> unusable;  // source::Listing's, for messages
   plan::ViewOptions views;
   bool quiet = false;
   // index build: the scans come from this store (being built), not from index_dir or shipped.
@@ -284,7 +285,7 @@ struct Planning {
       paths.push_back(path);
     }
     // Before indexing: a wrong strategy is refused without scanning every file first.
-    plan::check_rank_count(ranks, src.get(), root);
+    plan::check_rank_count(ranks, src.get(), root, unusable);
     if (!shown.ranks.empty()) {
       strategy::TransformMemo own;
       keep_needed(shown.ranks, ranks, paths, memos ? memos->transform : own);
@@ -502,6 +503,7 @@ RankDirs prepare_rank_dirs(const ViewArgs& args, ViewNotes& notes,
     std::tie(planning->src, planning->dst) = read_strategies(out.src_strategy, args.dst_strategy);
   planning->index_dir = index_dir(args);
   planning->root = out.listing.root.string();
+  planning->unusable = out.listing.unusable;
   planning->views = view_options(args);
   planning->shipped = args.shipped_index;
   planning->quiet = args.quiet;
@@ -514,9 +516,11 @@ RankDirs prepare_rank_dirs(const ViewArgs& args, ViewNotes& notes,
 std::string strategy_digest(const std::string& path) {
   if (path.empty()) return "none";
   std::vector<std::filesystem::path> files;
-  if (std::filesystem::is_directory(path)) {
-    for (const auto& entry : std::filesystem::directory_iterator(path))
-      if (entry.is_regular_file()) files.push_back(entry.path());
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {  // anything else open_regular names
+    for (const auto& entry : std::filesystem::directory_iterator(path, ec))
+      if (entry.is_regular_file(ec)) files.push_back(entry.path());
+    if (ec) fail("{}: cannot list the strategy directory: {}", path, ec.message());
     std::sort(files.begin(), files.end());
   } else {
     files.push_back(path);
@@ -525,8 +529,7 @@ std::string strategy_digest(const std::string& path) {
   uint32_t crc = 0;
   std::vector<uint8_t> buf(1 << 20);
   for (const std::filesystem::path& file : files) {
-    UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) fail("{}: cannot open: {}", file.string(), std::strerror(errno));
+    const UniqueFd fd = util::open_regular(file, "strategy file");
     for (;;) {
       const ssize_t n = retry_eintr([&] { return ::read(fd.get(), buf.data(), buf.size()); });
       if (n < 0) fail("{}: cannot read: {}", file.string(), std::strerror(errno));
@@ -770,6 +773,7 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
 
 size_t summarize_targets(const ViewArgs& args, index::Store& store,
                          const std::function<void(size_t, size_t)>& progress) {
+  util::require_directory(args.src_dir, "source directory");
   if (hfai::is_hfai_dir(args.src_dir) || mindformers::find_iteration(args.src_dir, args.step) ||
       source::read_unified(args.src_dir))
     fail("{}: target summaries are for directories of rank_<N>/ checkpoints only", args.src_dir);
@@ -826,6 +830,7 @@ size_t summarize_targets(const ViewArgs& args, index::Store& store,
 }
 
 std::unique_ptr<fs::Tree> build_tree(const ViewArgs& args, ViewNotes& notes, bool steps) {
+  util::require_directory(args.src_dir, "source directory");
   // A source that runs out of memory while scanned is named by the scan; past that, the view.
   std::unique_ptr<fs::Tree> tree =
       naming_out_of_memory(args.src_dir, "planning the view of its files",

@@ -20,6 +20,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/util/eintr.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/open_path.h"
 
 namespace ckptfs::fs {
 
@@ -54,8 +55,11 @@ bool is_complete(const Job& job) {
 int open_temp(Job& job) {
   std::lock_guard lock(job.mu);
   if (!job.fd) {
-    job.fd =
-        UniqueFd(::open(job.temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    // A new file, never one already there: a FIFO would block the open, a symlink would send
+    // the bytes elsewhere. The name is ours (a stopped run's leftover), so it is removed first.
+    ::unlink(job.temp_path.c_str());
+    job.fd = UniqueFd(
+        ::open(job.temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (!job.fd) fail("{}: cannot create: {}", job.temp_path.string(), errno_text(errno));
   }
   return job.fd.get();
@@ -114,7 +118,11 @@ MaterializeResult materialize(const Tree& tree, const stdfs::path& out,
     job->size = target.file.size();
     job->mtime = tree.mtime(job->ino);
     const stdfs::path dir = out / target.dir_name();
+    // What is there already must be what this writes (a FIFO or a device is not replaced).
+    util::directory_if_present(dir, "output directory");
     job->final_path = dir / target.file_name();
+    if (auto kind = util::wrong_kind(job->final_path, S_IFREG))
+      util::refuse_kind(job->final_path, "output file", *kind, S_IFREG);
     job->temp_path = dir / fmt::format(".{}.partial", target.file_name());
     if (is_complete(*job)) {
       ++result.skipped;

@@ -29,6 +29,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/util/eintr.h"
+#include "ckptfs/util/open_path.h"
 #include "device_io.h"
 #include "fuse_ops.h"
 
@@ -362,11 +363,11 @@ stdfs::path resolve_mountpoint(const stdfs::path& mountpoint) {
 
 void check_log_file(const std::string& log_file) {
   if (log_file.empty()) return;
-  const int fd = ::open(log_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0)
-    fail("--log-file {}: cannot write to it: {}; give a writable path", log_file,
-         errno_text(errno));
-  ::close(fd);
+  try {
+    util::open_regular_append(log_file, "log file", 0644);
+  } catch (const Error& e) {
+    fail("--log-file {}; give a writable path to a regular file", e.what());
+  }
 }
 
 void prepare_mountpoint(const std::filesystem::path& mountpoint, bool nonempty) {
@@ -386,9 +387,17 @@ void prepare_mountpoint(const std::filesystem::path& mountpoint, bool nonempty) 
       spdlog::warn("{}: the ckptfs daemon serving it is gone; detaching that dead mount",
                    where.string());
       unmount(where, /*lazy=*/true);
+    } else if (auto kind = util::wrong_kind(where, S_IFDIR)) {  // a symlink loop or dangling
+      fail("cannot mount at {}: it is {}, not a directory", where.string(), *kind);
     } else if (err == ENOENT) {
+      // Only the last component: a mistyped path must not leave a trail of new directories.
       std::error_code ec;
-      stdfs::create_directories(where, ec);
+      if (!stdfs::is_directory(where.parent_path(), ec))
+        fail(
+            "cannot mount at {}: {} does not exist; create it first (ckptfs creates only the "
+            "mountpoint itself)",
+            where.string(), where.parent_path().string());
+      stdfs::create_directory(where, ec);
       if (ec) fail("cannot mount at {}: cannot create it: {}", where.string(), ec.message());
       spdlog::info("{}: created the mountpoint", where.string());
       return;
@@ -396,8 +405,9 @@ void prepare_mountpoint(const std::filesystem::path& mountpoint, bool nonempty) 
       fail("cannot mount at {}: {}", where.string(), errno_text(err));
     }
   }
+  if (auto kind = util::wrong_kind(where, S_IFDIR))
+    fail("cannot mount at {}: it is {}, not a directory", where.string(), *kind);
   std::error_code ec;
-  if (!stdfs::is_directory(where, ec)) fail("cannot mount at {}: not a directory", where.string());
   if (nonempty) return;
   if (const std::optional<MountEntry> entry = find_mount(where);
       entry && entry->fstype == "fuse.ckptfs")

@@ -65,6 +65,9 @@ ckpt::FileScan scan_source(int fd, const std::string& name) {
   return naming_out_of_memory(name, "scanning it", [&] {
     char head[4] = {};
     const ssize_t got = ::pread(fd, head, sizeof head, 0);
+    // An empty protobuf is a valid checkpoint of no parameters, which planning would then
+    // report as parameters missing from it: a 0-byte source is a save that never wrote.
+    if (got == 0) fail("{}: the checkpoint file is empty (0 bytes); save or copy it again", name);
     if (got == sizeof head && torchzip::looks_like_torch(std::string_view(head, sizeof head)))
       return torchzip::scan_torch_fd(fd, name);
     return safetensors::is_safetensors_name(name) ? safetensors::scan_safetensors_fd(fd, name)

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ckptfs/error.h"
+#include "ckptfs/util/open_path.h"
 
 namespace ckptfs::index::lmdb {
 
@@ -39,6 +40,12 @@ void check(int rc, const std::filesystem::path& dir, std::string_view what) {
 }
 
 Env Env::open(const std::filesystem::path& dir, size_t map_size, unsigned max_dbs, unsigned flags) {
+  // LMDB opens and maps its two files whatever they are: a FIFO or a device (/dev/zero maps
+  // without end) in their place is refused here, naming it.
+  util::require_directory(dir, "index directory");
+  for (const char* name : {"data.mdb", "lock.mdb"})
+    if (auto kind = util::wrong_kind(dir / name, S_IFREG))
+      util::refuse_kind(dir / name, "index file", *kind, S_IFREG);
   Env env;  // closes the handle if a step below throws
   env.dir_ = dir;
   check(mdb_env_create(&env.env_), dir, "cannot create the LMDB environment");

@@ -18,6 +18,7 @@
 #include "ckptfs/ckpt/varint.h"
 #include "ckptfs/error.h"
 #include "ckptfs/index/lmdb.h"
+#include "ckptfs/util/open_path.h"
 #include "index.pb.h"
 
 namespace ckptfs::index {
@@ -37,12 +38,16 @@ void make_dirs(const fs::path& dir) {
   struct stat st;
   if (::stat(dir.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) {
-      fail("{}: cannot use as index directory: not a directory", dir.string());
+      fail("{}: cannot use as index directory: it is {}, not a directory", dir.string(),
+           util::wrong_kind(dir, S_IFDIR).value_or(util::kind_of_mode(st.st_mode)));
     }
     return;
   }
   if (errno != ENOENT) {
-    fail("{}: cannot use as index directory: {}", dir.string(), std::strerror(errno));
+    const int err = errno;
+    if (auto kind = util::wrong_kind(dir, S_IFDIR))
+      fail("{}: cannot use as index directory: it is {}", dir.string(), *kind);
+    fail("{}: cannot use as index directory: {}", dir.string(), std::strerror(err));
   }
   if (dir.has_parent_path() && dir.parent_path() != dir) make_dirs(dir.parent_path());
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
@@ -488,7 +493,8 @@ Store::Store(const fs::path& dir, size_t initial_map_size) {
   try {
     impl_->env = lmdb::Env::open(dir, initial_map_size, 3, MDB_NOTLS);
   } catch (const Error& e) {
-    if (!fs::exists(dir / "data.mdb")) throw;
+    std::error_code ec;
+    if (!fs::exists(dir / "data.mdb", ec)) throw;
     fail("{}; the index is only a cache: `ckptfs index clear --index-dir {}` removes it", e.what(),
          dir.string());
   }
@@ -520,6 +526,9 @@ Store::Store(const fs::path& dir, size_t initial_map_size) {
 }
 
 Store Store::open_shipped(const fs::path& dir) {
+  util::require_directory(dir, "index directory (--index)");
+  if (auto kind = util::wrong_kind(dir / "data.mdb", S_IFREG))
+    util::refuse_kind(dir / "data.mdb", "index file (--index)", *kind, S_IFREG);
   std::error_code ec;
   if (!fs::is_regular_file(dir / "data.mdb", ec))
     fail("--index {}: no data.mdb there; build the index with `ckptfs index build SRC --output {}`",

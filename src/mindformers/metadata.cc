@@ -4,18 +4,17 @@
 #include <array>
 #include <bit>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <system_error>
 
 #include "ckptfs/ckpt/dtype.h"
 #include "ckptfs/error.h"
 #include "ckptfs/strategy/layout.h"
 #include "ckptfs/util/json_int.h"
+#include "ckptfs/util/open_path.h"
 #include "ckptfs/util/shape_text.h"
 
 namespace ckptfs::mindformers {
@@ -27,14 +26,7 @@ namespace {
 
 constexpr size_t kMaxFailures = 20;
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot read it", path.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) fail("{}: cannot read it", path.string());
-  return text.str();
-}
+std::string read_text(const fs::path& path) { return util::read_regular(path, "file"); }
 
 Json parse_json(const fs::path& path) {
   try {
@@ -384,6 +376,9 @@ Iteration read_iteration(const fs::path& dir) {
   std::error_code ec;
   for (const auto& [name, rank] : rank_of) {
     const fs::path path = dir / name;
+    if (auto kind = util::wrong_kind(path, S_IFREG))
+      fail("{}: {} names {}, which is {}, not a regular file", path.string(), kMetadataFile, name,
+           *kind);
     if (!fs::is_regular_file(path, ec))
       fail("{}: {} names {}, which is missing; copy the whole iteration directory", path.string(),
            kMetadataFile, name);

@@ -34,7 +34,7 @@ bool may_be_unsaved(std::string_view name) {
 }  // namespace
 
 void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strategy* src,
-                      const std::string& src_dir) {
+                      const std::string& src_dir, const std::map<int64_t, std::string>& unusable) {
   const int64_t devices = src ? src->devices_per_stage : 1;
   const int64_t stages = src ? src->num_stages : 1;
   const int64_t expected = devices * stages;
@@ -52,7 +52,9 @@ void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strateg
           "{}: without --src-strategy the source is one full checkpoint in rank_0/, but there "
           "are also {}; give --src-strategy with the strategy the checkpoints were saved with",
           src_dir, rank_dirs(extra));
-    fail("{}: no rank_0/ checkpoint, needed without --src-strategy (one full checkpoint)", src_dir);
+    const auto why = unusable.find(0);
+    fail("{}: no rank_0/ checkpoint{}, needed without --src-strategy (one full checkpoint)",
+         src_dir, why == unusable.end() ? "" : " (" + why->second + ")");
   }
   const std::string shape =
       fmt::format("the source strategy {} describes {} rank{} ({} device{} x {} stage{})",
@@ -63,14 +65,22 @@ void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strateg
         "{}: {} rank directories, but {}: {} {} no place in it; give the strategy the "
         "checkpoints were saved with (for a pipeline job, the directory of every stage's file)",
         src_dir, present.size(), shape, rank_dirs(extra), extra.size() == 1 ? "has" : "have");
+  // A rank whose directory is there but unusable (empty, a FIFO, a symlink loop) is named as
+  // such: "missing" would send the user looking for a directory they can see.
   std::string which;
-  for (size_t i = 0; i < missing.size() && i < kMaxNamed; ++i)
-    which += fmt::format("{}rank_{}/ (source rank {})", i ? ", " : "", missing[i], missing[i]);
+  bool all_absent = true;
+  for (size_t i = 0; i < missing.size() && i < kMaxNamed; ++i) {
+    const auto why = unusable.find(missing[i]);
+    all_absent = all_absent && why == unusable.end();
+    which += why == unusable.end()
+                 ? fmt::format("{}rank_{}/ (source rank {})", i ? ", " : "", missing[i], missing[i])
+                 : fmt::format("{}source rank {}: {}", i ? "; " : "", missing[i], why->second);
+  }
   if (missing.size() > kMaxNamed) which += fmt::format(" and {} more", missing.size() - kMaxNamed);
   fail(
-      "{}: {} rank directories, but {}: missing {}; copy in every rank's checkpoint, or give the "
+      "{}: {} rank directories, but {}: {} {}; copy in every rank's checkpoint, or give the "
       "strategy the checkpoints were saved with",
-      src_dir, present.size(), shape, which);
+      src_dir, present.size(), shape, all_absent ? "missing" : "no checkpoint for", which);
 }
 
 void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sources,

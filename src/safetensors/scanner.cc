@@ -17,6 +17,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/safetensors/format.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/open_path.h"
 #include "ckptfs/util/pread.h"
 
 namespace ckptfs::safetensors {
@@ -240,8 +241,7 @@ ckpt::FileScan scan_safetensors_fd(int fd, const std::string& display_name) {
 }
 
 ckpt::FileScan scan_safetensors(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) fail("{}: cannot open: {}", path, std::strerror(errno));
+  const UniqueFd fd = util::open_regular(path, "checkpoint file");
   return scan_safetensors_fd(fd.get(), path);
 }
 

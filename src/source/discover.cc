@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "ckptfs/error.h"
+#include "ckptfs/util/open_path.h"
 
 namespace ckptfs::source {
 
@@ -109,12 +110,34 @@ std::pair<int64_t, int64_t> last_two(std::string_view name) {
 }
 
 // Why `path` (symlinks followed) is not of the wanted type; nullopt when it is.
+// "not a regular file: a FIFO (named pipe)", "not a directory: a symlink loop (...)".
 std::optional<std::string> type_mismatch(const fs::path& path, fs::file_type wanted) {
+  const bool dir = wanted == fs::file_type::directory;
+  const std::string_view expected = dir ? "not a directory" : "not a regular file";
+  if (auto kind = util::wrong_kind(path, dir ? S_IFDIR : S_IFREG))
+    return fmt::format("{}: {}", expected, *kind);
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
   if (ec) return fmt::format("cannot stat it: {}", ec.message());
   if (status.type() == wanted) return std::nullopt;
-  return wanted == fs::file_type::directory ? "not a directory" : "not a regular file";
+  return std::string(expected);
+}
+
+// Why a rank directory gave no candidate, for the message that counts it missing: "rank_5/ is
+// empty", "rank_7/ holds no regular checkpoint file (checkpoint_7.ckpt: not a regular file: a
+// FIFO (named pipe))".
+std::string why_no_candidate(const fs::path& rank_dir, size_t entries,
+                             const std::vector<Ignored>& ignored, size_t first_ignored) {
+  const std::string name = rank_dir.filename().string() + "/";
+  if (entries == 0) return name + " is empty";
+  std::string odd;
+  for (size_t i = first_ignored; i < ignored.size(); ++i) {
+    const std::string file = ignored[i].path.filename().string();
+    if (!is_checkpoint_name(file) || ignored[i].side_file || file.starts_with('.')) continue;
+    odd += fmt::format("{}{}: {}", odd.empty() ? "" : "; ", file, ignored[i].why);
+  }
+  if (odd.empty()) return name + " holds no regular, non-hidden *.ckpt or *.safetensors file";
+  return fmt::format("{} holds no regular checkpoint file ({})", name, odd);
 }
 
 bool is_side_file(std::string_view name) {
@@ -194,18 +217,23 @@ Listing list_sources(const fs::path& src_dir) {
       result.ignored.push_back({path, "not a rank_<digits> directory"});
       continue;
     }
+    const std::optional<int64_t> rank = number(name.substr(kRankPrefix.size()));
     if (auto why = type_mismatch(path, fs::file_type::directory)) {
       result.ignored.push_back({path, *why});
+      if (rank) result.unusable.emplace(*rank, fmt::format("{} is {}", name, *why));
       continue;
     }
-    const std::optional<int64_t> rank = number(name.substr(kRankPrefix.size()));
     if (!rank) {
       result.ignored.push_back({path, "rank number too large"});
       continue;
     }
+    const size_t first_ignored = result.ignored.size();
     RankDir dir = list_rank_dir(path, result.ignored);
     if (dir.candidates.empty()) {
-      result.ignored.push_back({path, "no regular *.ckpt or *.safetensors file in it"});
+      const size_t entries = result.ignored.size() - first_ignored;
+      const std::string why = why_no_candidate(path, entries, result.ignored, first_ignored);
+      result.ignored.push_back({path, why});
+      result.unusable.emplace(*rank, why);
       continue;
     }
     auto [it, inserted] = rank_dir_names.emplace(*rank, name);

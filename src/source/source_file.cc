@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "ckptfs/error.h"
+#include "ckptfs/util/open_path.h"
 
 namespace ckptfs::source {
 
@@ -65,14 +66,11 @@ Fingerprint fingerprint_of(int fd, const std::string& display_name) {
 SourceFile SourceFile::open(const std::filesystem::path& path) {
   SourceFile file;
   file.path = path;
-  file.fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!file.fd) fail("{}: cannot open: {}", path.string(), std::strerror(errno));
+  file.fd = util::open_regular(path, "checkpoint file");
   struct stat st;
   if (::fstat(file.fd.get(), &st) != 0) {
     fail("{}: fstat failed: {}", path.string(), std::strerror(errno));
   }
-  // Opening a directory read-only succeeds; reading it would fail later with a worse message.
-  if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", path.string());
   file.fingerprint = Fingerprint::from_stat(st);
   return file;
 }

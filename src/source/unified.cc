@@ -1,14 +1,13 @@
 #include "ckptfs/source/unified.h"
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <system_error>
 #include <tuple>
 
 #include "ckptfs/error.h"
+#include "ckptfs/util/open_path.h"
 
 namespace ckptfs::source {
 
@@ -35,13 +34,10 @@ std::optional<UnifiedDir> read_unified(const fs::path& dir) {
   const fs::path map_path = dir / kParamNameMap;
   std::error_code ec;
   if (!fs::exists(map_path, ec)) return std::nullopt;
-  std::ifstream in(map_path);
-  if (!in) fail("{}: cannot read it", map_path.string());
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = util::read_regular(map_path, "file");
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(text.str());
+    doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     fail("{}: byte offset {}: not valid JSON ({})", map_path.string(), e.byte > 0 ? e.byte - 1 : 0,
          e.what());
@@ -64,9 +60,14 @@ std::optional<UnifiedDir> read_unified(const fs::path& dir) {
     if (!file.ends_with(".safetensors") || file.find('/') != std::string::npos)
       fail("{}: parameter {} maps to \"{}\", not a *.safetensors file of {}", map_path.string(),
            name, file, dir.string());
-    if (files.insert(file).second && !fs::is_regular_file(dir / file, ec))
-      fail("{}: parameter {} is in {}, which is missing", map_path.string(), name,
-           (dir / file).string());
+    if (files.insert(file).second) {
+      const fs::path path = dir / file;
+      if (auto kind = util::wrong_kind(path, S_IFREG))
+        fail("{}: parameter {} is in {}, which is {}, not a regular file", map_path.string(), name,
+             path.string(), *kind);
+      if (!fs::is_regular_file(path, ec))
+        fail("{}: parameter {} is in {}, which is missing", map_path.string(), name, path.string());
+    }
     out.weight_map.emplace(name, file);
   }
   if (files.empty()) fail("{}: names no parameter", map_path.string());

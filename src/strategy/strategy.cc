@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -18,6 +17,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/util/json_int.h"
+#include "ckptfs/util/open_path.h"
 #include "strategy.pb.h"
 
 namespace ckptfs::strategy {
@@ -130,13 +130,7 @@ struct FileStrategy {
   std::vector<std::pair<std::string, ParamLayout>> layouts;  // names as written
 };
 
-std::string read_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open strategy file: {}", path.string(), std::strerror(errno));
-  std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (in.bad()) fail("{}: cannot read strategy file: {}", path.string(), std::strerror(errno));
-  return bytes;
-}
+std::string read_bytes(const fs::path& path) { return util::read_regular(path, "strategy file"); }
 
 // --- protobuf -------------------------------------------------------------------------------
 
@@ -434,10 +428,12 @@ Strategy read_directory(const fs::path& dir) {
   for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     if (name.empty() || name[0] == '.') continue;
-    std::error_code ec;
-    if (!entry.is_regular_file(ec)) continue;  // follows symlinks
-    if (entry.path().extension() == ".ckpt") protobufs.push_back(entry.path());
-    if (entry.path().extension() == ".json") jsons.push_back(entry.path());
+    const fs::path ext = entry.path().extension();
+    if (ext != ".ckpt" && ext != ".json") continue;
+    // A stage's file that cannot be read must not be left out silently (symlinks followed).
+    if (auto kind = util::wrong_kind(entry.path(), S_IFREG))
+      util::refuse_kind(entry.path(), "strategy file", *kind, S_IFREG);
+    (ext == ".ckpt" ? protobufs : jsons).push_back(entry.path());
   }
   if (!protobufs.empty() && !jsons.empty())
     fail("{}: strategy directory mixes *.ckpt and *.json files", dir.string());
@@ -465,10 +461,10 @@ Strategy read_directory(const fs::path& dir) {
 }  // namespace
 
 Strategy read_strategy(const std::filesystem::path& path) {
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) fail("{}: strategy file does not exist", path.string());
-  if (fs::is_directory(status)) return read_directory(path);
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return read_directory(path);
+  if (::lstat(path.c_str(), &st) != 0) fail("{}: strategy file does not exist", path.string());
+  // Anything else but a regular file (a FIFO, a device, a symlink loop) read_bytes refuses.
 
   FileStrategy f = parse_file(path);
   if (f.layouts.empty()) fail("{}: strategy file has no parallel_layout_item", f.file);

@@ -10,6 +10,7 @@
 #include "ckptfs/torchzip/pickle.h"
 #include "ckptfs/torchzip/zip.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/open_path.h"
 #include "io.h"
 
 namespace ckptfs::torchzip {
@@ -92,8 +93,7 @@ ckpt::FileScan scan_torch_fd(int fd, const std::string& name) {
 }
 
 ckpt::FileScan scan_torch(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) fail("{}: cannot open: {}", path, std::strerror(errno));
+  const UniqueFd fd = util::open_regular(path, "checkpoint file");
   return scan_torch_fd(fd.get(), path);
 }
 

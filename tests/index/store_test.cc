@@ -516,14 +516,17 @@ TEST_F(StoreTest, DirectoryBeneathAFileIsAnError) {
   }
 }
 
-TEST_F(StoreTest, UnopenableEnvironmentNamesTheDirectoryAndLmdbReason) {
+// LMDB is not handed a data.mdb that is not a regular file (it would map /dev/zero, or block on
+// nothing but fail obscurely): the file is named with what it is.
+TEST_F(StoreTest, UnopenableEnvironmentNamesTheFileAndWhatItIs) {
   fs::create_directories(dir_ / "data.mdb");
   try {
     Store store(dir_);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr(dir_.string() + ": cannot open the LMDB environment: "));
-    EXPECT_THAT(e.what(), HasSubstr("Is a directory"));
+    EXPECT_THAT(e.what(), HasSubstr((dir_ / "data.mdb").string() +
+                                    ": the index file is a directory, not a regular file"));
+    EXPECT_THAT(e.what(), HasSubstr("ckptfs index clear --index-dir " + dir_.string()));
   }
   // The failed open released the directory.
   fs::remove(dir_ / "data.mdb");

@@ -174,7 +174,7 @@ def verify_sources(args):
     proc = itest.run(base, check=False)
     shutil.move(gone, os.path.join(fx.src_dir, "rank_5"))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "source ranks 5 have no checkpoint file" in proc.stdout, proc.stdout
+    assert "source rank 5 has no checkpoint file (no rank_5/)" in proc.stdout, proc.stdout
     assert "target rank" in proc.stdout, proc.stdout
 
 

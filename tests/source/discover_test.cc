@@ -3,6 +3,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <optional>
@@ -166,7 +167,7 @@ TEST_F(DiscoverTest, HiddenFileIsNeverChosenEvenAlone) {
   const Discovery d = discover(root_);
   EXPECT_TRUE(d.files.empty());
   EXPECT_TRUE(warned(d, ".only.ckpt"));
-  EXPECT_TRUE(warned(d, "rank_2: ignored, no regular *.ckpt"));
+  EXPECT_TRUE(warned(d, "rank_2: ignored, rank_2/ holds no regular, non-hidden *.ckpt"));
 }
 
 TEST_F(DiscoverTest, SuffixIsCaseSensitiveAndExact) {
@@ -209,8 +210,32 @@ TEST_F(DiscoverTest, NonDirectoryNamedLikeARankIsIgnored) {
   file("rank_7/a.ckpt");
   const Discovery d = discover(root_);
   EXPECT_THAT(d.files, ElementsAre(Pair(7, root_ / "rank_7/a.ckpt")));
-  EXPECT_TRUE(warned(d, "rank_5: ignored, not a directory"));
-  EXPECT_TRUE(warned(d, "rank_6: ignored, cannot stat"));
+  EXPECT_TRUE(warned(d, "rank_5: ignored, not a directory: a regular file"));
+  EXPECT_TRUE(warned(d, "rank_6: ignored, not a directory: a dangling symlink to "));
+  const Listing listing = list_sources(root_);
+  EXPECT_EQ(listing.unusable.at(5), "rank_5 is not a directory: a regular file");
+  EXPECT_THAT(listing.unusable.at(6), HasSubstr("rank_6 is not a directory: a dangling symlink"));
+  EXPECT_FALSE(listing.unusable.contains(7));
+}
+
+// A FIFO or a device in a rank directory is never opened (opening a FIFO blocks), and the rank
+// is reported with what its entry is; so is a rank directory that is a symlink loop.
+TEST_F(DiscoverTest, SpecialFilesAreNamedWithTheirKind) {
+  dir("rank_0");
+  ASSERT_EQ(::mkfifo((root_ / "rank_0/checkpoint_0.ckpt").c_str(), 0644), 0);
+  dir("rank_1");
+  fs::create_symlink("/dev/zero", root_ / "rank_1/checkpoint_1.ckpt");
+  fs::create_symlink(root_ / "rank_2.loop", root_ / "rank_2");
+  fs::create_symlink(root_ / "rank_2", root_ / "rank_2.loop");
+  const Listing listing = list_sources(root_);
+  EXPECT_TRUE(listing.ranks.empty());
+  EXPECT_EQ(listing.unusable.at(0),
+            "rank_0/ holds no regular checkpoint file (checkpoint_0.ckpt: not a regular file: a "
+            "FIFO (named pipe))");
+  EXPECT_EQ(listing.unusable.at(1),
+            "rank_1/ holds no regular checkpoint file (checkpoint_1.ckpt: not a regular file: a "
+            "symlink to /dev/zero, a character device)");
+  EXPECT_THAT(listing.unusable.at(2), HasSubstr("rank_2 is not a directory: a symlink loop"));
 }
 
 TEST_F(DiscoverTest, EmptyRankDirectoryIsIgnoredWithAWarning) {
@@ -218,9 +243,11 @@ TEST_F(DiscoverTest, EmptyRankDirectoryIsIgnoredWithAWarning) {
   file("rank_1/notes.txt");
   const Discovery d = discover(root_);
   EXPECT_TRUE(d.files.empty());
-  EXPECT_TRUE(warned(d, "rank_0: ignored, no regular *.ckpt"));
-  EXPECT_TRUE(warned(d, "rank_1: ignored, no regular *.ckpt"));
+  EXPECT_TRUE(warned(d, "rank_0: ignored, rank_0/ is empty"));
+  EXPECT_TRUE(warned(d, "rank_1: ignored, rank_1/ holds no regular, non-hidden *.ckpt"));
   EXPECT_TRUE(warned(d, "notes.txt"));
+  const Listing listing = list_sources(root_);
+  EXPECT_EQ(listing.unusable.at(0), "rank_0/ is empty");
 }
 
 TEST_F(DiscoverTest, SymlinksAreFollowed) {
@@ -243,7 +270,7 @@ TEST_F(DiscoverTest, BrokenLinksAndDirectoriesAreNotCheckpoints) {
   const Discovery d = discover(root_);
   EXPECT_EQ(d.files.at(0), root_ / "rank_0/a.ckpt");
   EXPECT_TRUE(warned(d, "y.ckpt: ignored, not a regular file"));
-  EXPECT_TRUE(warned(d, "z.ckpt: ignored, cannot stat"));
+  EXPECT_TRUE(warned(d, "z.ckpt: ignored, not a regular file: a dangling symlink to "));
 }
 
 TEST_F(DiscoverTest, MissingSourceIsAnErrorNamingIt) {

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include "ckptfs/error.h"
 #include "support/test_support.h"
@@ -151,7 +152,31 @@ TEST_F(SourceFileTest, OpenErrorsNameThePath) {
     SourceFile::open(root_);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr(root_.string() + ": not a regular file"));
+    EXPECT_THAT(e.what(), HasSubstr(root_.string() + ": the checkpoint file is a directory, not a "
+                                                     "regular file"));
+  }
+}
+
+// A FIFO would block open(2) until a writer came; a device such as /dev/zero reads without end.
+// Neither is opened for reading: each is refused at once, naming what it is.
+TEST_F(SourceFileTest, SpecialFilesAreRefusedWithoutBlocking) {
+  const fs::path fifo = root_ / "fifo.ckpt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const fs::path zero = root_ / "zero.ckpt";
+  fs::create_symlink("/dev/zero", zero);
+  const fs::path loop = root_ / "loop.ckpt";
+  fs::create_symlink(loop, loop);
+  for (const auto& [path, kind] :
+       {std::pair{fifo, std::string("a FIFO (named pipe)")},
+        std::pair{zero, std::string("a symlink to /dev/zero, a character device")},
+        std::pair{fs::path("/dev/null"), std::string("a character device")},
+        std::pair{loop, std::string("a symlink loop")}}) {
+    try {
+      SourceFile::open(path);
+      ADD_FAILURE() << path << " opened";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(path.string() + ": the checkpoint file is " + kind));
+    }
   }
 }
 

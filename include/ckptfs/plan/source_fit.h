@@ -15,9 +15,12 @@ namespace ckptfs::plan {
 
 // The global source ranks found must be exactly 0 .. devices x stages - 1 of the source
 // strategy (only 0 with a null strategy: one full checkpoint). Throws Error naming `src_dir`,
-// the strategy, and the extra or missing rank directories.
+// the strategy, and the extra or missing rank directories. `unusable` (source::Listing's): why
+// a rank whose entry is there gave no checkpoint ("rank_5/ is empty"), said instead of
+// "missing".
 void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strategy* src,
-                      const std::string& src_dir);
+                      const std::string& src_dir,
+                      const std::map<int64_t, std::string>& unusable = {});
 
 // Every parameter the source strategy lists for a stage must be in some file of that stage,
 // except those a save may lack (accu_grads*, *_cache*, *expert_load*, and the optimizer states

@@ -61,6 +61,10 @@ struct Listing {
   std::optional<std::filesystem::path> mindformers_strategy;
   std::map<int64_t, RankDir> ranks;  // global rank -> directory
   std::vector<Ignored> ignored;      // every other entry looked at, in name order
+  // Ranks whose rank_<N> entry gave no candidate, and why, as one phrase naming the entry:
+  // "rank_5/ is empty", "rank_7 is not a directory: a FIFO (named pipe)". For the messages that
+  // would otherwise call such a rank missing.
+  std::map<int64_t, std::string> unusable;
 };
 
 // Lists SRC_DIR. Rank directories are the entries named "rank_" followed by decimal digits
