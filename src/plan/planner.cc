@@ -982,9 +982,24 @@ Plan make_located_plan(std::vector<index::IndexedSource> files, const std::vecto
   return plan_views(std::move(plan), &src, dst, views, st_rules, true);
 }
 
+// The one-rank destination that names every tensor of `sources` unsharded: planned against it, a
+// full checkpoint in several files is served as rank_0's one file, each tensor copied whole.
+strategy::Strategy whole_strategy(const std::vector<index::IndexedSource>& sources) {
+  strategy::Strategy out;
+  out.origin = "the unsharded destination";
+  for (const index::IndexedSource& source : sources)
+    for (const ckpt::Param& p : source.scan.params) {
+      if (p.kind != ckpt::EntryKind::Tensor) continue;
+      strategy::ParamLayout layout;
+      layout.dev_matrix = {1};
+      layout.tensor_map.assign(p.shape.size(), strategy::DimAxes{});  // no dimension split
+      out.params.emplace(p.name, strategy::StrategyParam{p.name, {{0, std::move(layout)}}});
+    }
+  return out;
+}
+
 Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::Strategy* dst,
                        const ViewOptions& views) {
-  if (!dst) fail("give --dst-strategy: a unified checkpoint is already one full checkpoint");
   if (parts.empty()) fail("no part of the unified checkpoint found");
   if (!views.ckpt && !views.safetensors) fail("no view chosen: give ckpt, safetensors or both");
   std::vector<std::pair<int64_t, index::IndexedSource>> ranked;
@@ -995,7 +1010,10 @@ Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::
     plan.source_ranks.push_back(rank);
     plan.sources.push_back(std::move(source));
   }
-  return plan_views(std::move(plan), nullptr, dst, views, st_rules);
+  if (dst) return plan_views(std::move(plan), nullptr, dst, views, st_rules);
+  // Without a destination: one merged checkpoint, rank_0, as any full source is served.
+  const strategy::Strategy whole = whole_strategy(plan.sources);
+  return plan_views(std::move(plan), nullptr, &whole, views, st_rules);
 }
 
 void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,

@@ -110,7 +110,8 @@ Plan make_located_plan(std::vector<index::IndexedSource> files, const std::vecto
 
 // A full checkpoint kept in several files (MindSpore's unified_safetensors output: the parts,
 // then hyper_param.safetensors), resharded to `dst` as if it were one unsharded rank_0 file
-// listing the parts' entries in the order given.
+// listing the parts' entries in the order given. Without `dst`: the one merged checkpoint,
+// rank_0, every tensor copied whole (as a full source's merge is served).
 Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::Strategy* dst,
                        const ViewOptions& views = {});
 
