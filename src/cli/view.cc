@@ -130,6 +130,7 @@ plan::ViewOptions view_options(const ViewArgs& args) {
     fail("--prefix {}: a file name prefix cannot hold '/'", args.prefix);
   out.prefix = args.prefix;
   out.by_stage = args.by_stage;
+  out.source_format = args.source_format;
   if (!args.ranks.empty()) out.ranks = util::parse_rank_set(args.ranks);
   return out;
 }

@@ -31,6 +31,9 @@ struct ViewArgs {
   bool by_stage = false;
   std::string ranks;   // "--ranks 0-7,16"; empty: every target rank
   bool quiet = false;  // no progress lines
+  // materialize without --view: only the sources' format (plan::ViewOptions::source_format),
+  // so that the output is itself a source.
+  bool source_format = false;
 };
 
 // Adds the subcommand `name` of a command that works on a view (mount, materialize, verify) with

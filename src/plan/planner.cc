@@ -1017,8 +1017,10 @@ Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::
 }
 
 void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
-                    const strategy::Strategy& dst, const ViewOptions& views) {
-  if (!views.ckpt && !views.safetensors) fail("no view chosen: give ckpt, safetensors or both");
+                    const strategy::Strategy& dst, const ViewOptions& asked) {
+  if (!asked.ckpt && !asked.safetensors) fail("no view chosen: give ckpt, safetensors or both");
+  ViewOptions views = asked;
+  if (views.source_format) views.ckpt = false;  // a full model's own format (hfai): safetensors
   if (views.by_stage)
     fail(
         "--by-stage writes one file per stage of a pipeline source; this checkpoint is one full "
@@ -1089,7 +1091,12 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
 namespace {
 
 Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strategy* dst,
-                const ViewOptions& views, bool safetensors_rules, bool located) {
+                const ViewOptions& asked, bool safetensors_rules, bool located) {
+  ViewOptions views = asked;
+  if (views.source_format) {
+    views.ckpt = !safetensors_rules;
+    views.safetensors = safetensors_rules;
+  }
   check_target_ranks(views.ranks, dst);
   if (views.by_stage && !views.ranks.empty())
     fail("--ranks and -o by_stage cannot be combined: by_stage serves every destination rank");

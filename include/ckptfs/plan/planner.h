@@ -52,6 +52,10 @@ std::shared_ptr<LayoutMemo> new_layout_memo();
 struct ViewOptions {
   bool ckpt = true;
   bool safetensors = true;
+  // Of ckpt and safetensors, only the format the sources are in (an hfai checkpoint's:
+  // safetensors), so that the files are themselves a source: a rank directory holding both
+  // formats is refused as one.
+  bool source_format = false;
   std::string prefix = "checkpoint_";
   // Instead: MindSpore >= 2.3's by-stage transform (spec mindspore-formats.md §4.7), called
   // once per stage of a pipeline source with that stage's strategy: rank_<l>/<prefix><l>_part<s>
