@@ -62,7 +62,7 @@ void run(const MaterializeArgs& args) {
   Progress progress("materialize", "files", Progress::mode_for(args.view.quiet),
                     std::chrono::seconds(2));
   options.on_start = [&](uint64_t bytes, size_t files) {
-    if (!args.view.quiet) notes.say();  // only once sure to write: a refusal stays one line
+    notes.say();  // only once sure to write: a refusal stays one line
     progress.start(bytes, files);
   };
   options.on_bytes = [&](uint64_t bytes) { progress.advance(bytes); };

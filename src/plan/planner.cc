@@ -465,9 +465,19 @@ class Planner {
       if (pair.src_stages.size() != 1 || !stages.count(pair.src_stages[0]))
         stages.insert(pair.src_stages.begin(), pair.src_stages.end());
     }
-    if (locals.empty())
+    if (locals.empty()) {
+      // A destination strategy sharing no name with the source's is another model's: the fault
+      // is in the file given as --dst-strategy, whatever the source strategy holds.
+      if (dst_ && !dst_->params.empty() &&
+          std::none_of(dst_->params.begin(), dst_->params.end(),
+                       [&](const auto& p) { return src_->find(p.first) != nullptr; }))
+        fail(
+            "the destination strategy {} names {} parameters, none of them in these checkpoints "
+            "(such as {}); give a destination strategy of this model",
+            dst_->origin, dst_->params.size(), dst_->params.begin()->first);
       fail("target rank {}: the source strategy {} has no parameter for this target's stage",
            maps.target_local() + maps.target_stage() * maps.dst_devices(), src_->origin);
+    }
     // MindSpore's list always holds t_local mod N_src (the passthrough source); keep that true
     // where the minimal set stands in for it.
     locals.insert(maps.target_local() % maps.src_devices());

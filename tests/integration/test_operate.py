@@ -45,7 +45,15 @@ def typos(args):
         proc = itest.run([args.ckptfs, "mount", fx.src_dir, mnt, "--dst-stratgy",
                           fx.dst_strategy], check=False)
         assert proc.returncode != 0
-        assert "did you mean --dst-strategy?" in proc.stderr, proc.stderr
+        # One line, about the option (not its value taken for a stray argument).
+        lines = itest.stderr_lines(proc)
+        assert lines == ["ckptfs: unknown option --dst-stratgy; did you mean --dst-strategy? "
+                         "(see --help)"], proc.stderr
+        assert not itest.is_mounted(mnt)
+        proc = itest.run([args.ckptfs, "mount", fx.src_dir, mnt,
+                          f"--dst-stratgy={fx.dst_strategy}"], check=False)
+        assert itest.stderr_lines(proc) == ["ckptfs: unknown option --dst-stratgy; did you mean "
+                                            "--dst-strategy? (see --help)"], proc.stderr
         assert not itest.is_mounted(mnt)
     proc = itest.run([args.ckptfs, "index", "lst"], check=False)
     assert proc.returncode != 0 and "did you mean list?" in proc.stderr, proc.stderr
