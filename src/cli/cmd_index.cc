@@ -162,11 +162,13 @@ void build(IndexOptions& options) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const uint64_t params = built.params;
-  fmt::print(
-      "{} files, {} parameters: {} from the index, {} scanned; index in {}; {:.2f} s, {:.0f} "
-      "source tensors/s\n",
-      built.files, params, built.from_index, built.files - built.from_index, store.dir().string(),
-      seconds, seconds > 0 ? static_cast<double>(params) / seconds : 0.0);
+  // -q: nothing but warnings and errors, as for every command.
+  if (!options.quiet)
+    fmt::print(
+        "{} files, {} parameters: {} from the index, {} scanned; index in {}; {:.2f} s, {:.0f} "
+        "source tensors/s\n",
+        built.files, params, built.from_index, built.files - built.from_index, store.dir().string(),
+        seconds, seconds > 0 ? static_cast<double>(params) / seconds : 0.0);
   if (built.unrecorded > 0 && !options.output.empty())
     fail(
         "{}: {} of {} files could not be recorded (see the warning above); a shipped index must "
@@ -183,12 +185,13 @@ void build(IndexOptions& options) {
   });
   ranks_progress.finish();
   const auto end = std::chrono::steady_clock::now();
-  fmt::print(
-      "{} target ranks summarized (sizes for listing, sources for checking) in {:.2f} s; {:.2f} "
-      "s in all, {:.0f} source tensors/s\n",
-      ranks, std::chrono::duration<double>(end - planned).count(),
-      std::chrono::duration<double>(end - start).count(),
-      static_cast<double>(params) / std::chrono::duration<double>(end - start).count());
+  if (!options.quiet)
+    fmt::print(
+        "{} target ranks summarized (sizes for listing, sources for checking) in {:.2f} s; {:.2f} "
+        "s in all, {:.0f} source tensors/s\n",
+        ranks, std::chrono::duration<double>(end - planned).count(),
+        std::chrono::duration<double>(end - start).count(),
+        static_cast<double>(params) / std::chrono::duration<double>(end - start).count());
 }
 
 }  // namespace
@@ -227,7 +230,7 @@ void add_index_command(CLI::App& app) {
       ->excludes(build_command->get_option("--index-dir"));
   build_command->add_flag("-q,--quiet", options->quiet,
                           "No progress lines (shown on stderr if the build takes more than a "
-                          "second)");
+                          "second) and no summary: only warnings and errors");
   build_command->add_option(
       "--src-strategy", options->view.src_strategy,
       "With --output: also plan every target rank of this view and store what listing it needs "

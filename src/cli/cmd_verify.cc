@@ -75,12 +75,14 @@ void verify_sources(const VerifyArgs& args) {
   const bool unified = source::read_unified(args.view.src_dir).has_value();
   std::string src_strategy = args.view.src_strategy;
   std::map<int64_t, std::string> unusable;  // source::Listing's
+  std::string checked;  // which checkpoints, as a mount says it: "epoch 10 step 100 on all ..."
   if (!unified) {
     const source::Listing listing = source::list_sources(args.view.src_dir);
     unusable = listing.unusable;
-    files = source::choose(listing,
-                           source::StepRequest::parse(args.view.step, args.view.allow_mixed_steps))
-                .files;
+    source::Choice choice = source::choose(
+        listing, source::StepRequest::parse(args.view.step, args.view.allow_mixed_steps));
+    files = std::move(choice.files);
+    checked = std::move(choice.summary);
     if (src_strategy.empty() && listing.mindformers_strategy)
       src_strategy = listing.mindformers_strategy->string();
   }
@@ -148,9 +150,10 @@ void verify_sources(const VerifyArgs& args) {
                       affected.empty() ? "none" : fmt::format("{}", fmt::join(affected, "; "))));
     }
   }
+  const std::string of = checked.empty() ? "" : fmt::format(" in {}", checked);
   if (findings.count > 0)
-    fail("verify: {} problem{} (listed above); fix them, then verify again", findings.count,
-         findings.count == 1 ? "" : "s");
+    fail("verify: {} problem{} (listed above){}; fix them, then verify again", findings.count,
+         findings.count == 1 ? "" : "s", of);
 
   // 3. The strategies agree with the files (planning checks every slice), and 4. every byte
   // of every target file can be read.
@@ -190,9 +193,11 @@ void verify_sources(const VerifyArgs& args) {
     }
   }
   if (findings.count > 0)
-    fail("verify: {} problem{} (listed above)", findings.count, findings.count == 1 ? "" : "s");
-  fmt::print("verify: all well: {} source files ({}), {} target files ({}) read in full\n",
-             files.size(), human_bytes(static_cast<double>(total)), plan.targets.size(),
+    fail("verify: {} problem{} (listed above){}", findings.count, findings.count == 1 ? "" : "s",
+         of);
+  fmt::print("verify: all well: {}{} source files ({}), {} target files ({}) read in full\n",
+             checked.empty() ? "" : checked + "; ", files.size(),
+             human_bytes(static_cast<double>(total)), plan.targets.size(),
              human_bytes(static_cast<double>(view_bytes)));
 }
 

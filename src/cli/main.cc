@@ -70,6 +70,27 @@ std::string take_log_level(std::vector<std::string>& args) {
   return level;
 }
 
+// -q/--quiet belongs to the subcommands, but a user may put it first, as many tools take it
+// ("ckptfs -q mount ..."): moved to just after the subcommand's name (after both words of
+// "index build").
+void move_leading_quiet(std::vector<std::string>& args) {
+  size_t command = 1;
+  while (command < args.size() && args[command].starts_with("-") && args[command] != "--")
+    ++command;
+  if (command >= args.size() || args[command] == "--") return;
+  std::vector<std::string> quiet;
+  for (size_t i = command; i-- > 1;)
+    if (args[i] == "-q" || args[i] == "--quiet") {
+      quiet.push_back(args[i]);
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+      --command;
+    }
+  if (quiet.empty()) return;
+  size_t at = command + 1;
+  if (args[command] == "index" && at < args.size() && !args[at].starts_with("-")) ++at;
+  args.insert(args.begin() + static_cast<std::ptrdiff_t>(at), quiet.begin(), quiet.end());
+}
+
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -104,6 +125,8 @@ std::string nearest(const CLI::App& app, std::string_view word) {
   const std::string_view bare = word.substr(0, word.find('='));
   for (const std::string& name : names) {
     const size_t d = edit_distance(bare, name);
+    // The word itself is no suggestion: a valid option in the wrong place.
+    if (d == 0) continue;
     if (d < best_distance) {
       best_distance = d;
       best = name;
@@ -113,21 +136,39 @@ std::string nearest(const CLI::App& app, std::string_view word) {
 }
 
 // CLI11's "The following argument(s) (was|were) not expected: a b" as one line per argument,
-// each with the nearest valid name.
-int report_unexpected(const CLI::App& app, const CLI::ParseError& e) {
+// each with the nearest valid name. An unknown option comes first and takes the word after it on
+// the command line as its value: "--dst-stratgy PATH" is one mistake (the option's name), not
+// also a stray PATH.
+int report_unexpected(const CLI::App& app, const CLI::ParseError& e,
+                      const std::vector<std::string>& args) {
   std::string message = e.what();
   const size_t colon = message.find(": ");
-  std::string words = colon == std::string::npos ? message : message.substr(colon + 2);
-  size_t begin = 0;
-  while (begin < words.size()) {
-    size_t end = words.find(' ', begin);
-    if (end == std::string::npos) end = words.size();
-    const std::string word = words.substr(begin, end - begin);
-    if (!word.empty())
-      std::fprintf(stderr, "ckptfs: unexpected argument %s%s (see --help)\n", word.c_str(),
-                   nearest(app, word).c_str());
+  const std::string text = colon == std::string::npos ? message : message.substr(colon + 2);
+  std::vector<std::string> words;
+  for (size_t begin = 0; begin < text.size();) {
+    size_t end = text.find(' ', begin);
+    if (end == std::string::npos) end = text.size();
+    if (end > begin) words.push_back(text.substr(begin, end - begin));
     begin = end + 1;
   }
+  std::vector<std::string> options, others;
+  for (const std::string& word : words)
+    (word.starts_with("-") && word.size() > 1 ? options : others).push_back(word);
+  for (const std::string& option : options) {
+    if (option.find('=') != std::string::npos) continue;
+    const auto at = std::find(args.begin(), args.end(), option);
+    if (at == args.end() || at + 1 == args.end()) continue;
+    const auto value = std::find(others.begin(), others.end(), *(at + 1));
+    if (value != others.end()) others.erase(value);
+  }
+  for (const std::string& option : options) {
+    const std::string name = option.substr(0, option.find('='));
+    std::fprintf(stderr, "ckptfs: unknown option %s%s (see --help)\n", name.c_str(),
+                 nearest(app, name).c_str());
+  }
+  for (const std::string& word : others)
+    std::fprintf(stderr, "ckptfs: unexpected argument %s%s (see --help)\n", word.c_str(),
+                 nearest(app, word).c_str());
   return e.get_exit_code();
 }
 
@@ -170,6 +211,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string log_level = take_log_level(args);
+  move_leading_quiet(args);
   const spdlog::level::level_enum level = spdlog::level::from_str(log_level);
   if (level == spdlog::level::off && log_level != "off") {
     std::fprintf(stderr,
@@ -201,7 +243,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(cargs.size()), cargs.data());
   } catch (const CLI::ExtrasError& e) {
-    return report_unexpected(app, e);
+    return report_unexpected(app, e, args);
   } catch (const CLI::RequiredError& e) {
     if (std::string_view(e.what()).find("subcommand") == std::string_view::npos) return app.exit(e);
     return report_missing_subcommand(app, e, args);

@@ -99,13 +99,14 @@ CLI::App* add_view_command(CLI::App& app, std::string name, std::string descript
                       "~/.cache/ckptfs/index)");
   command->add_flag("-q,--quiet", args.quiet,
                     "No progress lines (shown on stderr for scanning, planning and writing that "
-                    "take more than a second)");
+                    "take more than a second) and no line saying which checkpoints were chosen: "
+                    "only warnings and errors (also accepted before the subcommand)");
   return command;
 }
 
 void ViewNotes::say() const {
   // The choice is news at the default level, but not a warning.
-  if (spdlog::should_log(spdlog::level::warn)) fmt::print(stderr, "ckptfs: {}\n", chosen);
+  if (!quiet && spdlog::should_log(spdlog::level::warn)) fmt::print(stderr, "ckptfs: {}\n", chosen);
   spdlog::info("{}", chosen);
   if (!ignored.empty()) spdlog::warn("{}", ignored);
   for (const std::string& line : plan_warnings) spdlog::warn("{}", line);
@@ -130,6 +131,7 @@ plan::ViewOptions view_options(const ViewArgs& args) {
     fail("--prefix {}: a file name prefix cannot hold '/'", args.prefix);
   out.prefix = args.prefix;
   out.by_stage = args.by_stage;
+  out.source_format = args.source_format;
   if (!args.ranks.empty()) out.ranks = util::parse_rank_set(args.ranks);
   return out;
 }
@@ -836,6 +838,7 @@ std::unique_ptr<fs::Tree> build_tree(const ViewArgs& args, ViewNotes& notes, boo
       naming_out_of_memory(args.src_dir, "planning the view of its files",
                            [&] { return build_step_tree(args, notes, steps); });
   notes.plan_warnings = tree->plan().warnings;
+  notes.quiet = args.quiet;
   return tree;
 }
 

@@ -30,7 +30,10 @@ struct ViewArgs {
   std::string prefix = "checkpoint_";
   bool by_stage = false;
   std::string ranks;   // "--ranks 0-7,16"; empty: every target rank
-  bool quiet = false;  // no progress lines
+  bool quiet = false;  // no progress lines, no line saying which checkpoints were chosen
+  // materialize without --view: only the sources' format (plan::ViewOptions::source_format),
+  // so that the output is itself a source.
+  bool source_format = false;
 };
 
 // Adds the subcommand `name` of a command that works on a view (mount, materialize, verify) with
@@ -47,6 +50,7 @@ struct ViewNotes {
   std::string ignored;              // entries that are not checkpoints, in one line or ""
   std::vector<std::string> detail;  // one debug line per ignored entry
   std::vector<std::string> plan_warnings;
+  bool quiet = false;  // -q: `chosen` only at info level; warnings still shown
   void say() const;
 };
 

@@ -248,7 +248,10 @@ Service::Opened Service::open(uint64_t ino, int flags, bool mappable) {
     o.err = EROFS;
   else
     o.err = tree_.check_file(ino);
-  if (o.err != 0) return o;
+  if (o.err != 0) {
+    status_->open_failed(ino, o.err);
+    return o;
+  }
   status_->opened(ino);
   // Per file. Where the kernel lets direct_io files be mapped shared, every file is opened
   // with direct_io (read() at full speed) until it has been mapped, and with keep_cache from

@@ -481,26 +481,40 @@ void Status::served(uint64_t ino, uint64_t bytes) noexcept {
   }
 }
 
-void Status::failed(uint64_t ino, uint64_t offset, uint64_t size, int err) noexcept {
+void Status::count_failed(uint64_t ino,
+                          const std::function<void(const FileCounters&)>& log) noexcept {
   failed_.fetch_add(1, std::memory_order_relaxed);
   try {
     FileCounters* c = counters(ino);
     c->failed.fetch_add(1, std::memory_order_relaxed);
-    log_failed(*c, ino, offset, size, err);
+    log(*c);
   } catch (const std::exception& e) {
     spdlog::warn("status: {}", e.what());
   }
 }
 
-void Status::log_failed(const FileCounters& c, uint64_t ino, uint64_t offset, uint64_t size,
-                        int err) const {
-  // Which sources the range reads, changed ones first: those are why it failed.
+void Status::failed(uint64_t ino, uint64_t offset, uint64_t size, int err) noexcept {
+  count_failed(ino, [&](const FileCounters& c) { log_failed(c, ino, offset, size, err); });
+}
+
+void Status::open_failed(uint64_t ino, int err) noexcept {
+  // Only EIO is a failure of the mount's (a changed source); ENOENT or EISDIR are the caller's.
+  if (err != EIO) return;
+  count_failed(ino, [&](const FileCounters& c) {
+    spdlog::info("open of {} failed: {} (EIO){}", c.path, std::strerror(err),
+                 changed_sources(ino, 0, 0));
+  });
+}
+
+// "; changed since mounted: ..." (or "; sources: ..." when none changed) for the bytes
+// [offset, offset + size) of `ino`, or of the whole file when `size` is 0.
+std::string Status::changed_sources(uint64_t ino, uint64_t offset, uint64_t size) const {
   std::string sources;
   std::shared_ptr<const Tree> keep;
   const auto [tree, local] = tree_.resolve(ino, keep);
   if (const plan::VirtualFile* f = tree ? tree->file(local) : nullptr) {
     std::vector<plan::Run> runs;
-    f->map(offset, std::max<uint64_t>(size, 1), runs);
+    f->map(offset, size == 0 ? f->size() : size, runs);
     std::vector<uint32_t> read;
     for (const plan::Run& r : runs)
       if (r.mem == nullptr && std::find(read.begin(), read.end(), r.source) == read.end())
@@ -518,6 +532,13 @@ void Status::log_failed(const FileCounters& c, uint64_t ino, uint64_t offset, ui
           fmt::join(others.begin(), others.begin() + std::min<size_t>(4, others.size()), ", "),
           others.size() > 4 ? fmt::format(" and {} more", others.size() - 4) : "");
   }
+  return sources;
+}
+
+void Status::log_failed(const FileCounters& c, uint64_t ino, uint64_t offset, uint64_t size,
+                        int err) const {
+  // Which sources the range reads, changed ones first: those are why it failed.
+  const std::string sources = changed_sources(ino, offset, std::max<uint64_t>(size, 1));
   spdlog::info("read of {} at byte offset {} ({} bytes) failed: {} ({}){}", c.path, offset, size,
                std::strerror(err), err == EIO ? "EIO" : std::to_string(err), sources);
 }

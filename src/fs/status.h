@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <shared_mutex>
@@ -75,8 +76,11 @@ class Status {
 
   // Counters. opened: at each open of a served file (logs the first at info). served / failed:
   // for each read, before its reply; failed logs the file, offset, errno and the sources at
-  // info. Never throw (a failure to count or log is itself logged).
+  // info. open_failed: an open refused with EIO (a source the file reads changed), counted with
+  // the failed reads ("eio") and logged at info with the changed sources. Never throw (a failure
+  // to count or log is itself logged).
   void opened(uint64_t ino) noexcept;
+  void open_failed(uint64_t ino, int err) noexcept;
   void served(uint64_t ino, uint64_t bytes) noexcept;
   void failed(uint64_t ino, uint64_t offset, uint64_t size, int err) noexcept;
 
@@ -96,6 +100,8 @@ class Status {
   FileCounters* counters(uint64_t ino) const;
   void log_failed(const FileCounters& c, uint64_t ino, uint64_t offset, uint64_t size,
                   int err) const;
+  void count_failed(uint64_t ino, const std::function<void(const FileCounters&)>& log) noexcept;
+  std::string changed_sources(uint64_t ino, uint64_t offset, uint64_t size) const;
   std::string sources_json() const;
   std::string stats_json(const ReadTotals& totals) const;
   std::string plan_json(size_t index) const;

@@ -255,8 +255,9 @@ bool Tree::stat(uint64_t ino, struct stat& st) const {
   const Node* n = node(ino);
   if (ino == kRootIno) {
     st.st_mode = S_IFDIR | 0555;
-    // Each subdirectory's ".." links to the root; tools like find rely on this count.
-    st.st_nlink = 2 + dirs_.size() + (steps_ ? 1 : 0);
+    // Each listed subdirectory's ".." links to the root; tools like find rely on this count.
+    // "/steps" is not listed (below), so not counted, as ".ckptfs" is not.
+    st.st_nlink = 2 + dirs_.size();
   } else if (ino == kStepsIno) {
     if (!steps_) return false;
     st.st_mode = S_IFDIR | 0555;
@@ -316,7 +317,8 @@ std::vector<Tree::DirEntry> Tree::list(uint64_t ino) const {
     out.push_back({kRootIno, kDotDot, true});
     for (const Dir& d : dirs_) out.push_back({d.ino, d.name, true});
     for (size_t f : root_files_) out.push_back({file_ino_[f], file_names_[f], false});
-    if (steps_) out.push_back({kStepsIno, kStepsName, true});
+    // "/steps" is reached by its name only: listed, it would make `cp -r MOUNTPOINT`, rsync or
+    // du walk every saved step (N times the served checkpoint's bytes).
   } else if (n != nullptr && n->is_dir) {
     out.push_back({ino, kDot, true});
     out.push_back({kRootIno, kDotDot, true});

@@ -465,9 +465,19 @@ class Planner {
       if (pair.src_stages.size() != 1 || !stages.count(pair.src_stages[0]))
         stages.insert(pair.src_stages.begin(), pair.src_stages.end());
     }
-    if (locals.empty())
+    if (locals.empty()) {
+      // A destination strategy sharing no name with the source's is another model's: the fault
+      // is in the file given as --dst-strategy, whatever the source strategy holds.
+      if (dst_ && !dst_->params.empty() &&
+          std::none_of(dst_->params.begin(), dst_->params.end(),
+                       [&](const auto& p) { return src_->find(p.first) != nullptr; }))
+        fail(
+            "the destination strategy {} names {} parameters, none of them in these checkpoints "
+            "(such as {}); give a destination strategy of this model",
+            dst_->origin, dst_->params.size(), dst_->params.begin()->first);
       fail("target rank {}: the source strategy {} has no parameter for this target's stage",
            maps.target_local() + maps.target_stage() * maps.dst_devices(), src_->origin);
+    }
     // MindSpore's list always holds t_local mod N_src (the passthrough source); keep that true
     // where the minimal set stands in for it.
     locals.insert(maps.target_local() % maps.src_devices());
@@ -982,9 +992,24 @@ Plan make_located_plan(std::vector<index::IndexedSource> files, const std::vecto
   return plan_views(std::move(plan), &src, dst, views, st_rules, true);
 }
 
+// The one-rank destination that names every tensor of `sources` unsharded: planned against it, a
+// full checkpoint in several files is served as rank_0's one file, each tensor copied whole.
+strategy::Strategy whole_strategy(const std::vector<index::IndexedSource>& sources) {
+  strategy::Strategy out;
+  out.origin = "the unsharded destination";
+  for (const index::IndexedSource& source : sources)
+    for (const ckpt::Param& p : source.scan.params) {
+      if (p.kind != ckpt::EntryKind::Tensor) continue;
+      strategy::ParamLayout layout;
+      layout.dev_matrix = {1};
+      layout.tensor_map.assign(p.shape.size(), strategy::DimAxes{});  // no dimension split
+      out.params.emplace(p.name, strategy::StrategyParam{p.name, {{0, std::move(layout)}}});
+    }
+  return out;
+}
+
 Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::Strategy* dst,
                        const ViewOptions& views) {
-  if (!dst) fail("give --dst-strategy: a unified checkpoint is already one full checkpoint");
   if (parts.empty()) fail("no part of the unified checkpoint found");
   if (!views.ckpt && !views.safetensors) fail("no view chosen: give ckpt, safetensors or both");
   std::vector<std::pair<int64_t, index::IndexedSource>> ranked;
@@ -995,12 +1020,17 @@ Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::
     plan.source_ranks.push_back(rank);
     plan.sources.push_back(std::move(source));
   }
-  return plan_views(std::move(plan), nullptr, dst, views, st_rules);
+  if (dst) return plan_views(std::move(plan), nullptr, dst, views, st_rules);
+  // Without a destination: one merged checkpoint, rank_0, as any full source is served.
+  const strategy::Strategy whole = whole_strategy(plan.sources);
+  return plan_views(std::move(plan), nullptr, &whole, views, st_rules);
 }
 
 void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
-                    const strategy::Strategy& dst, const ViewOptions& views) {
-  if (!views.ckpt && !views.safetensors) fail("no view chosen: give ckpt, safetensors or both");
+                    const strategy::Strategy& dst, const ViewOptions& asked) {
+  if (!asked.ckpt && !asked.safetensors) fail("no view chosen: give ckpt, safetensors or both");
+  ViewOptions views = asked;
+  if (views.source_format) views.ckpt = false;  // a full model's own format (hfai): safetensors
   if (views.by_stage)
     fail(
         "--by-stage writes one file per stage of a pipeline source; this checkpoint is one full "
@@ -1071,7 +1101,12 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
 namespace {
 
 Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strategy* dst,
-                const ViewOptions& views, bool safetensors_rules, bool located) {
+                const ViewOptions& asked, bool safetensors_rules, bool located) {
+  ViewOptions views = asked;
+  if (views.source_format) {
+    views.ckpt = !safetensors_rules;
+    views.safetensors = safetensors_rules;
+  }
   check_target_ranks(views.ranks, dst);
   if (views.by_stage && !views.ranks.empty())
     fail("--ranks and -o by_stage cannot be combined: by_stage serves every destination rank");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <set>
+#include <string_view>
 #include <vector>
 
 #include "ckptfs/error.h"
@@ -99,32 +100,40 @@ const Candidate* file_of_step(const Listing& l, int64_t rank, const StepKey& ste
   return found;
 }
 
-// What was left, appended to a summary.
+// What was left, appended to a summary. Every count is of checkpoints, a checkpoint being one
+// save across the ranks (a step, or the most files of its kind any one rank holds), never of
+// files summed over ranks: "8 older checkpoints" and "1 breakpoint checkpoint" on 8 ranks.
 std::string left_out(const Listing& l, const std::map<int64_t, const Candidate*>& chosen,
                      const std::optional<StepKey>& step) {
-  size_t breakpoints = 0, other = 0;
+  size_t breakpoints = 0, other = 0;              // the most any one rank holds
+  std::vector<int64_t> with_breakpoints;          // the ranks holding one
   std::set<StepKey> older;                        // counted once however many ranks hold it
   std::map<StepKey, std::vector<int64_t>> newer;  // step -> ranks holding it
   for (const auto& [rank, dir] : l.ranks) {
     std::set<StepKey> seen;
+    size_t rank_breakpoints = 0, rank_other = 0;
     for (const Candidate& c : dir.candidates) {
       if (&c == chosen.at(rank)) continue;
       if (c.breakpoint) {
-        ++breakpoints;
+        ++rank_breakpoints;
       } else if (step && c.step && *c.step > *step) {
         if (seen.insert(*c.step).second) newer[*c.step].push_back(rank);
       } else if (step && c.step && *c.step < *step) {
         older.insert(*c.step);
       } else {
-        ++other;
+        ++rank_other;
       }
     }
+    if (rank_breakpoints) with_breakpoints.push_back(rank);
+    breakpoints = std::max(breakpoints, rank_breakpoints);
+    other = std::max(other, rank_other);
   }
+  const auto checkpoints = [](size_t n, std::string_view what) {
+    return fmt::format("{} {}checkpoint{}", n, what, n == 1 ? "" : "s");
+  };
   std::string out;
-  if (!older.empty())
-    out +=
-        fmt::format("; {} older checkpoint{} ignored", older.size(), older.size() == 1 ? "" : "s");
-  if (other) out += fmt::format("; {} other checkpoint{} ignored", other, other == 1 ? "" : "s");
+  if (!older.empty()) out += fmt::format("; {} ignored", checkpoints(older.size(), "older "));
+  if (other) out += fmt::format("; {} ignored", checkpoints(other, "other "));
   // Newer steps on every rank were passed over on request; a newer one on only some ranks is
   // what a user most likely wonders about.
   size_t newer_complete = 0;
@@ -135,9 +144,7 @@ std::string left_out(const Listing& l, const std::map<int64_t, const Candidate*>
     else
       partial = key;
   }
-  if (newer_complete)
-    out += fmt::format("; {} newer checkpoint{} ignored", newer_complete,
-                       newer_complete == 1 ? "" : "s");
+  if (newer_complete) out += fmt::format("; {} ignored", checkpoints(newer_complete, "newer "));
   if (partial) {
     const std::vector<int64_t>& ranks = newer.at(*partial);
     std::vector<int64_t> lacking;
@@ -146,9 +153,13 @@ std::string left_out(const Listing& l, const std::map<int64_t, const Candidate*>
     out += fmt::format("; {} is not on every rank (missing on {}), not served", partial->text(),
                        rank_list(l, lacking));
   }
-  if (breakpoints)
-    out += fmt::format("; {} breakpoint file{} ignored (--step breakpoint serves them)",
-                       breakpoints, breakpoints == 1 ? "" : "s");
+  if (breakpoints) {
+    out += fmt::format("; {} ignored", checkpoints(breakpoints, "breakpoint "));
+    if (with_breakpoints.size() == l.ranks.size())
+      out += fmt::format(" (--step breakpoint serves {})", breakpoints == 1 ? "it" : "the newest");
+    else
+      out += fmt::format(" (on {} only)", rank_list(l, with_breakpoints));
+  }
   return out;
 }
 

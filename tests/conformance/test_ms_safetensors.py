@@ -2,7 +2,8 @@
 generator's st_* cases): MindSpore's transform of them to `.ckpt` and to safetensors
 (`output_format="safetensors"`, with safetensors 0.7.0) writes exactly the two views of the
 mount, and both views load with the generator's values. A `unified_safetensors` directory of
-them, mounted as a full source, holds the same tensors."""
+them, mounted as a full source (resharded, or merged into rank_0 without --dst-strategy), holds
+the same tensors."""
 
 import gc
 import os
@@ -49,21 +50,21 @@ def entries(view):
             for name, value in ms.load_checkpoint(view, format=fmt).items()}
 
 
-@pytest.mark.parametrize("name", UNIFIED_CASES)
-def test_unified_safetensors_source(ckptfs, tmp_path, name):
-    """unified_safetensors output mounted as a full source == transform_checkpoints of the shards"""
-    workdir = str(tmp_path)
+def check_unified(ckptfs, workdir, name, whole):
+    """unified_safetensors output of `name`'s shards mounted as a full source, with the case's
+    destination strategy or (`whole`) without one, == MindSpore's transform of the shards to the
+    same destination (None: merged), each file read by MindSpore's load_checkpoint."""
     fx = msconf.make_fixture(name, os.path.join(workdir, "fixture"))
+    dst = None if whole else fx.dst_strategy
     unified = os.path.join(workdir, "unified")
     ms.unified_safetensors(fx.src_dir, fx.src_strategy, unified)
     # Entries outside the strategy: MindSpore keeps one copy (rank 0's) in hyper_param.
     hyper = entries(os.path.join(unified, "hyper_param.safetensors"))
     refs = {".ckpt": msconf.transform(fx.src_dir, os.path.join(workdir, "to_ckpt"),
-                                      fx.src_strategy, fx.dst_strategy),
+                                      fx.src_strategy, dst),
             ".safetensors": msconf.transform(fx.src_dir, os.path.join(workdir, "to_st"),
-                                             fx.src_strategy, fx.dst_strategy,
-                                             output_format="safetensors")}
-    with msconf.mounted(ckptfs, unified, workdir, None, fx.dst_strategy) as mnt:
+                                             fx.src_strategy, dst, output_format="safetensors")}
+    with msconf.mounted(ckptfs, unified, workdir, None, dst) as mnt:
         for ext, ref in refs.items():
             files = msconf.tree_files(ref)
             assert [f for f in msconf.tree_files(mnt) if f.endswith(ext)] == files
@@ -74,3 +75,16 @@ def test_unified_safetensors_source(ckptfs, tmp_path, name):
                     assert got[key] == hyper.get(key, value), f"{rel}: {key} differs"
                 del got
         gc.collect()  # MindSpore's safetensors reader maps the file while its tensors live
+
+
+@pytest.mark.parametrize("name", UNIFIED_CASES)
+def test_unified_safetensors_source(ckptfs, tmp_path, name):
+    """unified_safetensors output mounted as a full source == transform_checkpoints of the shards"""
+    check_unified(ckptfs, str(tmp_path), name, whole=False)
+
+
+@pytest.mark.parametrize("name", UNIFIED_CASES)
+def test_unified_safetensors_whole(ckptfs, tmp_path, name):
+    """unified_safetensors output mounted without --dst-strategy (rank_0, one merged file) ==
+    transform_checkpoints of the shards merged (no destination strategy)"""
+    check_unified(ckptfs, str(tmp_path), name, whole=True)

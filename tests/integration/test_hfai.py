@@ -292,7 +292,8 @@ def check_dst_strategy(args, name):
     out = os.path.join(args.work, "materialized_" + name)
     shutil.rmtree(out, ignore_errors=True)
     itest.run([args.ckptfs, "materialize", os.path.join(data, name), out, "--dst-strategy",
-               strategy, "--index-dir", os.path.join(args.work, "index")])
+               strategy, "--index-dir", os.path.join(args.work, "index"),
+               "--view", "ckpt,safetensors"])
     assert itest.tree_files(out) == ["extra.json", "optimizer.safetensors", "others.safetensors"] + [
         f"rank_{r}/checkpoint_{r}.{ext}" for r in range(4) for ext in ("ckpt", "safetensors")]
     for rank in range(4):

@@ -70,7 +70,7 @@ def list_and_prune(args):
     os.truncate(files[3], st.st_size)
     proc = itest.run([args.ckptfs, "index", "prune"] + index)
     assert proc.stdout.startswith("removed 0 entries"), proc.stdout
-    proc = itest.run([args.ckptfs, "index", "build", fx.src_dir, "-q"] + index)
+    proc = itest.run([args.ckptfs, "index", "build", fx.src_dir] + index)
     assert "7 files, " in proc.stdout and "3 from the index, 4 scanned" in proc.stdout, proc.stdout
     rows, _ = parse_list(itest.run([args.ckptfs, "index", "list"] + index).stdout)
     assert len(rows) == 7 and all(s == "ok" for s, _ in rows.values()), rows

@@ -25,16 +25,22 @@ def wait_for(predicate, limit):
         time.sleep(POLL_S)
 
 
-def live(args):
-    work = os.path.join(args.work, "live")
+def three_steps(args, name):
+    """A training directory of 3 steps, and where to mount it."""
+    work = os.path.join(args.work, name)
     case = training.twelve_saves_case()
     steps = [(1, 2), (2, 2), (3, 2)]
     tr = training.make_training(case, os.path.join(work, "t"), steps, expected_steps=steps)
-    mnt = os.path.join(work, "mnt")
+    return work, case, steps, tr, os.path.join(work, "mnt")
+
+
+def live(args):
+    work, case, steps, tr, mnt = three_steps(args, "live")
     with itest.mounted(args.ckptfs, tr.src_dir, mnt, src_strategy=tr.src_strategy,
                        index_dir=os.path.join(work, "index")):
         root = os.path.join(mnt, "steps")
-        assert sorted(os.listdir(mnt)) == ["rank_0", "steps"], os.listdir(mnt)
+        # Reachable by path, but not listed: copying the mount root copies the served step only.
+        assert sorted(os.listdir(mnt)) == ["rank_0"], os.listdir(mnt)
         assert sorted(os.listdir(root)) == ["1_2", "2_2", "3_2"], os.listdir(root)
         for step in steps:
             problems = ckpt_fixture.compare_tree(tr.expected(step),
@@ -102,10 +108,32 @@ def lazy(args):
     print(f"     mounted 60 steps in {took:.2f}s")
 
 
+def copy_root(args):
+    """`cp -r MOUNTPOINT out` and `find MOUNTPOINT` (and so rsync, tar, du: all walk the listing)
+    see the served checkpoint only: steps/ (like .ckptfs/) is reached by its path, never listed,
+    so a copy of a training directory with 3 steps is one step's bytes, not four."""
+    work, _, _, tr, mnt = three_steps(args, "copy")
+    with itest.mounted(args.ckptfs, tr.src_dir, mnt, src_strategy=tr.src_strategy,
+                       index_dir=os.path.join(work, "index")):
+        out = os.path.join(work, "cp")
+        itest.run(["cp", "-r", mnt, out])
+        problems = ckpt_fixture.compare_tree(tr.expected((3, 2)), out)
+        assert not problems, "\n".join(problems)
+        assert sorted(os.listdir(out)) == ["rank_0"], os.listdir(out)
+        found = itest.run(["find", mnt]).stdout.split()
+        assert not any("/steps" in p for p in found), found
+        # Still there by path, whole.
+        problems = ckpt_fixture.compare_tree(tr.expected((1, 2)),
+                                             os.path.join(mnt, "steps", "1_2"))
+        assert not problems, "\n".join(problems)
+        assert sorted(os.listdir(os.path.join(mnt, "steps"))) == ["1_2", "2_2", "3_2"]
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
     checks.run("steps appear and disappear while mounted", live, args)
+    checks.run("copying the mount root copies no step", copy_root, args)
     checks.run("steps are planned on first lookup", lazy, args)
     checks.finish()
 

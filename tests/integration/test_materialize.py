@@ -44,7 +44,7 @@ def check_same_as_mount(args):
     work = os.path.join(args.work, "vs_mount")
     fx = ckpt_fixture.make_builtin("8to4_dtypes", os.path.join(work, "fixture"))
     out = os.path.join(work, "out")
-    materialize(args, fx, work, out, view=None)  # both views, as the mount shows them
+    materialize(args, fx, work, out, view="ckpt,safetensors")  # both, as the mount shows them
     mnt = os.path.join(work, "mnt")
     with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
                        dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index")):
@@ -139,6 +139,61 @@ def check_memory_is_bounded(args):
     assert usage.ru_maxrss < limit, f"peak RSS {usage.ru_maxrss} KiB for {size} bytes"
 
 
+def source_state(root):
+    return [(rel, os.path.getsize(os.path.join(root, rel)),
+             os.stat(os.path.join(root, rel)).st_mtime_ns) for rel in itest.tree_files(root)]
+
+
+def check_out_inside_source(args):
+    """OUT equal to SRC_DIR or inside it (by real path: through a symlink, or with ..) is refused
+    in one line naming both, before anything is read or written: the rank_N/ files written there
+    would mix with the sources, which would then no longer mount."""
+    work = os.path.join(args.work, "inside")
+    fx = ckpt_fixture.make_builtin("demo", os.path.join(work, "fixture"))
+    before = source_state(fx.src_dir)
+    link = os.path.join(work, "link")
+    os.symlink(fx.src_dir, link)
+    for out in (fx.src_dir, os.path.join(fx.src_dir, "rank_0"),
+                os.path.join(fx.src_dir, "new", "out"), os.path.join(link, "out"),
+                os.path.join(work, "elsewhere", "..", "fixture", "src")):
+        proc = materialize(args, fx, work, out, check=False, view=None)
+        lines = itest.stderr_lines(proc)
+        assert proc.returncode == 1 and len(lines) == 1, (out, proc.stderr)
+        assert "inside the source directory" in lines[0] and \
+            os.path.realpath(fx.src_dir) in lines[0], (out, lines)
+        assert source_state(fx.src_dir) == before, f"materialize into {out} changed the sources"
+    assert not os.path.exists(os.path.join(work, "elsewhere"))
+    # A sibling whose name starts like the source's is not inside it.
+    out = fx.src_dir + "_out"
+    materialize(args, fx, work, out, view=None)
+    assert not ckpt_fixture.compare_tree(fx, out)
+
+
+def check_output_is_a_source(args):
+    """Without --view, materialize writes the sources' one format (.ckpt from .ckpt sources,
+    .safetensors from .safetensors ones), so its output is itself a source: materialized again
+    with the destination strategy on both sides, it gives the expected files byte for byte.
+    --view ckpt,safetensors still writes both."""
+    for name, ext in (("demo", "ckpt"), ("st_demo", "safetensors")):
+        work = os.path.join(args.work, "as_source_" + name)
+        fx = ckpt_fixture.make_builtin(name, os.path.join(work, "fixture"))
+        want = fx.expected_files() if ext == "ckpt" else fx.expected_safetensors_files()
+        out = os.path.join(work, "out")
+        materialize(args, fx, work, out, "-q", view=None)
+        assert itest.tree_files(out) == sorted(
+            f"rank_{t}/{os.path.basename(p)}" for t, p in want.items()), itest.tree_files(out)
+        again = os.path.join(work, "again")
+        itest.run([args.ckptfs, "materialize", out, again, "--src-strategy", fx.dst_strategy,
+                   "--dst-strategy", fx.dst_strategy, "--index-dir", os.path.join(work, "index"),
+                   "-q"])
+        for t, p in want.items():
+            got = os.path.join(again, f"rank_{t}", os.path.basename(p))
+            assert filecmp.cmp(p, got, shallow=False), f"{name}: {got} differs from {p}"
+        both = os.path.join(work, "both")
+        materialize(args, fx, work, both, "-q", view="ckpt,safetensors")
+        assert len(itest.tree_files(both)) == 2 * len(want), itest.tree_files(both)
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
@@ -149,6 +204,8 @@ def main():
     checks.run("resume keeps complete files, redoes the rest", check_resume, args)
     checks.run("--ranks, plain progress lines, --quiet", check_ranks_and_output_modes, args)
     checks.run("memory bounded", check_memory_is_bounded, args)
+    checks.run("OUT inside SRC_DIR refused", check_out_inside_source, args)
+    checks.run("the output is a source (one format by default)", check_output_is_a_source, args)
     checks.finish()
 
 

@@ -306,11 +306,12 @@ def check_bad_input(args):
         f.write(good)
 
 
-def write_unified(fx, out, wrapped):
-    """MindSpore's unified_safetensors layout of the full source rank_0 of `fx`: parameters
-    split over part0/part1, extras in hyper_param.safetensors, and the map in either form."""
+def write_unified(fx, out, wrapped, src=None):
+    """MindSpore's unified_safetensors layout of the full checkpoint `src` (default: the full
+    source rank_0 of `fx`): parameters split over part0/part1, extras in
+    hyper_param.safetensors, and the map in either form."""
     from ckptfix import stio  # the generator's own writer (written from the spec)
-    src = fx.source_files[0]
+    src = src or fx.source_files[0]
     meta, entries, data_start = stio.read_header(src)
     raw = itest.read_file(src)
     params = sorted(p.name for p in fx.case.params)
@@ -386,6 +387,38 @@ def check_unified(args):
     assert "omit --src-strategy" in line, line
 
 
+def check_unified_whole(args):
+    """A unified_safetensors directory without --dst-strategy: one full checkpoint, served as
+    rank_0/checkpoint_0.{ckpt,safetensors} like any full source merged. The unified directory is
+    written from the generator's expected merge of 8to1_merge (its one target file), so the views
+    must be that file: the .safetensors byte for byte, the .ckpt with the expected file's records
+    (in the parts' order, so compared as a set)."""
+    work = os.path.join(args.work, "unified_whole")
+    fx = ckpt_fixture.make_builtin("st_8to1_merge", os.path.join(work, "fixture"))
+    want_st = itest.read_file(fx.expected_safetensors_files()[0])
+    want_ckpt = itest.read_file(fx.expected_files()[0])
+    udir = os.path.join(work, "unified")
+    write_unified(fx, udir, True, src=fx.expected_safetensors_files()[0])
+    mnt = os.path.join(work, "mnt")
+    with itest.mounted(args.ckptfs, udir, mnt, index_dir=os.path.join(work, "index")):
+        assert sorted(os.listdir(mnt)) == ["rank_0"], os.listdir(mnt)
+        assert sorted(os.listdir(os.path.join(mnt, "rank_0"))) == \
+            ["checkpoint_0.ckpt", "checkpoint_0.safetensors"]
+        got = itest.read_file(os.path.join(mnt, "rank_0", "checkpoint_0.safetensors"))
+        assert got == want_st, "the .safetensors view differs from the expected merge"
+        pb = checkpoint_pb2(work)
+        a, b = pb.Checkpoint(), pb.Checkpoint()
+        a.ParseFromString(itest.read_file(os.path.join(mnt, "rank_0", "checkpoint_0.ckpt")))
+        b.ParseFromString(want_ckpt)
+        assert sorted(v.SerializeToString() for v in a.value) == \
+            sorted(v.SerializeToString() for v in b.value), "the .ckpt view's records differ"
+    # materialize gives the same file (the view a mount shows, without FUSE).
+    out = os.path.join(work, "out")
+    itest.run([args.ckptfs, "materialize", udir, out, "--view", "safetensors", "-q",
+               "--index-dir", os.path.join(work, "index")])
+    assert itest.read_file(os.path.join(out, "rank_0", "checkpoint_0.safetensors")) == want_st
+
+
 def rewrite_source(path, extra_entries, metadata):
     """Rewrites a safetensors source with its entries plus `extra_entries` and `metadata`."""
     from ckptfix import stio
@@ -441,6 +474,7 @@ def main():
     checks.run("views and prefix", check_views_and_prefix, args)
     checks.run("bad input", check_bad_input, args)
     checks.run("unified_safetensors directory as a source", check_unified, args)
+    checks.run("unified_safetensors directory as one full checkpoint", check_unified_whole, args)
     checks.run("Int4-marked tensors", check_int4, args)
     checks.finish()
 

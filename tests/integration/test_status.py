@@ -272,6 +272,30 @@ def failed_read_logged(args):
         assert "changed since mounted" in open(os.path.join(mnt, ".ckptfs", "log")).read()
 
 
+def refused_open_counted(args):
+    """An open refused with EIO (a source the file reads changed since the mount) is counted in
+    stats.json like a failed read: in the total and in the file's own "eio", and logged."""
+    work, fx = demo(args, "refused_open")
+    mnt = os.path.join(work, "mnt")
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, log_level="info", **kw(fx, work)):
+        plan = load_json(os.path.join(mnt, ".ckptfs", "plan", "rank_0.json"))
+        for src in plan["files"][0]["sources"]:
+            with open(src, "ab") as f:
+                f.write(b"x")
+        target = os.path.join(mnt, "rank_0", "checkpoint_0.ckpt")
+        try:
+            os.close(os.open(target, os.O_RDONLY))
+            raise AssertionError("an open of a file whose sources changed succeeded")
+        except OSError as e:
+            assert e.errno == errno.EIO, e
+        stats = load_json(os.path.join(mnt, ".ckptfs", "stats.json"))
+        assert stats["eio"] == 1, stats
+        entry = stats["files"].get("rank_0/checkpoint_0.ckpt")
+        assert entry is not None and entry["eio"] == 1 and entry["opens"] == 0, stats
+        log = open(os.path.join(mnt, ".ckptfs", "log")).read()
+        assert "open of rank_0/checkpoint_0.ckpt failed" in log, log
+
+
 def unwritable_log_file(args):
     work, fx = demo(args, "badlog")
     mnt = os.path.join(work, "mnt")
@@ -368,6 +392,7 @@ def main():
     checks.run("status tree: hidden, JSON, plan extents, stats, log", status_tree, args)
     checks.run("xattrs of target files", xattrs, args)
     checks.run("a failed read is logged at info and counted", failed_read_logged, args)
+    checks.run("a refused open is counted and logged", refused_open_counted, args)
     checks.run("an unwritable --log-file is refused in one line", unwritable_log_file, args)
     checks.run("--ranks: plan of the exposed ranks only", ranks_view, args)
     checks.run("-o by_stage plans", by_stage_view, args)

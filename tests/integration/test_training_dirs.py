@@ -60,12 +60,12 @@ def twelve_saves(args):
     err = mount_and_compare(args, work, tr, (12, 2))
     expect_line(err.strip(),
                 f"ckptfs: {tr.src_dir}: epoch 12 step 2 on all 2 ranks; 11 older checkpoints "
-                f"ignored; 1 breakpoint file ignored (--step breakpoint serves them)")
+                f"ignored; 1 breakpoint checkpoint ignored (on rank_1 only)")
     err = mount_and_compare(args, work, tr, (9, 2), ["--step", "9_2"])
     expect_line(err.strip(),
                 f"ckptfs: {tr.src_dir}: epoch 9 step 2 on all 2 ranks (--step 9_2); 8 older "
-                f"checkpoints ignored; 3 newer checkpoints ignored; 1 breakpoint file ignored "
-                f"(--step breakpoint serves them)")
+                f"checkpoints ignored; 3 newer checkpoints ignored; 1 breakpoint checkpoint "
+                f"ignored (on rank_1 only)")
 
 
 def twelve_safetensors_saves(args):
@@ -205,6 +205,51 @@ def strategy_of_another_model(args):
     assert line.endswith(" and 359 more; give the strategy these checkpoints were saved with"), line
 
 
+def dst_strategy_of_another_model(args):
+    """The right source strategy and the llama2-13b strategy as --dst-strategy: the fault is the
+    destination strategy's, and the line names that file (not the source strategy)."""
+    work, tr = tree(args, "other_model_dst", steps=[(1, 2)])
+    llama = os.path.join(work, "llama_strategy.ckpt")
+    shutil.copyfile(ckpt_fixture.resolve_shared_path(builtins.LLAMA_STRATEGY, args.shared),
+                    llama)
+    line = refusal(args, work, tr.src_dir, (), tr.src_strategy, llama)
+    assert line.startswith(f"ckptfs: the destination strategy {llama} names "), line
+    assert tr.src_strategy not in line and "source strategy" not in line, line
+    assert line.endswith("give a destination strategy of this model"), line
+
+
+def verify_names_step(args):
+    """verify of a training directory says which step it checked, as a mount does."""
+    work, tr = tree(args, "verify_step", steps=[(1, 2), (2, 2)])
+    base = [args.ckptfs, "verify", tr.src_dir, "--src-strategy", tr.src_strategy,
+            "--index-dir", os.path.join(work, "index")]
+    proc = itest.run(base)
+    assert proc.stdout.startswith("verify: all well: epoch 2 step 2 on all 2 ranks; "), proc.stdout
+    proc = itest.run(base + ["--step", "1_2"])
+    assert proc.stdout.startswith("verify: all well: epoch 1 step 2 on all 2 ranks "), proc.stdout
+
+
+def quiet(args):
+    """-q (before or after the subcommand) leaves stderr empty on success: no chosen-step line;
+    index build -q prints nothing either."""
+    work, tr = tree(args, "quiet", steps=[(1, 2), (2, 2)])
+    for where in ("after", "before"):
+        extra = ["-q"] if where == "after" else []
+        mnt = os.path.join(work, "mnt")
+        os.makedirs(mnt, exist_ok=True)
+        cmd = itest.mount_cmd(args.ckptfs, tr.src_dir, mnt, src_strategy=tr.src_strategy,
+                              index_dir=os.path.join(work, "index")) + extra
+        if where == "before":
+            cmd.insert(1, "-q")
+        with itest.unmounting(args.ckptfs, mnt):
+            proc = itest.run(cmd, check=False)
+            assert proc.returncode == 0 and proc.stderr == "", (where, proc.stderr)
+            assert itest.is_mounted(mnt)
+    for cmd in (["index", "build", tr.src_dir, "-q"], ["-q", "index", "build", tr.src_dir]):
+        proc = itest.run([args.ckptfs] + cmd + ["--index-dir", os.path.join(work, "index2")])
+        assert proc.stdout == "" and proc.stderr == "", (cmd, proc.stdout, proc.stderr)
+
+
 def missing_stage(args):
     """A 2-stage pipeline job given only stage 0's strategy file."""
     work, fx = fixture(args, "missing_stage", "pipeline_src_dir")
@@ -261,6 +306,10 @@ def main():
     checks.run("swapped strategies refused", swapped_strategies, args)
     checks.run("fewer rank directories refused", fewer_rank_dirs, args)
     checks.run("strategy of another model refused", strategy_of_another_model, args)
+    checks.run("destination strategy of another model: named", dst_strategy_of_another_model,
+               args)
+    checks.run("verify names the step it checked", verify_names_step, args)
+    checks.run("-q: nothing on stderr, before or after the subcommand", quiet, args)
     checks.run("missing pipeline stage refused", missing_stage, args)
     checks.run("weights-only save; a missing weight refused", weights_only_save, args)
     checks.finish()

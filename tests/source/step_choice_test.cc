@@ -90,14 +90,19 @@ TEST_F(StepChoiceTest, BreakpointsOnlyWhenAsked) {
   const Choice c = pick();
   EXPECT_EQ(c.files.at(3), at("rank_3/net-9_100.ckpt"));
   EXPECT_EQ(c.summary,
-            "epoch 9 step 100 on all 4 ranks; 8 older checkpoints ignored; 1 breakpoint file "
-            "ignored (--step breakpoint serves them)");
+            "epoch 9 step 100 on all 4 ranks; 8 older checkpoints ignored; 1 breakpoint checkpoint "
+            "ignored (on rank_3 only)");
   EXPECT_EQ(refusal("breakpoint"),
             root_.string() +
                 ": --step breakpoint: no matching file on rank_0, rank_1, rank_2 (1 of 4 ranks "
                 "have one)");
   files({"rank_0/net-9_100_breakpoint.ckpt", "rank_1/net-9_100_breakpoint.ckpt",
          "rank_2/net-9_100_breakpoint.ckpt"});
+  // One breakpoint save on every rank is one checkpoint, counted as the older steps are (not
+  // as 4 files beside 8 checkpoints).
+  EXPECT_EQ(pick().summary,
+            "epoch 9 step 100 on all 4 ranks; 8 older checkpoints ignored; 1 breakpoint checkpoint "
+            "ignored (--step breakpoint serves it)");
   const Choice b = pick("breakpoint");
   EXPECT_EQ(b.files.at(2), at("rank_2/net-9_100_breakpoint.ckpt"));
   EXPECT_EQ(b.summary.substr(0, 50), "epoch 9 step 100 on all 4 ranks (--step breakpoint");

@@ -76,7 +76,8 @@ class Tree {
   Tree& operator=(Tree&&) noexcept;
   ~Tree();
 
-  // Adds "/steps" (shared: the mount's Tree and the tests may both hold it).
+  // Adds "/steps" (shared: the mount's Tree and the tests may both hold it), found by lookup but
+  // not listed in "/" (so copying the mount root copies the served step only).
   void set_steps(std::shared_ptr<Steps> steps);
   const std::shared_ptr<Steps>& steps() const { return steps_; }
   // Which step this Tree serves under "/steps" (set by Steps).

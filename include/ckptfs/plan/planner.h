@@ -52,6 +52,10 @@ std::shared_ptr<LayoutMemo> new_layout_memo();
 struct ViewOptions {
   bool ckpt = true;
   bool safetensors = true;
+  // Of ckpt and safetensors, only the format the sources are in (an hfai checkpoint's:
+  // safetensors), so that the files are themselves a source: a rank directory holding both
+  // formats is refused as one.
+  bool source_format = false;
   std::string prefix = "checkpoint_";
   // Instead: MindSpore >= 2.3's by-stage transform (spec mindspore-formats.md §4.7), called
   // once per stage of a pipeline source with that stage's strategy: rank_<l>/<prefix><l>_part<s>
@@ -110,7 +114,8 @@ Plan make_located_plan(std::vector<index::IndexedSource> files, const std::vecto
 
 // A full checkpoint kept in several files (MindSpore's unified_safetensors output: the parts,
 // then hyper_param.safetensors), resharded to `dst` as if it were one unsharded rank_0 file
-// listing the parts' entries in the order given.
+// listing the parts' entries in the order given. Without `dst`: the one merged checkpoint,
+// rank_0, every tensor copied whole (as a full source's merge is served).
 Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::Strategy* dst,
                        const ViewOptions& views = {});
 
