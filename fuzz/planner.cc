@@ -58,7 +58,8 @@ Side random_side(FuzzedDataProvider& in, size_t rank) {
   return s;
 }
 
-strategy::Strategy strategy_of(const Side& s) {
+// `stated`: the global shape a JSON strategy states (tensor_shape), or null for none.
+strategy::Strategy strategy_of(const Side& s, const Shape* stated) {
   strategy::Strategy out;
   out.origin = "fuzz";
   out.devices_per_stage = s.devices();
@@ -66,6 +67,7 @@ strategy::Strategy strategy_of(const Side& s) {
   layout.dev_matrix = s.dev;
   for (int a : s.map)
     layout.tensor_map.push_back(a < 0 ? strategy::DimAxes{} : strategy::DimAxes{a});
+  if (stated) layout.tensor_shape = *stated;
   out.params["w"].name = "w";
   out.params["w"].stages[0] = layout;
   return out;
@@ -191,12 +193,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     s.scan = ckpt::scan_checkpoint_fd(mem.fd(), s.file.path);
   }
 
-  const strategy::Strategy src_strategy = strategy_of(src);
-  const strategy::Strategy dst_strategy = strategy_of(dst);
+  // The global shape the strategies state, chosen by the input's length so that no byte of it
+  // changes meaning: none, the true one on both sides (must plan), or the destination's one
+  // dimension off (must be refused).
+  const size_t stated = global.empty() ? 0 : size % 3;
+  Shape wrong = global;
+  if (stated == 2) wrong[0] += 1;
+  const strategy::Strategy src_strategy = strategy_of(src, stated > 0 ? &global : nullptr);
+  const strategy::Strategy dst_strategy = strategy_of(dst, stated == 1   ? &global
+                                                           : stated == 2 ? &wrong
+                                                                         : nullptr);
   plan::Plan plan;
   try {
     plan = plan::make_plan(std::move(sources), &src_strategy, &dst_strategy);
+    if (stated == 2) {
+      std::fprintf(stderr, "a disagreeing tensor_shape was not refused\n");
+      std::abort();
+    }
   } catch (const Error& e) {
+    if (stated == 2 && std::strstr(e.what(), "in the strategy but") != nullptr) return 0;
     std::fprintf(stderr, "valid layouts refused: %s\n", e.what());
     std::abort();
   }

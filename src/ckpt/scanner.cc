@@ -28,6 +28,7 @@
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/pread.h"
 #include "ckptfs/util/shape_text.h"
+#include "ckptfs/util/view_reach.h"
 
 namespace ckptfs::ckpt {
 
@@ -554,17 +555,14 @@ std::string check_view(const Param& p) {
       (p.element_size != 1 && p.element_size != 2 && p.element_size != 4 && p.element_size != 8 &&
        p.element_size != 16))
     return fmt::format("parameter '{}' is a malformed view", p.name);
-  unsigned __int128 last = p.storage_offset, numel = 1;
-  for (size_t k = 0; k < p.shape.size(); ++k) {
+  for (size_t k = 0; k < p.shape.size(); ++k)
     if (p.shape[k] < 0 || p.strides[k] < 0)
       return fmt::format("parameter '{}' has shape {}", p.name, shape_text(p.shape));
-    numel *= static_cast<uint64_t>(p.shape[k]);
-    if (numel > (uint64_t{1} << 62))
-      return fmt::format("parameter '{}' has shape {} past 64 bits", p.name, shape_text(p.shape));
-    if (p.shape[k] > 0)
-      last += static_cast<unsigned __int128>(p.shape[k] - 1) * static_cast<uint64_t>(p.strides[k]);
-  }
-  if (numel > 0 && (last + 1) * p.element_size > p.content[0].length)
+  const std::optional<ViewReach> reach =
+      view_reach(p.shape, p.strides, p.storage_offset, p.element_size);
+  if (!reach)
+    return fmt::format("parameter '{}' has shape {} past 64 bits", p.name, shape_text(p.shape));
+  if (reach->end > p.content[0].length)
     return fmt::format("parameter '{}' reaches past its storage", p.name);
   return "";
 }

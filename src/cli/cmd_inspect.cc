@@ -26,6 +26,7 @@
 #include "ckptfs/util/fd.h"
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/out_of_memory.h"
+#include "ckptfs/util/printable.h"
 #include "ckptfs/util/shape_text.h"
 #include "commands.h"
 
@@ -106,7 +107,7 @@ void print_values(const nlohmann::json& node, const std::string& path) {
     const nlohmann::json& items = node.is_array() ? node : node["$tuple"];
     for (size_t i = 0; i < items.size(); ++i) print_values(items[i], child(std::to_string(i)));
   } else if (!(node.is_object() && node.contains("$tensor"))) {
-    fmt::print("{} = {}\n", path.empty() ? "(object)" : path, node.dump());
+    fmt::print("{} = {}\n", path.empty() ? "(object)" : printable(path), node.dump());
   }
 }
 
@@ -132,7 +133,7 @@ void print_torch(const ckpt::FileScan& scan, bool json) {
   uint64_t bytes = 0;
   for (const ckpt::Param& p : scan.params) {
     bytes += p.nbytes();
-    rows.push_back({p.name, std::string(p.dtype), shape_text(p.shape),
+    rows.push_back({printable(p.name), printable(p.dtype), shape_text(p.shape),
                     fmt::format("[{}]", fmt::join(p.strides, ",")),
                     std::to_string(p.storage_offset), std::to_string(p.nbytes()),
                     extents_text(p.content)});
@@ -150,17 +151,18 @@ void print_torch(const ckpt::FileScan& scan, bool json) {
 
 // One line of the table. Rows are formatted twice (for the column widths, then to print) rather
 // than held: a file of millions of tiny records would need more for its rows than for its scan.
+// Names and types are the file's bytes, escaped: a control character in them would act on the
+// terminal (or start a line of its own).
 struct TableRow {
-  std::string_view name, dtype;
-  std::string shape, bytes, offsets;
+  std::string name, dtype, shape, bytes, offsets;
 };
 
 TableRow table_row(const ckpt::Param& p) {
   // A map tensor has no single content range; its whole records are what gets copied.
   if (p.kind == ckpt::EntryKind::MapTensor)
-    return {p.name, "(maptensor)", "-", std::to_string(p.nbytes()),
+    return {printable(p.name), "(maptensor)", "-", std::to_string(p.nbytes()),
             "records " + extents_text(p.records)};
-  return {p.name, p.dtype, shape_text(p.shape), std::to_string(p.nbytes()),
+  return {printable(p.name), printable(p.dtype), shape_text(p.shape), std::to_string(p.nbytes()),
           extents_text(p.content)};
 }
 
@@ -222,7 +224,7 @@ void inspect_safetensors(const InspectOptions& options) {
   uint64_t content = 0;
   for (const safetensors::Tensor& t : h.tensors) {
     content += t.end - t.begin;
-    rows.push_back({t.name, t.int4 ? t.code + " (Int4)" : t.code, shape_text(t.shape),
+    rows.push_back({printable(t.name), t.int4 ? t.code + " (Int4)" : t.code, shape_text(t.shape),
                     std::to_string(t.end - t.begin), std::to_string(h.data_start() + t.begin)});
   }
   std::array<size_t, 4> w{};
@@ -232,7 +234,8 @@ void inspect_safetensors(const InspectOptions& options) {
     fmt::print("{:<{}}  {:<{}}  {:<{}}  {:>{}}  {}\n", r[0], w[0], r[1], w[1], r[2], w[2], r[3],
                w[3], r[4]);
   std::vector<std::string> meta;
-  for (const auto& [k, v] : h.metadata) meta.push_back(fmt::format("{}={}", k, v));
+  for (const auto& [k, v] : h.metadata)
+    meta.push_back(fmt::format("{}={}", printable(k), printable(v)));
   fmt::print("{} tensors, {} data bytes; header {} bytes; file {} bytes; metadata: {}\n",
              h.tensors.size(), content, h.header_bytes, h.file_size,
              meta.empty() ? "none" : fmt::format("{}", fmt::join(meta, ", ")));

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <span>
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
@@ -28,6 +29,21 @@ namespace {
 
 using strategy::Layout;
 using strategy::TargetMaps;
+
+// A JSON strategy states each parameter's global shape (tensor_shape). MindSpore's transform
+// ignores it, but one that disagrees with the checkpoint means a strategy of another model, or a
+// checkpoint saved whole read with a sharded strategy: cutting by it would serve wrong blocks.
+void check_stated_shape(const strategy::Strategy& s, std::string_view name,
+                        std::span<const int64_t> global) {
+  const strategy::StrategyParam* param = s.find(name);
+  if (!param) return;
+  for (const auto& [stage, layout] : param->stages)
+    if (!layout.tensor_shape.empty() &&
+        !std::equal(layout.tensor_shape.begin(), layout.tensor_shape.end(), global.begin(),
+                    global.end()))
+      fail("{}: parameter {} has global shape {} in the strategy but {} in the checkpoint",
+           s.origin, name, shape_text(layout.tensor_shape), shape_text(global));
+}
 
 // A layout's identity for memo tables: layouts repeat across thousands of parameters.
 std::string layout_key(const Layout& layout) {
@@ -514,6 +530,8 @@ class Planner {
     if (!inserted) return it->second;
     ParamFacts& facts = it->second;
     facts.global_shape = src_layout.global_shape(p.shape);
+    for (const strategy::Strategy* s : {maps.src(), maps.dst()})
+      if (s) check_stated_shape(*s, p.name, facts.global_shape);
     facts.dtype = p.dtype;
     facts.element_size = p.element_size;
     // Every copy in the stage must be the slice the layout says, of the same type.
@@ -1048,10 +1066,7 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
           "{}: parameter {} is not in the checkpoint ({} tensors, such as {}); give a strategy "
           "for this model",
           dst.origin, name, tensors.size(), tensors.empty() ? "none" : tensors.front().name);
-    for (const auto& [stage, layout] : param.stages)
-      if (!layout.tensor_shape.empty() && layout.tensor_shape != it->second->shape)
-        fail("{}: parameter {} has global shape {} in the strategy but {} in the checkpoint",
-             dst.origin, name, shape_text(layout.tensor_shape), shape_text(it->second->shape));
+    check_stated_shape(dst, name, it->second->shape);
   }
   std::vector<int64_t> targets = views.ranks;
   if (targets.empty())

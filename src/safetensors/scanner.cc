@@ -9,22 +9,25 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string_view>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "ckptfs/error.h"
 #include "ckptfs/safetensors/format.h"
 #include "ckptfs/util/fd.h"
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/pread.h"
+#include "ckptfs/util/printable.h"
 
 namespace ckptfs::safetensors {
 
 namespace {
 
-using Json = nlohmann::ordered_json;
+using Json = nlohmann::json;
 
 constexpr std::string_view kInt4Marker = "Int4";
 
@@ -33,47 +36,139 @@ bool is_count(const Json& v) {
   return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
 }
 
-// Parses the header text, refusing a repeated top-level name (the reference's README forbids
-// them; a JSON parser would silently keep one of the copies).
-Json parse_header(const std::string& text, const std::string& name) {
-  std::set<std::string> keys;
-  std::string duplicate;
-  const Json::parser_callback_t on_event = [&](int depth, nlohmann::json::parse_event_t event,
-                                               Json& parsed) {
-    if (event == nlohmann::json::parse_event_t::key && depth == 1 && duplicate.empty() &&
-        !keys.insert(parsed.get<std::string>()).second)
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
-  Json header;
-  try {
-    header = Json::parse(text, on_event);
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.byte counts from 1 within the header, which starts at file offset 8.
-    fail(
-        "{}: byte offset {}: safetensors header is not valid UTF-8 JSON ({}); the file is "
-        "damaged or not a safetensors file",
-        name, kLengthBytes + (e.byte > 0 ? e.byte - 1 : 0), e.what());
-  } catch (const nlohmann::json::exception& e) {
-    // Valid JSON that the parser cannot hold, such as a number beyond a double's range.
-    fail(
-        "{}: safetensors header cannot be read ({}); the file is damaged or not a safetensors file",
-        name, e.what());
-  }
-  if (!header.is_object())
-    fail("{}: byte offset 8: safetensors header is a JSON {}, not an object", name,
-         header.type_name());
-  if (!duplicate.empty()) fail("{}: safetensors header names tensor \"{}\" twice", name, duplicate);
-  return header;
-}
+// One top-level member of the header: a tensor's entry or __metadata__, with the keys of its
+// value in file order when that value is an object (the tree's own keys are sorted).
+struct Member {
+  std::string key;
+  Json value;
+  std::vector<std::string> keys;
+};
 
-std::vector<std::pair<std::string, std::string>> read_metadata(const Json& value,
+// Reads the header as a stream of events and hands on each top-level member as soon as it is
+// complete, so no tree of the whole header is built and no ordered map (whose every insertion
+// searches linearly: hours for a header near the size cap) is needed to keep the file's order.
+// A key repeated within any object is refused: a JSON tree would silently keep one copy, and
+// the reference reader refuses a repeated tensor field.
+class HeaderEvents {
+ public:
+  HeaderEvents(const std::string& name, std::function<void(const Member&)> on_member)
+      : name_(name), on_member_(std::move(on_member)) {}
+
+  // The JSON type of the whole header when it is not an object ("" when it is).
+  const std::string& not_object() const { return not_object_; }
+
+  bool null() { return value(nullptr); }
+  bool boolean(bool b) { return value(b); }
+  bool number_integer(int64_t n) { return value(n); }
+  bool number_unsigned(uint64_t n) { return value(n); }
+  bool number_float(double d, const std::string& /*text*/) { return value(d); }
+  bool string(std::string& s) { return value(std::move(s)); }
+  bool binary(Json::binary_t& b) { return value(std::move(b)); }  // not made by the JSON parser
+  bool start_object(size_t /*elements*/) { return open(Json::object()); }
+  bool start_array(size_t /*elements*/) { return open(Json::array()); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+
+  bool key(std::string& k) {
+    if (!not_object_.empty()) return true;
+    if (open_.empty()) {
+      if (!names_.insert(k).second)
+        fail("{}: safetensors header names tensor \"{}\" twice", name_, k);
+      member_.key = std::move(k);
+      return true;
+    }
+    if (open_.size() == 1) member_.keys.push_back(k);
+    auto [at, inserted] = open_.back()->get_ref<Json::object_t&>().try_emplace(k);
+    if (!inserted) fail("{}: safetensors header: \"{}\" names \"{}\" twice", name_, member_.key, k);
+    slot_ = &at->second;
+    return true;
+  }
+
+  bool parse_error(size_t position, const std::string& /*token*/,
+                   const nlohmann::detail::exception& e) {
+    if (dynamic_cast<const nlohmann::json::parse_error*>(&e) != nullptr)
+      // `position` counts from 1 within the header, which starts at file offset 8.
+      fail(
+          "{}: byte offset {}: safetensors header is not valid UTF-8 JSON ({}); the file is "
+          "damaged or not a safetensors file",
+          name_, kLengthBytes + (position > 0 ? position - 1 : 0), e.what());
+    // Valid JSON that cannot be held, such as a number beyond a double's range.
+    fail(
+        "{}: safetensors header cannot be read ({}); the file is damaged or not a safetensors "
+        "file",
+        name_, e.what());
+  }
+
+ private:
+  // A complete value where the parser is: the whole header, a member, or inside one.
+  bool value(Json v) {
+    if (!not_object_.empty()) return true;
+    if (!in_root_) {
+      not_object_ = v.type_name();
+      return true;
+    }
+    place(std::move(v));
+    if (open_.empty()) finish_member();
+    return true;
+  }
+  bool open(Json container) {
+    if (!not_object_.empty()) return true;
+    if (!in_root_) {
+      if (!container.is_object()) not_object_ = container.type_name();
+      in_root_ = true;
+      return true;
+    }
+    open_.push_back(place(std::move(container)));
+    return true;
+  }
+  bool close() {
+    if (!not_object_.empty()) return true;
+    if (open_.empty()) return true;  // the header's own closing brace
+    open_.pop_back();
+    if (open_.empty()) finish_member();
+    return true;
+  }
+  // Where a new value goes: the member itself, the end of an open array, or the slot of the
+  // key just read. Containers being filled never move: only the innermost one grows.
+  Json* place(Json v) {
+    if (open_.empty()) {
+      member_.value = std::move(v);
+      return &member_.value;
+    }
+    Json& parent = *open_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(v));
+      return &parent.back();
+    }
+    *slot_ = std::move(v);
+    return slot_;
+  }
+  void finish_member() {
+    on_member_(member_);
+    member_.value = nullptr;
+    member_.keys.clear();
+  }
+
+  const std::string& name_;
+  std::function<void(const Member&)> on_member_;
+  bool in_root_ = false;
+  std::string not_object_;
+  std::unordered_set<std::string> names_;  // top-level keys so far
+  Member member_;
+  std::vector<Json*> open_;  // containers of the current member being filled, outermost first
+  Json* slot_ = nullptr;     // the value of the key just read
+};
+
+std::vector<std::pair<std::string, std::string>> read_metadata(const Member& member,
                                                                const std::string& name) {
+  const Json& value = member.value;
   if (!value.is_object())
     fail("{}: safetensors __metadata__ is a JSON {}, not a string-to-string map", name,
          value.type_name());
   std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& [key, v] : value.items()) {
+  out.reserve(member.keys.size());
+  for (const std::string& key : member.keys) {
+    const Json& v = value.at(key);
     if (!v.is_string())
       fail("{}: safetensors __metadata__ \"{}\" is a JSON {}, not a string", name, key,
            v.type_name());
@@ -91,11 +186,11 @@ Tensor read_tensor(const std::string& key, const Json& v, const std::string& nam
   if (dtype == v.end() || !dtype->is_string())
     fail("{}: tensor \"{}\": no \"dtype\" string", name, key);
   t.code = dtype->get<std::string>();
-  if (!dtype_by_code(t.code))
+  if (!dtype_by_code(t.code))  // escaped: a NUL would end the message, a newline split it
     fail(
         "{}: tensor \"{}\": dtype \"{}\" is not one of BOOL U8 I8 I16 U16 I32 U32 I64 U64 F16 "
         "BF16 F32 F64, the types MindSpore reads",
-        name, key, t.code);
+        name, printable(key), printable(t.code));
   const auto shape = v.find("shape");
   if (shape == v.end() || !shape->is_array())
     fail("{}: tensor \"{}\": no \"shape\" array", name, key);
@@ -163,14 +258,16 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
 
   std::string text(h.header_bytes, '\0');
   read(kLengthBytes, std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size()));
-  const Json header = parse_header(text, name);
-
-  for (const auto& [key, value] : header.items()) {
-    if (key == kMetadataKey)
-      h.metadata = read_metadata(value, name);
+  HeaderEvents events(name, [&](const Member& m) {
+    if (m.key == kMetadataKey)
+      h.metadata = read_metadata(m, name);
     else
-      h.tensors.push_back(read_tensor(key, value, name));
-  }
+      h.tensors.push_back(read_tensor(m.key, m.value, name));
+  });
+  Json::sax_parse(text, &events);
+  if (!events.not_object().empty())
+    fail("{}: byte offset 8: safetensors header is a JSON {}, not an object", name,
+         events.not_object());
 
   // The data section must be tiled exactly: no holes, no overlaps, nothing after the last
   // tensor. Empty tensors may share an offset with their neighbour.
@@ -202,15 +299,17 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
                         : "longer than its "
                           "header says");
 
+  // Looked up by name: a file may mark every one of its 100,000 tensors.
+  std::unordered_map<std::string_view, Tensor*> by_name;
   for (const auto& [key, value] : h.metadata) {
     if (value != kInt4Marker) continue;
-    // Not captured by reference: clang 14 (the fuzz build) cannot capture a structured binding.
-    auto it = std::find_if(h.tensors.begin(), h.tensors.end(),
-                           [&marked = key](const Tensor& t) { return t.name == marked; });
-    if (it == h.tensors.end())
+    if (by_name.empty())
+      for (Tensor& t : h.tensors) by_name.emplace(t.name, &t);
+    const auto it = by_name.find(key);
+    if (it == by_name.end())
       fail("{}: __metadata__ marks \"{}\" as Int4, but the file has no tensor of that name", name,
            key);
-    it->int4 = true;
+    it->second->int4 = true;
   }
   return h;
 }

@@ -7,10 +7,13 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <memory>
+#include <span>
 #include <unordered_map>
 
 #include "ckptfs/error.h"
+#include "ckptfs/util/view_reach.h"
 
 namespace ckptfs::torchzip {
 
@@ -90,8 +93,10 @@ struct Storage {
 // A container: list, tuple, set, Size (items) or dict (items as key, value, key, value...).
 struct Container {
   std::vector<uint32_t> items;
-  std::unordered_map<std::string, size_t> index;  // dicts: canonical key -> position of the key
-  bool ordered = false;                           // made by collections.OrderedDict
+  // Dicts with items: canonical key -> position of the key. Made on first use: most containers
+  // are tuples, and an empty hash map costs more than the rest of the container.
+  std::unique_ptr<std::unordered_map<std::string, size_t>> index;
+  bool ordered = false;  // made by collections.OrderedDict
 };
 
 struct Value {
@@ -99,10 +104,35 @@ struct Value {
   uint64_t payload;  // int bits, double bits, bool, or an index into the matching table
 };
 
+// What the machine charges against its memory budget for each thing it keeps: its bytes with
+// the allocator's rounding, and for what lives in a growing vector, the spare room and the copy
+// it holds while it moves. Measured against peak RSS (scripts/bench_parsers.py), the charges run a
+// little above what a real state_dict's pickle makes the process hold.
+constexpr uint64_t kValueCost = sizeof(Value);          // reserved up front: never copied to grow
+constexpr uint64_t kContainerCost = sizeof(Container);  // in a deque: no spare room
+constexpr uint64_t kItemCost = 3 * sizeof(uint32_t);    // a vector moving to twice its size
+constexpr uint64_t kStringCost = 3 * sizeof(std::string);    // plus its length
+constexpr uint64_t kHashEntryCost = 80;                      // node, bucket, key object
+constexpr uint64_t kTensorCost = 3 * sizeof(PickledTensor);  // plus its dimensions' bytes
+// The result tree: a JSON value in its parent; for strings their text; for the containers the
+// tree writes as {"$dict": [...]}-style objects, that object's map and node; for each dict item,
+// its [key, value] array.
+constexpr uint64_t kTreeScalarCost = 32;
+constexpr uint64_t kTreeStringCost = 64;  // plus its length (twice for bytes, written in hex)
+constexpr uint64_t kTreeContainerCost = 160;
+constexpr uint64_t kTreePairCost = 64;
+
 class Machine {
  public:
   Machine(std::string_view data, const std::string& name, const RecordSize& record_size)
-      : data_(data), name_(name), record_size_(record_size) {}
+      : data_(data),
+        name_(name),
+        record_size_(record_size),
+        budget_(kMemoryFloor + kMemoryPerByte * data.size()) {
+    // Every opcode makes at most one value: room for all of them costs address space only, and
+    // spares the copies a doubling vector makes (three times its size while it moves).
+    values_.reserve(std::min<size_t>(data.size(), kMaxObjects));
+  }
 
   Unpickled run() {
     Unpickled out;
@@ -149,23 +179,44 @@ class Machine {
     return s;
   }
 
+  // --- memory ---
+  // Every object, string, item and tree node is charged as it is made, so a pickle that would
+  // take memory out of proportion to its own size (a byte per empty dict, a few hundred bytes
+  // each once held) is refused early, whatever it holds.
+  void charge(uint64_t bytes) {
+    used_ += bytes;
+    if (used_ > budget_)
+      error(
+          "its objects would take more than {} MiB of memory, the limit for a pickle of {} "
+          "bytes ({} MiB + {} bytes per byte); the file is damaged or not a torch.save "
+          "checkpoint, and is not read",
+          budget_ >> 20, data_.size(), kMemoryFloor >> 20, kMemoryPerByte);
+  }
+
   // --- values ---
   uint32_t make(Kind kind, uint64_t payload = 0) {
     if (values_.size() >= kMaxObjects) error("more than {} objects", kMaxObjects);
+    charge(kValueCost);
     values_.push_back({kind, payload});
     return static_cast<uint32_t>(values_.size() - 1);
   }
   uint32_t make_string(Kind kind, std::string s) {
+    charge(kStringCost + s.size());
     strings_.push_back(std::move(s));
     return make(kind, strings_.size() - 1);
   }
   uint32_t make_container(Kind kind, std::vector<uint32_t> items = {}) {
-    containers_.push_back(std::make_unique<Container>());
-    containers_.back()->items = std::move(items);
+    charge(kContainerCost + kItemCost * items.size());
+    containers_.emplace_back().items = std::move(items);
     return make(kind, containers_.size() - 1);
   }
+  void add_items(uint32_t id, std::span<const uint32_t> items) {
+    charge(kItemCost * items.size());
+    auto& dst = box(id).items;
+    dst.insert(dst.end(), items.begin(), items.end());
+  }
   const Value& v(uint32_t id) const { return values_[id]; }
-  Container& box(uint32_t id) { return *containers_[v(id).payload]; }
+  Container& box(uint32_t id) { return containers_[v(id).payload]; }
   const std::string& str(uint32_t id) const { return strings_[v(id).payload]; }
   bool is(uint32_t id, Kind kind) const { return v(id).kind == kind; }
 
@@ -260,6 +311,7 @@ class Machine {
           if (k.size() > (uint64_t{1} << 20)) error("a dict key longer than 1 MiB");
         }
         k += ')';
+        charge(kHashEntryCost + k.size());
         return key_cache_.emplace(id, std::move(k)).first->second;
       }
       default:
@@ -270,8 +322,10 @@ class Machine {
   void set_item(uint32_t dict, uint32_t key, uint32_t value) {
     if (!is(dict, Kind::Dict)) error("SETITEM(S) on something that is not a dict");
     Container& d = box(dict);
-    auto [it, inserted] = d.index.try_emplace(key_of(key), d.items.size());
+    if (!d.index) d.index = std::make_unique<std::unordered_map<std::string, size_t>>();
+    auto [it, inserted] = d.index->try_emplace(key_of(key), d.items.size());
     if (inserted) {
+      charge(kHashEntryCost + it->first.size() + 2 * kItemCost);
       d.items.push_back(key);
       d.items.push_back(value);
     } else {
@@ -283,6 +337,7 @@ class Machine {
   uint32_t global(std::string_view module, std::string_view name) {
     const std::string full = fmt::format("{}.{}", module, name);
     auto make_global = [&](Fn fn, uint32_t dtype = 0) {
+      charge(kStringCost + full.size());
       globals_.push_back({fn, dtype, full});
       return make(Kind::Global, globals_.size() - 1);
     };
@@ -349,6 +404,7 @@ class Machine {
       error("storage {} ({} of {} elements) needs {} bytes but record data/{} holds {}", key,
             dtype < 0 ? "UntypedStorage" : kDtypes[dtype].storage_class, numel,
             static_cast<uint64_t>(std::min<unsigned __int128>(need, UINT64_MAX)), key, *bytes);
+    charge(2 * (kHashEntryCost + key.size()));
     storages_.push_back({key, dtype, static_cast<uint64_t>(numel), *bytes});
     storage_ids_.emplace(key, storages_.size() - 1);
     return make(Kind::Storage, storages_.size() - 1);
@@ -390,21 +446,19 @@ class Machine {
     if (t.shape.size() != t.stride.size())
       error("tensor on storage {}: size has {} dimensions, stride {}", s.key, t.shape.size(),
             t.stride.size());
-    unsigned __int128 numel = 1, last = static_cast<uint64_t>(offset);
-    for (size_t k = 0; k < t.shape.size(); ++k) {
+    for (size_t k = 0; k < t.shape.size(); ++k)
       if (t.shape[k] < 0 || t.stride[k] < 0)
         error("tensor on storage {}: negative size or stride", s.key);
-      numel *= static_cast<uint64_t>(t.shape[k]);
-      if (numel > (uint64_t{1} << 62)) error("tensor on storage {}: too many elements", s.key);
-      if (t.shape[k] > 0)
-        last += static_cast<unsigned __int128>(t.shape[k] - 1) * static_cast<uint64_t>(t.stride[k]);
-    }
-    if (numel > 0 && (last + 1) * t.dtype->element_size > s.bytes)
+    const std::optional<ViewReach> reach =
+        view_reach(t.shape, t.stride, static_cast<uint64_t>(offset), t.dtype->element_size);
+    if (!reach) error("tensor on storage {}: too many elements", s.key);
+    if (reach->end > s.bytes)
       error(
           "tensor on storage {} (offset {}, size [{}], stride [{}]) reaches past the {} bytes "
           "of record data/{}",
           s.key, offset, fmt::join(t.shape, ","), fmt::join(t.stride, ","), s.bytes, s.key);
     t.storage_offset = static_cast<uint64_t>(offset);
+    charge(kTensorCost + s.key.size() + 16 * t.shape.size());
     tensors_.push_back(std::move(t));
     return make(Kind::Tensor, tensors_.size() - 1);
   }
@@ -514,7 +568,7 @@ class Machine {
       case 'r':
         return memo_put(le(4));
       case 0x94:
-        return memo_put(memo_.size());
+        return memo_put(memo_count_);
       case 'h':
         return memo_get(le(1));
       case 'j':
@@ -543,8 +597,7 @@ class Machine {
       case 'a': {
         const uint32_t item = pop();
         if (!is(top(), Kind::List)) error("APPEND to something that is not a list");
-        box(top()).items.push_back(item);
-        return;
+        return add_items(top(), {&item, 1});
       }
       case 'e':
       case 0x90: {  // APPENDS, ADDITEMS
@@ -552,9 +605,7 @@ class Machine {
         if (!is(top(), op == 'e' ? Kind::List : Kind::Set))
           error("{} to something that is not a {}", op == 'e' ? "APPENDS" : "ADDITEMS",
                 op == 'e' ? "list" : "set");
-        auto& dst = box(top()).items;
-        dst.insert(dst.end(), items.begin(), items.end());
-        return;
+        return add_items(top(), items);
       }
       case 's': {
         const uint32_t value = pop(), key = pop();
@@ -624,14 +675,30 @@ class Machine {
     }
   }
 
+  // Pickles number memo entries 0, 1, 2...: those live in a vector (4 bytes each, where a
+  // hash map took 40, for several entries per tensor); an index out of that order goes to a
+  // hash map, so a crafted index cannot size the vector.
   void memo_put(uint64_t index) {
-    if (memo_.size() >= kMaxStack && !memo_.contains(index))
-      error("memo larger than {}", kMaxStack);
-    memo_[index] = top();
+    const uint32_t value = top();
+    if (index < memo_dense_.size()) {
+      memo_dense_[index] = value;
+      return;
+    }
+    const bool dense = index == memo_dense_.size() && !memo_sparse_.contains(index);
+    if (dense || !memo_sparse_.contains(index)) {
+      if (memo_count_ >= kMaxStack) error("memo larger than {}", kMaxStack);
+      ++memo_count_;
+      charge(dense ? kItemCost : kHashEntryCost);
+    }
+    if (dense)
+      memo_dense_.push_back(value);
+    else
+      memo_sparse_[index] = value;
   }
   void memo_get(uint64_t index) {
-    auto it = memo_.find(index);
-    if (it == memo_.end()) error("memo entry {} was never stored", index);
+    if (index < memo_dense_.size()) return push(memo_dense_[index]);
+    auto it = memo_sparse_.find(index);
+    if (it == memo_sparse_.end()) error("memo entry {} was never stored", index);
     push(it->second);
   }
 
@@ -686,6 +753,25 @@ class Machine {
       if (++visited > limit) m.error("the object has more than {} parts once expanded", limit);
       const Value& x = m.v(id);
       switch (x.kind) {
+        case Kind::Str:
+        case Kind::Bytes:
+        case Kind::Device:
+          m.charge(kTreeStringCost + (x.kind == Kind::Bytes ? 2 : 1) * m.str(id).size());
+          break;
+        case Kind::Float:
+        case Kind::Global:
+        case Kind::List:
+        case Kind::Tuple:
+        case Kind::Set:
+        case Kind::Size:
+        case Kind::Dict:
+        case Kind::Tensor:
+          m.charge(kTreeContainerCost);
+          break;
+        default:
+          m.charge(kTreeScalarCost);
+      }
+      switch (x.kind) {
         case Kind::None:
           return nullptr;
         case Kind::Bool:
@@ -715,6 +801,7 @@ class Machine {
           nlohmann::json pairs = nlohmann::json::array();
           const std::vector<uint32_t>& items = m.box(id).items;
           for (size_t i = 0; i + 1 < items.size(); i += 2) {
+            m.charge(kTreePairCost);
             nlohmann::json key = convert(items[i], depth + 1);
             path.push_back(key_text(items[i]));
             pairs.push_back(
@@ -751,7 +838,7 @@ class Machine {
   size_t op_at_ = 0;
   std::vector<Value> values_;
   std::vector<std::string> strings_;
-  std::vector<std::unique_ptr<Container>> containers_;
+  std::deque<Container> containers_;  // a deque: references stay valid as it grows
   std::vector<Global> globals_;
   std::vector<Storage> storages_;
   std::unordered_map<std::string, size_t> storage_ids_;
@@ -759,7 +846,11 @@ class Machine {
   std::unordered_map<uint32_t, std::string> key_cache_;
   std::vector<uint32_t> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, uint32_t> memo_;
+  std::vector<uint32_t> memo_dense_;
+  std::unordered_map<uint64_t, uint32_t> memo_sparse_;
+  size_t memo_count_ = 0;
+  const uint64_t budget_;  // bytes
+  uint64_t used_ = 0;
 };
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
+#include <unordered_map>
 
 #include "ckptfs/error.h"
 #include "io.h"
@@ -196,6 +198,18 @@ ZipArchive read_zip(int fd, const std::string& name) {
            full, usize, data, end.offset);
     zip.records.push_back({full.substr(zip.folder.size() + 1), offset, data, usize, crc});
   }
+
+  // Readers disagree on which of two records of one name they take (the first, the last):
+  // either answer may be the wrong tensor, so the archive is refused.
+  std::unordered_map<std::string_view, const ZipRecord*> by_name;
+  by_name.reserve(zip.records.size());
+  for (const ZipRecord& r : zip.records)
+    if (const auto [it, inserted] = by_name.emplace(r.name, &r); !inserted)
+      fail(
+          "{}: record {} appears twice in the zip directory (local headers at byte offsets {} "
+          "and {}); which one is meant is ambiguous: the file is damaged or was not written by "
+          "torch.save",
+          name, r.name, it->second->header_offset, r.header_offset);
 
   std::vector<const ZipRecord*> by_offset;
   by_offset.reserve(zip.records.size());

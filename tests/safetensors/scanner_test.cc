@@ -126,6 +126,48 @@ TEST_F(ScannerTest, RefusesADuplicateName) {
               HasSubstr("names tensor \"a\" twice"));
 }
 
+// The header is read as a stream of events (a tree of ordered objects took O(n^2) of the tensor
+// count): a key repeated at any level is still refused, never silently one of the copies.
+TEST_F(ScannerTest, RefusesAKeyRepeatedInsideAnEntryOrTheMetadata) {
+  EXPECT_THAT(
+      error_of(R"({"a":{"dtype":"U8","shape":[1],"dtype":"I8","data_offsets":[0,1]}})", "x"),
+      HasSubstr("\"a\" names \"dtype\" twice"));
+  EXPECT_THAT(error_of(R"({"__metadata__":{"format":"pt","format":"ms"},)"
+                       R"("a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})",
+                       "x"),
+              HasSubstr("\"__metadata__\" names \"format\" twice"));
+  EXPECT_THAT(error_of(R"({"__metadata__":{},"__metadata__":{}})", ""),
+              HasSubstr("names tensor \"__metadata__\" twice"));
+}
+
+// What keeps the file's order: the metadata, and among tensors of one offset (empty ones) the
+// order they are listed in; the rest is offset order.
+TEST_F(ScannerTest, KeepsFileOrderForMetadataAndForTensorsOfOneOffset) {
+  const std::string header = R"({"z":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},)"
+                             R"("__metadata__":{"m":"1","b":"2","k":"3"},)"
+                             R"("y":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                             R"("c":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},)"
+                             R"("a":{"dtype":"U8","shape":[0],"data_offsets":[1,1]}})";
+  const std::string path = write(file_bytes(header, "x"));
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  const Header h = read_header(fd.get(), path);
+  ASSERT_EQ(h.metadata.size(), 3u);
+  EXPECT_EQ(h.metadata[0], (std::pair<std::string, std::string>{"m", "1"}));
+  EXPECT_EQ(h.metadata[1], (std::pair<std::string, std::string>{"b", "2"}));
+  EXPECT_EQ(h.metadata[2], (std::pair<std::string, std::string>{"k", "3"}));
+  std::vector<std::string> names;
+  for (const Tensor& t : h.tensors) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"z", "c", "y", "a"}));
+}
+
+// A NUL in a dtype would end the message there (what() is a C string).
+TEST_F(ScannerTest, EscapesControlCharactersOfAnUnknownDtype) {
+  const std::string msg =
+      error_of(R"({"a":{"dtype":"F3\u00002\n","shape":[1],"data_offsets":[0,4]}})", "xxxx");
+  EXPECT_THAT(msg, HasSubstr(R"(dtype "F3\x002\x0a" is not one of)"));
+  EXPECT_EQ(msg.find('\0'), std::string::npos);
+}
+
 TEST_F(ScannerTest, RefusesUnknownDtypes) {
   for (const char* code : {"F8_E4M3", "C64", "f32", "STR"}) {
     const std::string header =

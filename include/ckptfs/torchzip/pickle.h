@@ -2,8 +2,9 @@
 // Only the opcodes of §3.2 and the globals of §3.3 are accepted, each call only with the
 // argument shapes of §3.5; anything else is refused naming the file and the opcode or global.
 // Work and memory are linear in the pickle's size, with fixed caps on stack, marks, memo and
-// object count; nesting and key depth are capped, and nothing recurses on input-chosen depth
-// beyond those caps. Stateless function; thread-safe.
+// object count and a memory budget in proportion to the pickle's size; nesting and key depth are
+// capped, and nothing recurses on input-chosen depth beyond those caps. Stateless function;
+// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +57,13 @@ inline constexpr size_t kMaxObjects = 20'000'000;
 inline constexpr size_t kMaxStack = 10'000'000;
 inline constexpr size_t kMaxMarks = 100'000;
 inline constexpr size_t kMaxDepth = 200;  // nesting of the result, and of dict keys
+// The memory the machine and its result may take: this floor plus so many bytes per byte of
+// the pickle, as charged for each object, string, item and tree node. A state_dict's pickle
+// makes `inspect` hold about 20 bytes per byte at its peak (200,000 tensors: a 22 MB pickle,
+// 416 MiB); one crafted to make an object of almost every byte (3 MB of empty dicts held 926 MB)
+// is refused when it reaches the limit.
+inline constexpr uint64_t kMemoryFloor = uint64_t{64} << 20;
+inline constexpr uint64_t kMemoryPerByte = 48;
 
 // Throws Error naming `display_name` and the byte offset in data.pkl for anything refused.
 Unpickled unpickle(std::string_view data, const std::string& display_name,

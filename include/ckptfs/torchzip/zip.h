@@ -35,7 +35,7 @@ inline constexpr uint64_t kMaxNameLength = 4096;
 // the byte offset where it applies) for: another container (legacy pickle stream, tar,
 // "PYTORCH1", anything not a zip, each with its own message), a truncated or inconsistent
 // directory, a compressed record, a record outside the file or overlapping another, names
-// outside one top folder, and limits exceeded. Reads O(records) bytes.
+// outside one top folder, two records of one name, and limits exceeded. Reads O(records) bytes.
 ZipArchive read_zip(int fd, const std::string& display_name);
 
 }  // namespace ckptfs::torchzip
