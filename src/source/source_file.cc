@@ -73,6 +73,11 @@ SourceFile SourceFile::open(const std::filesystem::path& path) {
   }
   // Opening a directory read-only succeeds; reading it would fail later with a worse message.
   if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", path.string());
+  // Watched first, fingerprinted after: a write in between is in the fingerprint.
+  file.writes = WriteWatch::of(file.fd.get());
+  if (::fstat(file.fd.get(), &st) != 0) {
+    fail("{}: fstat failed: {}", path.string(), std::strerror(errno));
+  }
   file.fingerprint = Fingerprint::from_stat(st);
   return file;
 }
@@ -81,7 +86,9 @@ bool SourceFile::unchanged() const {
   struct stat st;
   if (!fd || ::fstat(fd.get(), &st) != 0) return false;
   Fingerprint now = Fingerprint::from_stat(st);
-  if (st.st_nlink == 0) now.ctime_ns = fingerprint.ctime_ns;
+  // The unlink (or a rename over the file) moved the ctime; without a name, only a descriptor
+  // held from before can write it, and the watch reports that.
+  if (st.st_nlink == 0 && !writes.written()) now.ctime_ns = fingerprint.ctime_ns;
   return now == fingerprint;
 }
 
