@@ -37,6 +37,7 @@ struct State {
     alignas(inotify_event) char buf[4096];
     for (;;) {
       const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return;  // EAGAIN: the queue is empty
       for (ssize_t at = 0; at < n;) {
         const auto* ev = reinterpret_cast<const inotify_event*>(buf + at);
