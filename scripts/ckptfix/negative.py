@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import ckptio
+from . import ckptio, stio
 from .build import Fixture, make, write_checkpoint
 from .builtins import case, extra, lay, param, side
 from .sources import SourceRecord
@@ -81,12 +81,42 @@ def retype(outdir: str, ranks, name: str, tensor_type: str) -> str:
 
 
 def drop_record(outdir: str, rank: int, name: str) -> str:
-    """Removes parameter `name` from the rank's checkpoint."""
+    """Removes parameter `name` from the rank's checkpoint (.ckpt or .safetensors)."""
     fx = _fixture(outdir)
     path = os.path.realpath(fx.source_files[rank])
-    records = [r for r in _records(path) if r.tag != name]
-    _rewrite(fx, path, records)
+    if path.endswith(".safetensors"):
+        _drop_safetensors_entry(path, name)
+    else:
+        records = [r for r in _records(path) if r.tag != name]
+        _rewrite(fx, path, records)
     return f"{path}: {name} removed"
+
+
+def lose_entry(outdir: str, rank: int, name: str) -> str:
+    """The rank's file without `name` as a save cut short leaves it: a .ckpt cut at the record
+    boundary before it (the format cannot tell; the records after it go too), a safetensors file
+    written without it. Returns the file's path."""
+    path = os.path.realpath(_fixture(outdir).source_files[rank])
+    if path.endswith(".safetensors"):
+        drop_record(outdir, rank, name)
+    else:
+        cut = next(r for r in ckptio.read_records(path) if r.tag == name)
+        truncate_source(outdir, rank, keep=cut.offset)
+    return path
+
+
+def _drop_safetensors_entry(path: str, name: str) -> None:
+    """Rewrites a safetensors file without `name`, its other entries and metadata as they were."""
+    meta, entries, start = stio.read_header(path)
+    if name not in entries:
+        raise ValueError(f"{path} has no entry {name}")
+    with open(path, "rb") as f:
+        data = f.read()
+    kept = [stio.Entry(k, stio.TYPE_OF[code], shape, end - begin,
+                       lambda b=start + begin, e=start + end: iter([data[b:e]]))
+            for k, (code, shape, begin, end) in entries.items() if k != name]
+    os.remove(path)
+    stio.write(path, kept, meta)
 
 
 def garbage_strategy(outdir: str, which: str = "src") -> str:

@@ -681,8 +681,7 @@ class Planner {
   // stage first (spec §4.4 step 3, §7).
   Entry passthrough_entry(const TargetMaps& maps, const ParamRef& ref,
                           const std::vector<int64_t>& load_order, int64_t local, int64_t t) {
-    const ckpt::Param& p = *ref.param;
-    // Lowest global rank first, among the files with that local index, then among any.
+    // Lowest global rank first, among the files with that local index (or among any).
     auto lowest_holder = [&](bool same_local) -> const SourceSet::File* {
       for (auto it = load_order.rbegin(); it != load_order.rend(); ++it) {
         const SourceSet::File* f = files_.file(*it);
@@ -691,11 +690,34 @@ class Planner {
       return nullptr;
     };
     const SourceSet::File* from = lowest_holder(true);
+    // A deduplicated save keeps a strategy parameter's block in one file of its group.
     if (!from) from = identical_block_holder(maps, ref, local);
-    if (!from) from = lowest_holder(false);
-    if (!from) fail("target rank {}: no loaded source file holds parameter {}", t, p.name);
+    // Files that say where each entry is (MindFormers' metadata) store a shared one once.
+    if (!from && located_) from = lowest_holder(false);
+    if (!from) missing_passthrough(maps, ref, load_order, local, t);
     const ckpt::Param& q = *from->find(ref.id);
     return Entry{q.name, q.dtype, q.kind, q.shape, nullptr, &q, from->source_of(ref.id), nullptr};
+  }
+
+  // An entry the strategies do not split (learning_rate, global_step, a rank's own state) is
+  // each rank's own: MindSpore takes it from the file of local rank `local` and fails without
+  // it. Another rank's value may differ, so it never stands in (a file cut between records
+  // looks complete).
+  [[noreturn]] void missing_passthrough(const TargetMaps& maps, const ParamRef& ref,
+                                        const std::vector<int64_t>& load_order, int64_t local,
+                                        int64_t t) const {
+    int64_t g = local;
+    for (auto it = load_order.rbegin(); it != load_order.rend(); ++it)
+      if (*it % maps.src_devices() == local) {
+        g = *it;
+        break;
+      }
+    const SourceSet::File* f = files_.file(g);
+    fail(
+        "parameter {}: target rank {} takes it from source rank {}, but {} does not hold it "
+        "(another rank's value is not substituted): the file is incomplete (a save cut short?); "
+        "restore it, or mount a complete step (--step)",
+        ref.param->name, t, g, f ? f->path : fmt::format("rank_{}/", g));
   }
 
   // A file of the parameter's stage whose rank holds the same source block as local rank

@@ -67,6 +67,8 @@ SourceFile SourceFile::open(const std::filesystem::path& path) {
   SourceFile file;
   file.path = path;
   file.fd = util::open_regular(path, "checkpoint file");
+  // Watched first, fingerprinted after: a write in between is in the fingerprint.
+  file.writes = WriteWatch::of(file.fd.get());
   struct stat st;
   if (::fstat(file.fd.get(), &st) != 0) {
     fail("{}: fstat failed: {}", path.string(), std::strerror(errno));
@@ -79,7 +81,9 @@ bool SourceFile::unchanged() const {
   struct stat st;
   if (!fd || ::fstat(fd.get(), &st) != 0) return false;
   Fingerprint now = Fingerprint::from_stat(st);
-  if (st.st_nlink == 0) now.ctime_ns = fingerprint.ctime_ns;
+  // The unlink (or a rename over the file) moved the ctime; without a name, only a descriptor
+  // held from before can write it, and the watch reports that.
+  if (st.st_nlink == 0 && !writes.written()) now.ctime_ns = fingerprint.ctime_ns;
   return now == fingerprint;
 }
 

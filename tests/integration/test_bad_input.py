@@ -87,6 +87,24 @@ def replica_stands_in(args):
         assert not problems, "\n".join(problems)
 
 
+def per_rank_entry_missing(args, builtin):
+    """learning_rate is no strategy's, and each rank saves its own value; target 0 takes it
+    from rank 0 (MindSpore's rule). Rank 0's file lacks it: a .ckpt cut between records (the
+    format cannot tell), a safetensors file written without it. Neither the mount nor verify
+    may take another rank's learning_rate: both refuse, naming the entry and rank 0's file."""
+    work, fx = fixture(args, f"per_rank_entry_missing_{builtin}", builtin)
+    path = negative.lose_entry(fx.outdir, 0, "learning_rate")
+    must_name = ["parameter learning_rate", "target rank 0", "source rank 0",
+                 os.path.join("rank_0", os.path.basename(path))]
+    expect_refusal(args, work, fx, must_name)
+    proc = itest.run([args.ckptfs, "verify", fx.src_dir, "--src-strategy", fx.src_strategy,
+                      "--dst-strategy", fx.dst_strategy, "--index-dir",
+                      os.path.join(work, "index")], check=False)
+    assert proc.returncode != 0, f"verify passed a save missing rank 0's entry: {proc.stdout}"
+    fails = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 1 and all(w in fails[0] for w in must_name), proc.stdout
+
+
 def truncated(args):
     work, fx = fixture(args, "truncated")
     negative.truncate_source(fx.outdir, 1)
@@ -150,6 +168,9 @@ def main():
     checks.run("a rank lacks a parameter only it holds", rank_lacks_parameter, args)
     checks.run("a rank lacks a parameter another rank also holds", replica_stands_in, args)
     checks.run("truncated source", truncated, args)
+    checks.run("a .ckpt cut before a per-rank entry", per_rank_entry_missing, args, "demo")
+    checks.run("a safetensors file without a per-rank entry", per_rank_entry_missing, args,
+               "st_demo")
     checks.run("real corrupt source", real_corrupt, args)
     checks.run("garbage strategy", garbage_strategy, args)
     checks.run("encrypted source", encrypted, args)

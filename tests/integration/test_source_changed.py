@@ -1,6 +1,7 @@
-"""A source file modified or truncated after mounting (also with its mtime put back): reads of
-the target files that use it fail with EIO, until remount, and the log names the file; the
-other target files stay correct."""
+"""A source file modified or truncated after mounting (also with its mtime put back, also through
+a descriptor held after it was deleted): reads of the target files that use it fail with EIO,
+until remount, and the log names the file; the other target files stay correct. A source
+replaced by rename or deleted, and not written, keeps being served."""
 
 import errno
 import os
@@ -52,6 +53,17 @@ def check(args, how):
                     f.write(b"\x00changed\x00")
                 if how != "modified":  # as rsync -a --inplace or touch -r leave it
                     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+            elif how == "unlinked, written through a held descriptor, mtime put back":
+                # A job rotating checkpoints deletes files the mount holds open; whoever still
+                # holds a writable descriptor can rewrite one and put its mtime back (futimens).
+                with open(victim, "r+b") as f:
+                    os.unlink(victim)
+                    time.sleep(0.02)  # past the ctime's clock tick
+                    f.seek(os.fstat(f.fileno()).st_size // 2)
+                    f.write(b"\x00changed\x00")
+                    f.flush()
+                    os.utime(f.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
+                    assert os.fstat(f.fileno()).st_mtime_ns == st.st_mtime_ns
             elif how == "touched, then put back":
                 os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
                 assert read_or_errno(next(m for m, _, a in files.values() if a)) == errno.EIO
@@ -80,10 +92,10 @@ def check(args, how):
     assert victim in text, f"log does not name {victim}:\n{text}"
 
 
-def check_renamed_over(args):
-    """A new file renamed over a source: the mount holds the old file open and keeps serving
-    it, so every target still reads the bytes of the mount time and nothing fails."""
-    work = os.path.join(args.work, "renamed")
+def check_still_served(args, name, change):
+    """After `change(victim)` the mount still holds the old file open and serves it: every target
+    reads the bytes of the mount time and nothing fails."""
+    work = os.path.join(args.work, name)
     fx = ckpt_fixture.make(SPLIT_CASE, os.path.join(work, "fixture"))
     mnt = os.path.join(work, "mnt")
     victim = os.path.realpath(fx.source_files[3])
@@ -91,18 +103,30 @@ def check_renamed_over(args):
                        dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index")):
         files = {t["rank"]: (os.path.join(mnt, t["file"].replace("expected/", "")),
                              os.path.join(fx.outdir, t["file"])) for t in fx.targets}
-        replacement = victim + ".new"
-        with open(victim, "rb") as f:
-            data = bytearray(f.read())
-        for i in range(len(data) // 2, len(data)):  # same size, its second half different
-            data[i] ^= 0xFF
-        with open(replacement, "wb") as f:
-            f.write(data)
-        os.rename(replacement, victim)
+        change(victim)
         for t, (m, want) in files.items():
             got = read_or_errno(m)
             what = f"errno {got}" if isinstance(got, int) else "bytes differ"
             assert got == itest.read_file(want), f"rank {t}: {what}"
+
+
+def rename_over(victim):
+    """A new file of the same size, its second half different, renamed over the source."""
+    replacement = victim + ".new"
+    with open(victim, "rb") as f:
+        data = bytearray(f.read())
+    for i in range(len(data) // 2, len(data)):
+        data[i] ^= 0xFF
+    with open(replacement, "wb") as f:
+        f.write(data)
+    os.rename(replacement, victim)
+
+
+def unlink(victim):
+    """Deleted (a job rotating its checkpoints), never written again, though the unlink moved
+    its ctime."""
+    time.sleep(0.02)  # past the ctime's clock tick
+    os.unlink(victim)
 
 
 # 8 MiB of Float32 rows over two source ranks, served whole to one target: MiBs to stream.
@@ -154,7 +178,11 @@ def main():
     checks.run("source rewritten in place, mtime put back", check, args,
                "modified, mtime put back")
     checks.run("source touched, then its mtime put back", check, args, "touched, then put back")
-    checks.run("source replaced by rename after mount", check_renamed_over, args)
+    checks.run("source replaced by rename after mount", check_still_served, args, "renamed",
+               rename_over)
+    checks.run("source deleted after mount", check_still_served, args, "unlinked", unlink)
+    checks.run("source deleted, then written through a held descriptor, mtime put back", check,
+               args, "unlinked, written through a held descriptor, mtime put back")
     checks.run("source truncated while a reader streams", check_mid_stream, args, "truncated")
     checks.run("source modified while a reader streams", check_mid_stream, args, "modified")
     checks.finish()

@@ -132,6 +132,47 @@ TEST_F(SourceFileTest, ReplacementByRenameChangesTheInodeButNotTheOpenFile) {
   EXPECT_TRUE(file.unchanged());
 }
 
+// A job that rotates checkpoints deletes files the mount still holds open: nobody can write
+// them any more, so they keep being served although the unlink moved their ctime.
+TEST_F(SourceFileTest, UnlinkedButNotWrittenStaysUnchanged) {
+  const SourceFile file = SourceFile::open(path_);
+  ::usleep(20'000);
+  ASSERT_EQ(::unlink(path_.c_str()), 0);
+  struct stat st;
+  ASSERT_EQ(::fstat(file.fd.get(), &st), 0);
+  EXPECT_EQ(st.st_nlink, 0u);
+  EXPECT_NE(Fingerprint::from_stat(st).ctime_ns, file.fingerprint.ctime_ns);
+  EXPECT_TRUE(file.unchanged());
+}
+
+// Whoever still holds a writable descriptor of a deleted file can rewrite it and put the mtime
+// back (futimens); the unlink's own ctime move must not hide that write.
+TEST_F(SourceFileTest, UnlinkedThenWrittenThroughAHeldDescriptorWithTheMtimePutBack) {
+  const SourceFile file = SourceFile::open(path_);
+  const UniqueFd writer(::open(path_.c_str(), O_WRONLY | O_CLOEXEC));
+  ASSERT_TRUE(writer);
+  ASSERT_EQ(::unlink(path_.c_str()), 0);
+  ::usleep(20'000);
+  ASSERT_EQ(::pwrite(writer.get(), "98765", 5, 0), 5);
+  const struct timespec times[2] = {{0, UTIME_OMIT}, {1'000'000'000, 123'456'789}};
+  ASSERT_EQ(::futimens(writer.get(), times), 0);
+  const Fingerprint now = fingerprint_of(file.fd.get(), path_.string());
+  EXPECT_EQ(now.size, file.fingerprint.size);
+  EXPECT_EQ(now.mtime_ns, file.fingerprint.mtime_ns);
+  EXPECT_FALSE(file.unchanged());
+}
+
+// Written (mtime put back) while it still had its name, then deleted before anyone looked:
+// the unlink moves the ctime again, and still the write counts.
+TEST_F(SourceFileTest, WrittenWithTheMtimePutBackThenUnlinked) {
+  const SourceFile file = SourceFile::open(path_);
+  ::usleep(20'000);
+  write_file(path_, "9876543210");
+  set_mtime(path_, 1'000'000'000, 123'456'789);
+  ASSERT_EQ(::unlink(path_.c_str()), 0);
+  EXPECT_FALSE(file.unchanged());
+}
+
 TEST_F(SourceFileTest, UnchangedIsFalseWithoutADescriptor) {
   SourceFile file = SourceFile::open(path_);
   file.fd.reset();

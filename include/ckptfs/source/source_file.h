@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "ckptfs/source/write_watch.h"
 #include "ckptfs/util/fd.h"
 
 namespace ckptfs::source {
@@ -44,14 +45,17 @@ struct SourceFile {
   std::filesystem::path path;
   UniqueFd fd;
   Fingerprint fingerprint;
+  WriteWatch writes;  // taken before the fingerprint
 
   // Opens read-only (O_CLOEXEC) and fingerprints; throws Error naming the path if it cannot be
   // opened or is not a regular file.
   static SourceFile open(const std::filesystem::path& path);
   // True while fstat of the open descriptor still gives the fingerprint taken at open; false if
-  // fstat fails. A file replaced by rename still counts as unchanged: the descriptor keeps
-  // reading the bytes that were fingerprinted. Losing its last name moves the ctime, so once
-  // the file has no name left (st_nlink 0) its ctime is not compared.
+  // fstat fails. A file replaced by rename or deleted still counts as unchanged: the descriptor
+  // keeps reading the bytes that were fingerprinted. Losing its last name moves the ctime, so
+  // once the file has no name left (st_nlink 0) its ctime is compared only if `writes` saw a
+  // write (or cannot tell): a held descriptor can still rewrite it and put the mtime back.
+  // Thread-safe.
   bool unchanged() const;
 };
 
