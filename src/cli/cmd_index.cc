@@ -54,7 +54,14 @@ std::string_view state_word(const index::Freshness& f) {
 }
 
 void list(const IndexOptions& options) {
-  const index::Store store(index_dir(options));
+  // Listing creates nothing: no index there (or a directory that cannot be read) lists empty.
+  const stdfs::path dir = index_dir(options);
+  std::error_code ec;
+  if (!stdfs::exists(dir / "data.mdb", ec)) {
+    fmt::print("0 files in {}\n", dir.string());
+    return;
+  }
+  const index::Store store(dir);
   std::vector<std::string> unreadable;
   const std::vector<index::Entry> entries = store.entries(&unreadable);
   if (!entries.empty())
@@ -148,13 +155,21 @@ void build(IndexOptions& options) {
   const stdfs::path dir = options.output.empty() ? index_dir(options) : stdfs::path(options.output);
 
   const auto start = std::chrono::steady_clock::now();
-  index::Store store(dir);
+  // A shipped index is the output: one that cannot be written fails the build. The cache only
+  // saves the next mount a scan: the build warns and still scans (and so checks) every file.
+  std::optional<index::Store> store;
+  try {
+    store.emplace(dir);
+  } catch (const Error& e) {
+    if (!options.output.empty()) throw;
+    spdlog::warn("{}; scanning without recording the scans", e.what());
+  }
   Progress progress("index build", "files", Progress::mode_for(options.quiet));
   progress.also_count("tensors");
   progress.only_if_slow();
   progress.start_items(paths.size());
   const index::BuildResult built =
-      index::build_index(store, paths, [&progress](const ckpt::FileScan& scan) {
+      index::build_index(store ? &*store : nullptr, paths, [&progress](const ckpt::FileScan& scan) {
         progress.add_also(scan.params.size());
         progress.item_done();
       });
@@ -167,19 +182,19 @@ void build(IndexOptions& options) {
     fmt::print(
         "{} files, {} parameters: {} from the index, {} scanned; index in {}; {:.2f} s, {:.0f} "
         "source tensors/s\n",
-        built.files, params, built.from_index, built.files - built.from_index, store.dir().string(),
+        built.files, params, built.from_index, built.files - built.from_index, dir.string(),
         seconds, seconds > 0 ? static_cast<double>(params) / seconds : 0.0);
   if (built.unrecorded > 0 && !options.output.empty())
     fail(
         "{}: {} of {} files could not be recorded (see the warning above); a shipped index must "
         "hold every source",
-        store.dir().string(), built.unrecorded, built.files);
+        dir.string(), built.unrecorded, built.files);
   if (!summaries_wanted(options)) return;
   const auto planned = std::chrono::steady_clock::now();
   Progress ranks_progress("index build", "target ranks", Progress::mode_for(options.quiet));
   ranks_progress.only_if_slow();
   std::once_flag started;
-  const size_t ranks = summarize_targets(options.view, store, [&](size_t /*done*/, size_t total) {
+  const size_t ranks = summarize_targets(options.view, *store, [&](size_t /*done*/, size_t total) {
     std::call_once(started, [&] { ranks_progress.start_items(total); });
     ranks_progress.item_done();
   });

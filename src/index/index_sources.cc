@@ -10,6 +10,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/index/store.h"
+#include "ckptfs/index/structure.h"
 #include "ckptfs/safetensors/scanner.h"
 #include "ckptfs/torchzip/torch_file.h"
 #include "ckptfs/util/out_of_memory.h"
@@ -83,6 +84,7 @@ size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>
     IndexedSource& source = sources[misses[k]];
     const std::string name = source.file.path.string();
     source.scan = scan_source(source.file.fd.get(), name);
+    source.structure = structure_digest(source.file.fd.get(), name, source.scan);
     // A file still being written would leave a scan of a prefix in the index for good.
     if (source::fingerprint_of(source.file.fd.get(), name) != source.file.fingerprint) {
       fail("{}: changed while being indexed; index it again once it is complete", name);
@@ -110,11 +112,19 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
     IndexedSource& s = sources[i];
     const std::string name = absolute_name(s.file.path);
     std::string why;
+    StructureDigest built;
     std::optional<ckpt::FileScan> scan =
         naming_out_of_memory(name, "reading its scan from the index", [&] {
-          return store.lookup_path(name, s.file.fingerprint.size, s.file.fingerprint.mtime_ns, why);
+          return store.lookup_path(name, s.file.fingerprint.size, s.file.fingerprint.mtime_ns, why,
+                                   built);
         });
-    if (!scan)
+    // Size and mtime can be put back after a rewrite in place: the bytes the scan was read
+    // from are compared too, before anything is planned from it.
+    if (scan && structure_digest(s.file.fd.get(), name, *scan) != built)
+      why =
+          "was built from other headers than it has now (rewritten in place, its size and mtime "
+          "kept?)";
+    if (!scan || !why.empty())
       fail("{}: the index {} {}; rebuild it with `ckptfs index build SRC --output {}`", name,
            store.dir().string(), why, store.dir().string());
     s.scan = std::move(*scan);
@@ -126,31 +136,34 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
   return sources;
 }
 
-BuildResult build_index(Store& store, const std::vector<fs::path>& paths, const OnFile& on_file) {
+BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const OnFile& on_file) {
   std::atomic<uint64_t> params{0};
   std::atomic<size_t> hits{0}, unrecorded{0};
   std::exception_ptr error;
-  store.defer_sync(true);
+  if (store) store->defer_sync(true);
   parallel_in_order(paths.size(), error, [&](size_t i) {
     const source::SourceFile file = source::SourceFile::open(paths[i]);
     const std::string name = file.path.string();
     if (const std::optional<ckpt::FileScan> known =
-            naming_out_of_memory(name, "reading its scan from the index",
-                                 [&] { return store.lookup(file.fingerprint); })) {
+            store ? naming_out_of_memory(name, "reading its scan from the index",
+                                         [&] { return store->lookup(file.fingerprint); })
+                  : std::nullopt) {
       params += known->params.size();
       ++hits;
       if (on_file) on_file(*known);
     } else {
       const ckpt::FileScan scan = scan_source(file.fd.get(), name);
+      const StructureDigest structure = structure_digest(file.fd.get(), name, scan);
       if (source::fingerprint_of(file.fd.get(), name) != file.fingerprint)
         fail("{}: changed while being indexed; index it again once it is complete", name);
-      const Store::NewEntry entry{absolute_name(file.path), file.fingerprint, &scan};
+      const Store::NewEntry entry{absolute_name(file.path), file.fingerprint, &scan, structure};
       try {
-        store.insert(std::span(&entry, 1));
+        if (!store) fail("no index");
+        store->insert(std::span(&entry, 1));
       } catch (const Error& e) {
         // A cache index that cannot grow (a full disk) costs the next mount its head start,
         // not this build; the caller refuses a shipped index that misses entries.
-        if (unrecorded.fetch_add(1) == 0)
+        if (unrecorded.fetch_add(1) == 0 && store)
           spdlog::warn("{}; the new scans are not recorded", e.what());
       }
       params += scan.params.size();
@@ -158,7 +171,7 @@ BuildResult build_index(Store& store, const std::vector<fs::path>& paths, const 
     }
   });
   try {
-    store.defer_sync(false);
+    if (store) store->defer_sync(false);
   } catch (const Error& e) {
     spdlog::warn("{}; the new scans may not be recorded", e.what());
     unrecorded += paths.size() - hits.load();
@@ -203,7 +216,8 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
   items.reserve(scanned);
   for (size_t k = 0; k < scanned; ++k) {
     const IndexedSource& source = sources[misses[k]];
-    items.push_back({absolute_name(source.file.path), source.file.fingerprint, &source.scan});
+    items.push_back(
+        {absolute_name(source.file.path), source.file.fingerprint, &source.scan, source.structure});
   }
   try {
     if (store != nullptr) store->insert(items);

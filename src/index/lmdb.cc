@@ -1,13 +1,30 @@
 #include "ckptfs/index/lmdb.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "ckptfs/error.h"
+#include "ckptfs/util/eintr.h"
+#include "ckptfs/util/fd.h"
 #include "ckptfs/util/open_path.h"
 
 namespace ckptfs::index::lmdb {
@@ -30,7 +47,202 @@ bool filesystem_full(const std::filesystem::path& dir) {
          static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < (uint64_t{1} << 20);
 }
 
+// LMDB maps lock.mdb and writes its reader table through the mapping: on a filesystem with no
+// free block (a full tmpfs) that write is a SIGBUS, not an error. Allocating the blocks first
+// turns it into ENOSPC. KEEP_SIZE: LMDB reads its reader count from the file's size, which a
+// process already using the file must keep seeing.
+void allocate_lock_file(const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / "lock.mdb";
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!fd) return;  // a read-only place: mdb_env_open says so in its own words
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return;
+  const off_t bytes = std::max<off_t>(st.st_size, static_cast<off_t>(kLockFileBytes));
+  if (retry_eintr([&] { return ::fallocate(fd.get(), FALLOC_FL_KEEP_SIZE, 0, bytes); }) == 0 ||
+      errno != ENOSPC)
+    return;  // done, or a filesystem without fallocate (LMDB's ftruncate then)
+  fail("{}: cannot allocate the index's lock file: {} (the index's filesystem is full)",
+       path.string(), std::strerror(ENOSPC));
+}
+
+// Where this process mapped data.mdb (the file `st` describes); null if /proc/self/maps does not
+// say. The device is not compared: an overlay shows its lower layer's there.
+const char* mapping_of(const struct stat& st) {
+  std::FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) return nullptr;
+  const char* found = nullptr;
+  char line[4096];
+  while (found == nullptr && std::fgets(line, sizeof line, maps)) {
+    unsigned long start = 0, end = 0, offset = 0, inode = 0;
+    unsigned major = 0, minor = 0;
+    char perms[8];
+    if (std::sscanf(line, "%lx-%lx %7s %lx %x:%x %lu", &start, &end, perms, &offset, &major, &minor,
+                    &inode) == 7 &&
+        inode == st.st_ino && offset == 0 && std::strstr(line, "/data.mdb") != nullptr)
+      found = reinterpret_cast<const char*>(start);
+  }
+  std::fclose(maps);
+  return found;
+}
+
+constexpr unsigned kProbeMaxDbs = 64;
+
+// The walk probe() runs in its child; "" if every check holds.
+std::string walk(const std::filesystem::path& dir, size_t map_size, unsigned max_dbs,
+                 unsigned flags) {
+  MDB_env* env = nullptr;
+  int rc = mdb_env_create(&env);
+  // Room for whatever named databases the main database lists, however few the caller opens.
+  if (rc == 0) rc = mdb_env_set_maxdbs(env, std::max(max_dbs, kProbeMaxDbs));
+  if (rc == 0) rc = mdb_env_set_mapsize(env, map_size);
+  if (rc == 0) rc = mdb_env_open(env, dir.c_str(), flags | MDB_RDONLY, 0600);
+  // An environment LMDB refuses to open (not an LMDB file, no permission) fails the same way,
+  // without crashing, in the caller's own mdb_env_open, which says so in LMDB's words.
+  if (rc != 0) return "";
+  MDB_envinfo info;
+  mdb_env_info(env, &info);
+  mdb_filehandle_t fd = -1;
+  struct stat st;
+  if (mdb_env_get_fd(env, &fd) != 0 || ::fstat(fd, &st) != 0) return "data.mdb cannot be stat'ed";
+  // LMDB does not tell where it mapped the file (me_mapaddr is only set for MDB_FIXEDMAP): the
+  // mapping of data.mdb's inode in /proc/self/maps does.
+  const char* begin = mapping_of(st);
+  if (begin == nullptr) return "";  // no /proc: the walk cannot check, so it does not judge
+  const char* end = begin + st.st_size;
+  const auto inside = [&](const MDB_val& v) {
+    const char* p = static_cast<const char*>(v.mv_data);
+    return v.mv_size == 0 || (p >= begin && p <= end && v.mv_size <= static_cast<size_t>(end - p));
+  };
+  MDB_txn* txn = nullptr;
+  if ((rc = mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn)) != 0) return mdb_strerror(rc);
+  // Each database's keys; the main database's name the named ones. Opening the main database
+  // by name sets its key order, which mdb_get needs.
+  MDB_dbi main_db = 0;
+  if ((rc = mdb_dbi_open(txn, nullptr, 0, &main_db)) != 0) return mdb_strerror(rc);
+  std::vector<MDB_dbi> dbs{0, main_db};  // the free list (FREE_DBI), the main database
+  for (size_t d = 0; d < dbs.size(); ++d) {
+    MDB_cursor* cursor = nullptr;
+    if ((rc = mdb_cursor_open(txn, dbs[d], &cursor)) != 0) return mdb_strerror(rc);
+    MDB_val k, v;
+    std::string previous;
+    for (MDB_cursor_op op = MDB_FIRST; (rc = mdb_cursor_get(cursor, &k, &v, op)) == 0;
+         op = MDB_NEXT) {
+      if (!inside(k) || !inside(v)) return "a key or value lies outside data.mdb";
+      std::string key(static_cast<const char*>(k.mv_data), k.mv_size);
+      if (dbs[d] == 0) {  // the free list: keys are transaction ids in native order
+        if (k.mv_size != sizeof(size_t)) return "a malformed free list";
+        size_t id = 0;
+        std::memcpy(&id, k.mv_data, sizeof id);
+        key.assign(sizeof id, '\0');
+        for (size_t i = 0; i < sizeof id; ++i)
+          key[i] = static_cast<char>(id >> (8 * (sizeof id - 1 - i)));
+      }
+      if (op == MDB_NEXT && key <= previous) return "keys out of order";
+      previous = key;
+      if (dbs[d] == 0) {  // a free-list entry: a count, then that many page numbers
+        if (v.mv_size % sizeof(size_t) != 0 || v.mv_size == 0) return "a malformed free list";
+        std::vector<size_t> pages(v.mv_size / sizeof(size_t));
+        std::memcpy(pages.data(), v.mv_data, v.mv_size);
+        if (pages[0] != pages.size() - 1) return "a malformed free list";
+        for (size_t i = 1; i < pages.size(); ++i)
+          if (pages[i] > info.me_last_pgno) return "a free page past the end of data.mdb";
+        continue;
+      }
+      MDB_val again = k, found;
+      if (mdb_get(txn, dbs[d], &again, &found) != 0 || found.mv_data != v.mv_data)
+        return "a key is not found again";
+      if (dbs[d] == main_db && key.find('\0') == std::string::npos) {  // a named database
+        MDB_dbi named = 0;
+        if ((rc = mdb_dbi_open(txn, key.c_str(), 0, &named)) == MDB_DBS_FULL) break;
+        if (rc != 0) return mdb_strerror(rc);
+        dbs.push_back(named);
+      }
+    }
+    if (rc != MDB_NOTFOUND) return mdb_strerror(rc);
+    mdb_cursor_close(cursor);
+  }
+  return "";
+}
+
+// A probe that takes longer than this is taken for a walk caught in a loop of damaged pages.
+constexpr auto kProbeTimeout = std::chrono::seconds(60);
+
+// probe() once per version of a data.mdb in this process: a mount plans ranks one by one from
+// the same shipped index, and forking a daemon that holds gigabytes costs milliseconds.
+std::string probe_once(const std::filesystem::path& dir, size_t map_size, unsigned max_dbs,
+                       unsigned flags) {
+  struct stat st;
+  if (::stat((dir / "data.mdb").c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+    return "";  // a new environment, or one mdb_env_open refuses in its own words
+  using Key = std::tuple<dev_t, ino_t, off_t, int64_t, int64_t, int64_t, int64_t>;
+  const Key key{st.st_dev,          st.st_ino,         st.st_size,        st.st_mtim.tv_sec,
+                st.st_mtim.tv_nsec, st.st_ctim.tv_sec, st.st_ctim.tv_nsec};
+  static std::mutex mu;
+  static std::map<Key, std::string> seen;
+  {
+    std::lock_guard lock(mu);
+    if (auto it = seen.find(key); it != seen.end()) return it->second;
+  }
+  std::string why = probe(dir, map_size, max_dbs, flags);
+  std::lock_guard lock(mu);
+  seen.emplace(key, why);
+  return why;
+}
+
 }  // namespace
+
+std::string probe(const std::filesystem::path& dir, size_t map_size, unsigned max_dbs,
+                  unsigned flags) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    fail("{}: cannot check the index: pipe: {}", dir.string(), std::strerror(errno));
+  UniqueFd read_end(fds[0]), write_end(fds[1]);
+  const pid_t pid = ::fork();
+  if (pid < 0) fail("{}: cannot check the index: fork: {}", dir.string(), std::strerror(errno));
+  if (pid == 0) {
+    // The child dies of what a damaged page does to LMDB, silently: its assertion text and a
+    // handler inherited from the parent (the daemon guards its reads against SIGBUS) are not
+    // for this walk.
+    for (int sig : {SIGABRT, SIGBUS, SIGSEGV, SIGFPE, SIGILL}) ::signal(sig, SIG_DFL);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) ::dup2(null, STDERR_FILENO);
+    std::string why;
+    try {
+      why = walk(dir, map_size, max_dbs, flags);
+    } catch (...) {
+      why = "out of memory";
+    }
+    const ssize_t n = ::write(write_end.get(), why.data(), why.size());
+    ::_exit(n == static_cast<ssize_t>(why.size()) ? 0 : 1);
+  }
+  write_end = UniqueFd();
+  std::string why;
+  const auto deadline = std::chrono::steady_clock::now() + kProbeTimeout;
+  bool timed_out = false;
+  for (char buf[256];;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd p{read_end.get(), POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
+      timed_out = true;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+    const ssize_t n = retry_eintr([&] { return ::read(read_end.get(), buf, sizeof buf); });
+    if (n <= 0) break;
+    why.append(buf, static_cast<size_t>(n));
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) return "reading it did not finish";
+  if (WIFSIGNALED(status))
+    return fmt::format("reading it crashed ({})", ::strsignal(WTERMSIG(status)));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "reading it failed";
+  return why;
+}
 
 void check(int rc, const std::filesystem::path& dir, std::string_view what) {
   if (rc == MDB_SUCCESS) return;
@@ -51,6 +263,9 @@ Env Env::open(const std::filesystem::path& dir, size_t map_size, unsigned max_db
   check(mdb_env_create(&env.env_), dir, "cannot create the LMDB environment");
   check(mdb_env_set_maxdbs(env.env_, max_dbs), dir, "cannot set the LMDB database count");
   check(mdb_env_set_mapsize(env.env_, map_size), dir, "cannot set the LMDB map size");
+  if (!(flags & MDB_NOLOCK)) allocate_lock_file(dir);
+  if (const std::string why = probe_once(dir, map_size, max_dbs, flags); !why.empty())
+    fail("{}: the index is damaged: {}", dir.string(), why);
   check(mdb_env_open(env.env_, dir.c_str(), flags, 0600), dir, "cannot open the LMDB environment");
   return env;
 }

@@ -128,7 +128,8 @@ class Wire {
   std::string& out_;
 };
 
-std::string encode(const std::string& path, const ckpt::FileScan& scan) {
+std::string encode(const std::string& path, const ckpt::FileScan& scan,
+                   const StructureDigest& structure) {
   std::string out;
   out.reserve(64 + path.size() + scan.tree.size() + scan.params.size() * 96);
   Wire file(out);
@@ -160,6 +161,8 @@ std::string encode(const std::string& path, const ckpt::FileScan& scan) {
   }
   file.uint(7, static_cast<uint32_t>(scan.format));
   file.bytes(8, scan.tree);
+  file.uint(9, structure.bytes);
+  file.uint(10, structure.crc);
   const uint32_t crc = checksum(out);
   for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(crc >> shift));
   return out;
@@ -340,7 +343,7 @@ bool decode_param(std::string_view bytes, ckpt::Param& p) {
 }  // namespace
 
 std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file_size,
-                                           std::string* why) {
+                                           std::string* why, StructureDigest* structure) {
   const auto bad = [&](std::string what) -> std::optional<ckpt::FileScan> {
     if (why) *why = std::move(what);
     return std::nullopt;
@@ -349,6 +352,7 @@ std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file
   if (!bytes) return bad("its checksum does not match");
   ckpt::FileScan scan;
   uint64_t version = 0, format = 0;
+  StructureDigest digest;
   WireReader in(*bytes);
   const std::optional<size_t> params = in.count(6);
   if (!params) return bad("it does not decode");
@@ -382,6 +386,13 @@ std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file
         ok = in.text(type, b);
         scan.tree = b;
         break;
+      case 9:
+        ok = in.number(type, digest.bytes);
+        break;
+      case 10:
+        ok = in.number(type, v) && v <= std::numeric_limits<uint32_t>::max();
+        digest.crc = static_cast<uint32_t>(v);
+        break;
       default:  // 2, the path, is the key's: not needed here
         ok = in.skip(type);
     }
@@ -393,6 +404,8 @@ std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file
     return bad("it names an unknown source format");
   scan.format = static_cast<ckpt::SourceFormat>(format);
   if (std::string what = ckpt::check_scan(scan, file_size); !what.empty()) return bad(what);
+  if (digest.bytes > file_size) return bad("it counts more structure bytes than the file has");
+  if (structure) *structure = digest;
   return scan;
 }
 
@@ -537,7 +550,13 @@ Store Store::open_shipped(const fs::path& dir) {
   store.impl_ = std::make_unique<Impl>(dir);
   store.impl_->read_only = true;
   // No lock file: nodes share the index on storage that may be read-only and lock nothing.
-  store.impl_->env = lmdb::Env::open(dir, kDefaultMapSize, 3, MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS);
+  try {
+    store.impl_->env =
+        lmdb::Env::open(dir, kDefaultMapSize, 3, MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS);
+  } catch (const Error& e) {
+    fail("--index {}; rebuild it with `ckptfs index build SRC --output {}`", e.what(),
+         dir.string());
+  }
   lmdb::Txn txn = store.impl_->begin(MDB_RDONLY);
   const std::optional<MDB_dbi> scans = txn.open_db(kScansDb, 0);
   const std::optional<MDB_dbi> paths = txn.open_db(kPathsDb, 0);
@@ -553,7 +572,8 @@ Store Store::open_shipped(const fs::path& dir) {
 bool Store::read_only() const { return impl_->read_only; }
 
 std::optional<ckpt::FileScan> Store::lookup_path(const std::string& path, uint64_t size,
-                                                 int64_t mtime_ns, std::string& why) const {
+                                                 int64_t mtime_ns, std::string& why,
+                                                 StructureDigest& structure) const {
   std::string bytes;
   source::Fingerprint stored;
   {
@@ -578,7 +598,7 @@ std::optional<ckpt::FileScan> Store::lookup_path(const std::string& path, uint64
                       stored.size, stored.mtime_ns, size, mtime_ns);
     return std::nullopt;
   }
-  std::optional<ckpt::FileScan> scan = decode_entry(bytes, size, &why);
+  std::optional<ckpt::FileScan> scan = decode_entry(bytes, size, &why, &structure);
   if (!scan) why = "holds an unusable entry for it (" + why + ")";
   return scan;
 }
@@ -769,7 +789,7 @@ void Store::insert(std::span<const NewEntry> items) {
     e.path_key = path_key(item.path);
     e.scan_key = item.fingerprint.key();
     e.path_value = e.scan_key + item.path;
-    e.scan_value = encode(item.path, *item.scan);
+    e.scan_value = encode(item.path, *item.scan, item.structure);
   }
   if (encoded.empty()) return;
 

@@ -185,6 +185,48 @@ TEST_F(IndexSourcesTest, MalformedFileIsAnErrorAndTheGoodOnesBeforeItAreKept) {
   EXPECT_EQ(hits(retry), (std::vector<bool>{true, true, true, true, true, false}));
 }
 
+// A shipped index compares a file's size and mtime only (it is copied between machines): a
+// rewrite in place that keeps both, here two same-shaped tensors' names swapped, is found by the
+// file's header bytes, and refused in one line naming the file.
+TEST_F(IndexSourcesTest, ShippedIndexRefusesAFileRewrittenWithItsSizeAndMtimeKept) {
+  const fs::path a = write("src/rank_0/a.ckpt", records({"wq", "wk"}, 4));
+  const fs::path b = write("src/rank_1/b.ckpt", records({"wq", "wk"}, 4));
+  {
+    Store built(root_ / "shipped");
+    EXPECT_EQ(build_index(&built, {a, b}).from_index, 0u);
+  }
+  {
+    const Store shipped = Store::open_shipped(root_ / "shipped");
+    const std::vector<IndexedSource> sources = index_sources_shipped(shipped, {a, b});
+    EXPECT_EQ(sources[0].scan.params[0].name, "wq");
+  }
+  write("src/rank_1/b.ckpt", records({"wk", "wq"}, 4));  // the same size and mtime
+  const Store shipped = Store::open_shipped(root_ / "shipped");
+  try {
+    index_sources_shipped(shipped, {a, b});
+    FAIL() << "a stale scan was used";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(b.string()));
+    EXPECT_THAT(e.what(), HasSubstr("other headers"));
+    EXPECT_THAT(e.what(), HasSubstr("index build SRC --output"));
+  }
+}
+
+// The cache index records each new scan's structure digest as well: a shipped index built from
+// scans a mount made (the same store) checks them the same way.
+TEST_F(IndexSourcesTest, ScansMadeByAMountCarryTheirStructureDigest) {
+  const fs::path a = write("src/rank_0/a.ckpt", records({"wq", "wk"}, 4));
+  {
+    Store store(root_ / "index");
+    const std::vector<IndexedSource> sources = index_sources(store, {a});
+    EXPECT_EQ(sources[0].structure.bytes, 2 * (records({"wq"}, 4).size() - 16));
+  }
+  const Store shipped = Store::open_shipped(root_ / "index");
+  EXPECT_EQ(index_sources_shipped(shipped, {a}).size(), 1u);
+  write("src/rank_0/a.ckpt", records({"wk", "wq"}, 4));
+  EXPECT_THROW(index_sources_shipped(shipped, {a}), Error);
+}
+
 }  // namespace
 }  // namespace ckptfs::index
 

@@ -17,9 +17,31 @@ namespace ckptfs::index::lmdb {
 // Throws Error "<dir>: <what>: <mdb_strerror(rc)>" unless rc is MDB_SUCCESS.
 void check(int rc, const std::filesystem::path& dir, std::string_view what);
 
+// The size LMDB gives a new lock file (its default 126 reader slots of 64 bytes, after the
+// 192-byte table header).
+inline constexpr size_t kLockFileBytes = 8192;
+
+// Whether LMDB can read the environment in `dir` without crashing this process. LMDB keeps no
+// checksums: a damaged page makes it abort on an assertion, fault, or hand out a value past the
+// end of data.mdb. So a child process opens the environment (as `flags` say: MDB_NOLOCK for a
+// shipped index, else registered as a reader, so that a concurrent writer cannot recycle the
+// pages it walks) and walks every database, the free list included, with a cursor: every key
+// must ascend and be found again by a lookup, every key and value lie inside data.mdb, every
+// free-list entry be a well-formed list of pages inside it. Returns "" if all holds, else why
+// not (in a few words: the signal that killed the walk, LMDB's error, the check that failed).
+// The walk reads branch and leaf pages only, not values stored on overflow pages (those are
+// checked by the entries' own CRC-32s). Safe from any thread: the child only calls LMDB.
+std::string probe(const std::filesystem::path& dir, size_t map_size, unsigned max_dbs,
+                  unsigned flags);
+
 class Env {
  public:
-  // mdb_env_open on an existing directory, with up to `max_dbs` named databases.
+  // mdb_env_open on an existing directory, with up to `max_dbs` named databases. Unless
+  // `flags` hold MDB_NOLOCK, the lock file's blocks are allocated first: LMDB maps it and
+  // writes through the mapping, which on a full filesystem (tmpfs) would raise SIGBUS; a lock
+  // file that cannot be allocated is an Error saying the filesystem is full. An existing
+  // data.mdb is probed first (once per version of the file in this process): one LMDB cannot
+  // read is an Error "<dir>: the index is damaged: <why>".
   static Env open(const std::filesystem::path& dir, size_t map_size, unsigned max_dbs,
                   unsigned flags);
 

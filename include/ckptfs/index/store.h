@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/index/structure.h"
 #include "ckptfs/source/source_file.h"
 
 namespace ckptfs::index {
@@ -39,13 +40,15 @@ inline constexpr size_t kDefaultMapSize = size_t{64} << 20;
 
 // Bumped whenever ckpt::FileScan or its stored form changes meaning: entries written with
 // another version read as absent, and the files are scanned again.
-inline constexpr uint32_t kFormatVersion = 4;
+inline constexpr uint32_t kFormatVersion = 5;
 
 // The scan stored in an index entry (a ScannedFile and its CRC-32) for a file of `file_size`
 // bytes, or nullopt with the reason in `why`: a damaged, foreign or stale entry, or one that
-// could not have come from scanning such a file (ckpt::check_scan), is never trusted.
+// could not have come from scanning such a file (ckpt::check_scan), is never trusted. With
+// `structure`, also the digest of the file's structure bytes the entry was made from.
 std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file_size,
-                                           std::string* why = nullptr);
+                                           std::string* why = nullptr,
+                                           StructureDigest* structure = nullptr);
 
 // $XDG_CACHE_HOME/ckptfs/index (if that is an absolute path), else $HOME/.cache/ckptfs/index.
 // Throws Error if neither variable is usable.
@@ -114,18 +117,24 @@ class Store {
   const std::filesystem::path& dir() const;
 
   // The scan stored for the file at absolute `path`, if it was built from a file of this size
-  // and mtime (a shipped index is copied, so inode, device and ctime are not compared).
-  // nullopt with the reason in `why` otherwise.
+  // and mtime (a shipped index is copied, so inode, device and ctime are not compared), with
+  // the digest of the structure bytes it was made from in `structure` (for the caller to
+  // compare with the file's). nullopt with the reason in `why` otherwise.
   std::optional<ckpt::FileScan> lookup_path(const std::string& path, uint64_t size,
-                                            int64_t mtime_ns, std::string& why) const;
+                                            int64_t mtime_ns, std::string& why,
+                                            StructureDigest& structure) const;
 
   // The stored scan of the file with this fingerprint; nullopt if there is none, or it was
   // written with another kFormatVersion, or it does not decode.
   std::optional<ckpt::FileScan> lookup(const source::Fingerprint& fingerprint) const;
   struct NewEntry {
+    NewEntry(std::string path_, const source::Fingerprint& fingerprint_,
+             const ckpt::FileScan* scan_, const StructureDigest& structure_ = {})
+        : path(std::move(path_)), fingerprint(fingerprint_), scan(scan_), structure(structure_) {}
     std::string path;
     source::Fingerprint fingerprint;
     const ckpt::FileScan* scan = nullptr;
+    StructureDigest structure;  // of the file the scan was made from (structure_digest)
   };
   // All in one write transaction; the map grows as needed. The entries are encoded before the
   // store is locked, so threads inserting at once encode in parallel.
@@ -176,6 +185,7 @@ struct IndexedSource {
   source::SourceFile file;
   ckpt::FileScan scan;
   bool from_index = false;
+  StructureDigest structure;  // set for scans made now (those taken from the index: unset)
 };
 
 // Called once per file whose scan is known (taken from the index or scanned), from the worker
@@ -205,12 +215,15 @@ struct BuildResult {
 // at a time, each scan encoded and written as soon as it is made and then dropped: memory is
 // that of a file's scan per thread, whatever the number of files. `on_file` after each file.
 // Throws Error naming the first file that cannot be opened or scanned (the files stored before
-// it stay stored).
-BuildResult build_index(Store& store, const std::vector<std::filesystem::path>& paths,
+// it stay stored). A null `store` (an index that cannot be opened) scans every file and
+// records none (all counted as `unrecorded`).
+BuildResult build_index(Store* store, const std::vector<std::filesystem::path>& paths,
                         const OnFile& on_file = {});
 
 // From a read-only shipped index only: every path must have an entry of its current size and
-// mtime, else Error in one line naming the file, what changed, and how to rebuild. Scans and
+// mtime, and its structure bytes (structure.h) must have the digest the entry holds, else
+// Error in one line naming the file, what changed, and how to rebuild. Reads each file's
+// structure bytes once (a safetensors header, every record header of a .ckpt); scans and
 // writes nothing.
 std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                                  const std::vector<std::filesystem::path>& paths,
