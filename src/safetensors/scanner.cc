@@ -18,6 +18,8 @@
 #include "ckptfs/safetensors/format.h"
 #include "ckptfs/util/fd.h"
 #include "ckptfs/util/pread.h"
+#include "ckptfs/util/quote.h"
+#include "ckptfs/util/shape_text.h"
 
 namespace ckptfs::safetensors {
 
@@ -52,17 +54,18 @@ Json parse_header(const std::string& text, const std::string& name) {
     fail(
         "{}: byte offset {}: safetensors header is not valid UTF-8 JSON ({}); the file is "
         "damaged or not a safetensors file",
-        name, kLengthBytes + (e.byte > 0 ? e.byte - 1 : 0), e.what());
+        name, kLengthBytes + (e.byte > 0 ? e.byte - 1 : 0), json_error_text(e.what()));
   } catch (const nlohmann::json::exception& e) {
     // Valid JSON that the parser cannot hold, such as a number beyond a double's range.
     fail(
         "{}: safetensors header cannot be read ({}); the file is damaged or not a safetensors file",
-        name, e.what());
+        name, json_error_text(e.what()));
   }
   if (!header.is_object())
     fail("{}: byte offset 8: safetensors header is a JSON {}, not an object", name,
          header.type_name());
-  if (!duplicate.empty()) fail("{}: safetensors header names tensor \"{}\" twice", name, duplicate);
+  if (!duplicate.empty())
+    fail("{}: safetensors header names tensor {} twice", name, file_text(duplicate));
   return header;
 }
 
@@ -74,58 +77,60 @@ std::vector<std::pair<std::string, std::string>> read_metadata(const Json& value
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [key, v] : value.items()) {
     if (!v.is_string())
-      fail("{}: safetensors __metadata__ \"{}\" is a JSON {}, not a string", name, key,
+      fail("{}: safetensors __metadata__ {} is a JSON {}, not a string", name, file_text(key),
            v.type_name());
     out.emplace_back(key, v.get<std::string>());
   }
   return out;
 }
 
-Tensor read_tensor(const std::string& key, const Json& v, const std::string& name) {
+// `file_size` bounds the numbers an error may quote (ckptfs/util/quote.h).
+Tensor read_tensor(const std::string& key, const Json& v, const std::string& name,
+                   uint64_t file_size) {
   Tensor t;
   t.name = key;
   if (!v.is_object())
-    fail("{}: tensor \"{}\": entry is a JSON {}, not an object", name, key, v.type_name());
+    fail("{}: tensor {}: entry is a JSON {}, not an object", name, file_text(key), v.type_name());
   const auto dtype = v.find("dtype");
   if (dtype == v.end() || !dtype->is_string())
-    fail("{}: tensor \"{}\": no \"dtype\" string", name, key);
+    fail("{}: tensor {}: no \"dtype\" string", name, file_text(key));
   t.code = dtype->get<std::string>();
   if (!dtype_by_code(t.code))
     fail(
-        "{}: tensor \"{}\": dtype \"{}\" is not one of BOOL U8 I8 I16 U16 I32 U32 I64 U64 F16 "
+        "{}: tensor {}: dtype {} is not one of BOOL U8 I8 I16 U16 I32 U32 I64 U64 F16 "
         "BF16 F32 F64, the types MindSpore reads",
-        name, key, t.code);
+        name, file_text(key), file_text(t.code));
   const auto shape = v.find("shape");
   if (shape == v.end() || !shape->is_array())
-    fail("{}: tensor \"{}\": no \"shape\" array", name, key);
+    fail("{}: tensor {}: no \"shape\" array", name, file_text(key));
   for (const Json& d : *shape) {
     if (!is_count(d) ||
         (d.is_number_unsigned() &&
          d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
-      fail("{}: tensor \"{}\": shape {} is not a list of non-negative integers", name, key,
-           shape->dump());
+      fail("{}: tensor {}: shape is not a list of non-negative integers", name, file_text(key));
     t.shape.push_back(d.get<int64_t>());
   }
   const auto offsets = v.find("data_offsets");
   if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2 ||
       !is_count((*offsets)[0]) || !is_count((*offsets)[1]))
-    fail("{}: tensor \"{}\": \"data_offsets\" is not two non-negative integers", name, key);
+    fail("{}: tensor {}: \"data_offsets\" is not two non-negative integers", name, file_text(key));
   t.begin = (*offsets)[0].get<uint64_t>();
   t.end = (*offsets)[1].get<uint64_t>();
   if (t.end < t.begin)
-    fail("{}: tensor \"{}\": data_offsets [{},{}] end before they begin", name, key, t.begin,
-         t.end);
+    fail("{}: tensor {}: data_offsets end before they begin", name, file_text(key));
   // Element count x size, refusing overflow rather than wrapping to a plausible number.
   uint64_t bytes = dtype_by_code(t.code)->size;
   for (int64_t d : t.shape) {
     const uint64_t u = static_cast<uint64_t>(d);
     if (u != 0 && bytes > std::numeric_limits<uint64_t>::max() / u)
-      fail("{}: tensor \"{}\": shape {} overflows 64 bits of bytes", name, key, shape->dump());
+      fail("{}: tensor {}: its shape overflows 64 bits of bytes", name, file_text(key));
     bytes *= u;
   }
   if (bytes != t.end - t.begin)
-    fail("{}: tensor \"{}\": {} shape {} is {} bytes, but data_offsets [{},{}] hold {}", name, key,
-         t.code, shape->dump(), bytes, t.begin, t.end, t.end - t.begin);
+    fail("{}: tensor {}: {} shape {} is {} bytes, but data_offsets [{},{}] hold {}", name,
+         file_text(key), t.code, file_shape(t.shape, file_size), file_number(bytes, file_size),
+         file_number(t.begin, file_size), file_number(t.end, file_size),
+         file_number(t.end - t.begin, file_size));
   return t;
 }
 
@@ -151,14 +156,14 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
   for (size_t i = 0; i < kLengthBytes; ++i) h.header_bytes |= uint64_t{len[i]} << (8 * i);
   if (h.header_bytes > kMaxHeaderBytes)
     fail(
-        "{}: byte offset 0: safetensors header length {} is over the 100 MB limit of the "
-        "reference reader; the file is damaged or not a safetensors file",
-        name, h.header_bytes);
+        "{}: byte offset 0: the safetensors header length field is over the 100 MB limit of the "
+        "reference reader; the file ({} bytes) is damaged or not a safetensors file",
+        name, h.file_size);
   if (h.header_bytes > h.file_size - kLengthBytes)
     fail(
-        "{}: byte offset 0: safetensors header length {} runs past the end of the {}-byte file "
-        "(truncated?)",
-        name, h.header_bytes, h.file_size);
+        "{}: byte offset 0: the safetensors header length field is larger than the file ({} "
+        "bytes): truncated, or not a safetensors file",
+        name, h.file_size);
 
   std::string text(h.header_bytes, '\0');
   read(kLengthBytes, std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size()));
@@ -168,7 +173,7 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
     if (key == kMetadataKey)
       h.metadata = read_metadata(value, name);
     else
-      h.tensors.push_back(read_tensor(key, value, name));
+      h.tensors.push_back(read_tensor(key, value, name, h.file_size));
   }
 
   // The data section must be tiled exactly: no holes, no overlaps, nothing after the last
@@ -181,12 +186,16 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
   for (const Tensor& t : h.tensors) {
     if (t.begin != at) {
       if (t.begin < at)
-        fail("{}: tensor \"{}\": data_offsets [{},{}] overlap tensor \"{}\" [{},{}]", name, t.name,
-             t.begin, t.end, prev->name, prev->begin, prev->end);
+        fail("{}: tensor {}: data_offsets [{},{}] overlap tensor {} [{},{}]", name,
+             file_text(t.name), file_number(t.begin, h.file_size), file_number(t.end, h.file_size),
+             file_text(prev->name), file_number(prev->begin, h.file_size),
+             file_number(prev->end, h.file_size));
       fail(
-          "{}: tensor \"{}\": data_offsets [{},{}] leave bytes [{},{}) of the data section "
+          "{}: tensor {}: data_offsets [{},{}] leave bytes [{},{}) of the data section "
           "unused",
-          name, t.name, t.begin, t.end, at, t.begin);
+          name, file_text(t.name), file_number(t.begin, h.file_size),
+          file_number(t.end, h.file_size), file_number(at, h.file_size),
+          file_number(t.begin, h.file_size));
     }
     at = t.end;
     prev = &t;
@@ -196,7 +205,7 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
     fail(
         "{}: the tensors cover {} bytes of a {}-byte data section (byte offset {}); the file is "
         "{}",
-        name, at, data_bytes, h.data_start(),
+        name, file_number(at, h.file_size), data_bytes, h.data_start(),
         at > data_bytes ? "truncated"
                         : "longer than its "
                           "header says");
@@ -207,8 +216,8 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
     auto it = std::find_if(h.tensors.begin(), h.tensors.end(),
                            [&marked = key](const Tensor& t) { return t.name == marked; });
     if (it == h.tensors.end())
-      fail("{}: __metadata__ marks \"{}\" as Int4, but the file has no tensor of that name", name,
-           key);
+      fail("{}: __metadata__ marks {} as Int4, but the file has no tensor of that name", name,
+           file_text(key));
     it->int4 = true;
   }
   return h;
