@@ -362,7 +362,9 @@ stdfs::path resolve_mountpoint(const stdfs::path& mountpoint) {
 
 void check_log_file(const std::string& log_file) {
   if (log_file.empty()) return;
-  const int fd = ::open(log_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  // A new log is its owner's only: it holds what the status log holds, which may be no more
+  // readable than the most private source (status.h); chmod widens it where that is fine.
+  const int fd = ::open(log_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0)
     fail("--log-file {}: cannot write to it: {}; give a writable path", log_file,
          errno_text(errno));
