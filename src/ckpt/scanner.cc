@@ -27,6 +27,7 @@
 #include "ckptfs/util/fd.h"
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/pread.h"
+#include "ckptfs/util/quote.h"
 #include "ckptfs/util/shape_text.h"
 #include "ckptfs/util/view_reach.h"
 
@@ -174,7 +175,7 @@ class Parser {
     const uint64_t start = pos_;
     const uint64_t v = varint(limit, [&] { return fmt::format("field key in {}", scope); });
     if (v > 0xFFFFFFFFull || (v >> 3) == 0)
-      error_at(start, fmt::format("invalid field key 0x{:x} in {}", v, scope));
+      error_at(start, fmt::format("invalid field key in {} (field number 0 or above 2^29)", scope));
     return Key{start, static_cast<uint32_t>(v >> 3), static_cast<uint32_t>(v & 7)};
   }
 
@@ -183,6 +184,9 @@ class Parser {
   uint64_t length(uint64_t limit, const What& what, std::string_view scope) {
     const uint64_t start = pos_;
     const uint64_t len = varint(limit, [&] { return fmt::format("length of {}", describe(what)); });
+    if (len > end_)
+      error_at(start, fmt::format("length of {} is larger than the whole {} ({} bytes)",
+                                  describe(what), top_scope_, end_));
     if (len > limit - pos_)
       error_at(start, fmt::format("length {} of {} runs past byte {}, the end of the enclosing {}",
                                   len, describe(what), limit, scope));
@@ -193,37 +197,36 @@ class Parser {
 
   void expect_wire(const Key& k, uint32_t wire, std::string_view what) const {
     if (k.wire != wire)
-      error_at(k.offset, fmt::format("{} (field {}) has wire type {}, expected {}", what, k.field,
-                                     k.wire, wire));
+      error_at(k.offset, fmt::format("{} (field {}) has the wrong wire type (expected {})", what,
+                                     k.field, wire));
   }
 
   void skip_field(const Key& k, uint64_t limit, std::string_view scope) {
     switch (k.wire) {
       case kVarint:
-        varint(limit, [&] { return fmt::format("unknown field {} in {}", k.field, scope); });
+        varint(limit, [&] { return fmt::format("an unknown field in {}", scope); });
         return;
       case kFixed64:
       case kFixed32: {
         const uint64_t n = k.wire == kFixed64 ? 8 : 4;
         if (n > limit - pos_)
-          error_at(k.offset, fmt::format("{}-byte field {} runs past byte {}, the end of the "
-                                         "enclosing {}",
-                                         n, k.field, limit, scope));
+          error_at(k.offset, fmt::format("an unknown {}-byte field runs past byte {}, the end of "
+                                         "the enclosing {}",
+                                         n, limit, scope));
         pos_ += n;
         return;
       }
       case kLen:
         pos_ += length(
-            limit, [&] { return fmt::format("unknown field {}", k.field); }, scope);
+            limit, [] { return std::string("an unknown field"); }, scope);
         return;
       case kStartGroup:
       case kEndGroup:
-        error_at(k.offset, fmt::format("field {} in {} is a group (wire type {}), which a "
+        error_at(k.offset, fmt::format("an unknown field in {} is a protobuf group, which a "
                                        "checkpoint never contains",
-                                       k.field, scope, k.wire));
+                                       scope));
       default:
-        error_at(k.offset,
-                 fmt::format("field {} in {} has invalid wire type {}", k.field, scope, k.wire));
+        error_at(k.offset, fmt::format("an unknown field in {} has an invalid wire type", scope));
     }
   }
 
@@ -241,7 +244,7 @@ class Parser {
 
   void add_dim(TensorFields& t, uint64_t raw, uint64_t offset) {
     const auto dim = static_cast<int64_t>(raw);
-    if (dim < 0) error_at(offset, fmt::format("negative dimension {}", dim));
+    if (dim < 0) error_at(offset, "negative dimension");
     if (t.dims.size() >= kMaxDims)
       error_at(offset, fmt::format("more than {} dimensions", kMaxDims));
     t.dims.push_back(dim);
@@ -353,9 +356,11 @@ class Parser {
     }
     if (!has_tag) error_at(key_offset, "record has no tag (a required field)");
     if (which == kNoValue)
-      error_at(key_offset, fmt::format("record '{}' has neither tensor nor maptensor", r.tag));
+      error_at(key_offset,
+               fmt::format("record {} has neither tensor nor maptensor", file_text(r.tag)));
     r.is_map = which == kMapValue;
-    if (!r.is_map) require_tensor_fields(r.tensor, key_offset, fmt::format("record '{}'", r.tag));
+    if (!r.is_map)
+      require_tensor_fields(r.tensor, key_offset, fmt::format("record {}", file_text(r.tag)));
     return r;
   }
 
@@ -384,7 +389,8 @@ class Parser {
 // Builds Params from records, merging runs of equal tags (spec §1.5).
 class Grouper {
  public:
-  explicit Grouper(const std::string& name) : name_(name) {}
+  // `size`: the body's, which bounds the numbers an error may quote (ckptfs/util/quote.h).
+  Grouper(const std::string& name, uint64_t size) : name_(name), size_(size) {}
 
   void add(Record r) {
     if (open_ && current_.name == r.tag) {
@@ -419,15 +425,17 @@ class Grouper {
     const bool was_map = current_.kind == EntryKind::MapTensor;
     const uint64_t at = r.record.offset;
     if (was_map != r.is_map)
-      fail("{}: byte offset {}: parameter '{}' continues a {} record with a {} record", name_, at,
-           current_.name, was_map ? "map tensor" : "tensor", r.is_map ? "map tensor" : "tensor");
+      fail("{}: byte offset {}: parameter {} continues a {} record with a {} record", name_, at,
+           file_text(current_.name), was_map ? "map tensor" : "tensor",
+           r.is_map ? "map tensor" : "tensor");
     if (!r.is_map) {
       if (*r.tensor.type != current_.dtype)
-        fail("{}: byte offset {}: chunk of parameter '{}' has type {}, earlier chunks {}", name_,
-             at, current_.name, *r.tensor.type, current_.dtype);
+        fail("{}: byte offset {}: chunk of parameter {} has type {}, earlier chunks {}", name_, at,
+             file_text(current_.name), file_text(*r.tensor.type), file_text(current_.dtype.name()));
       if (r.tensor.dims != raw_dims_)
-        fail("{}: byte offset {}: chunk of parameter '{}' has dims {}, earlier chunks {}", name_,
-             at, current_.name, shape_text(r.tensor.dims), shape_text(raw_dims_));
+        fail("{}: byte offset {}: chunk of parameter {} has dims {}, earlier chunks {}", name_, at,
+             file_text(current_.name), file_shape(r.tensor.dims, size_),
+             file_shape(raw_dims_, size_));
       current_.content.push_back(*r.tensor.content);
     }
     current_.records.push_back(r.record);
@@ -456,16 +464,17 @@ class Grouper {
     for (int64_t d : p.shape) {
       need *= static_cast<uint64_t>(d);
       if (need > UINT64_MAX)
-        fail("{}: byte offset {}: parameter '{}' has shape {} whose size overflows 64 bits", name_,
-             at, p.name, shape_text(p.shape));
+        fail("{}: byte offset {}: parameter {} has a shape whose size overflows 64 bits", name_, at,
+             file_text(p.name));
     }
     if (p.nbytes() != static_cast<uint64_t>(need))
-      fail("{}: byte offset {}: parameter '{}' has {} content bytes, but shape {} of {} needs {}",
-           name_, at, p.name, p.nbytes(), shape_text(p.shape), p.dtype,
-           static_cast<uint64_t>(need));
+      fail("{}: byte offset {}: parameter {} has {} content bytes, but shape {} of {} needs {}",
+           name_, at, file_text(p.name), p.nbytes(), file_shape(p.shape, size_),
+           file_text(p.dtype.name()), file_number(static_cast<uint64_t>(need), size_));
   }
 
   const std::string& name_;
+  uint64_t size_;
   std::vector<Param> params_;
   Param current_;
   std::vector<int64_t> raw_dims_;
@@ -529,12 +538,13 @@ void verify_crc(const ReadExact& read, const std::string& name, uint64_t body_si
     crc = crc32_update(crc, std::span<const uint8_t>(block.data(), n));
     off += n;
   }
+  // Neither value is shown: both are functions of the file's bytes, and a mismatch is all the
+  // reader can act on.
   if (!trailer.high_bytes_zero || crc != trailer.low)
     fail(
-        "{}: crc check failed: the trailer at byte offset {} holds {}0x{:08X}, the CRC-32 of the "
-        "{} body bytes is 0x{:08X}",
-        name, body_size, trailer.high_bytes_zero ? "" : "a value above 32 bits, low word ",
-        trailer.low, body_size, crc);
+        "{}: crc check failed: the trailer at byte offset {} does not hold the CRC-32 of the {} "
+        "body bytes before it",
+        name, body_size, body_size);
 }
 
 // The body's records, grouped into parameters in file order.
@@ -542,7 +552,7 @@ std::vector<Param> scan_params(const ReadExact& read, const std::string& name, u
                                bool has_crc_trailer) {
   Parser parser(read, name, body_size,
                 has_crc_trailer ? "checkpoint body (before the CRC trailer)" : "file");
-  Grouper grouper(name);
+  Grouper grouper(name, body_size);
   parser.walk([&](Record r) { grouper.add(std::move(r)); });
   return grouper.finish();
 }
@@ -554,16 +564,16 @@ std::string check_view(const Param& p) {
   if (p.content.size() != 1 || p.strides.size() != p.shape.size() ||
       (p.element_size != 1 && p.element_size != 2 && p.element_size != 4 && p.element_size != 8 &&
        p.element_size != 16))
-    return fmt::format("parameter '{}' is a malformed view", p.name);
+    return fmt::format("parameter {} is a malformed view", file_text(p.name));
   for (size_t k = 0; k < p.shape.size(); ++k)
     if (p.shape[k] < 0 || p.strides[k] < 0)
-      return fmt::format("parameter '{}' has shape {}", p.name, shape_text(p.shape));
+      return fmt::format("parameter {} has shape {}", file_text(p.name),
+                         file_shape(p.shape, p.content[0].length));
   const std::optional<ViewReach> reach =
       view_reach(p.shape, p.strides, p.storage_offset, p.element_size);
-  if (!reach)
-    return fmt::format("parameter '{}' has shape {} past 64 bits", p.name, shape_text(p.shape));
+  if (!reach) return fmt::format("parameter {} has a shape past 64 bits", file_text(p.name));
   if (reach->end > p.content[0].length)
-    return fmt::format("parameter '{}' reaches past its storage", p.name);
+    return fmt::format("parameter {} reaches past its storage", file_text(p.name));
   return "";
 }
 
@@ -576,8 +586,9 @@ std::string check_scan(const FileScan& scan, uint64_t file_size) {
     for (const Extents* list : {&p.content, &p.records})
       for (const Extent& e : *list)
         if (e.offset > scan.body_size || e.length > scan.body_size - e.offset)
-          return fmt::format("parameter '{}' has bytes [{}, +{}) past the body's {} bytes", p.name,
-                             e.offset, e.length, scan.body_size);
+          return fmt::format("parameter {} has bytes [{}, +{}) past the body's {} bytes",
+                             file_text(p.name), file_number(e.offset, scan.file_size),
+                             file_number(e.length, scan.file_size), scan.body_size);
     if (p.kind != EntryKind::Tensor) continue;
     if (p.view) {
       if (std::string what = check_view(p); !what.empty()) return what;
@@ -585,20 +596,23 @@ std::string check_scan(const FileScan& scan, uint64_t file_size) {
     }
     const uint32_t size = p.dtype.element_size();
     if (size == 0 || size != p.element_size)
-      return fmt::format("parameter '{}' of type {} has element size {}", p.name, p.dtype,
-                         p.element_size);
+      return fmt::format("parameter {} of type {} has element size {}", file_text(p.name),
+                         file_text(p.dtype.name()), p.element_size);
     unsigned __int128 need = size;
     for (int64_t d : p.shape) {
-      if (d < 0) return fmt::format("parameter '{}' has shape {}", p.name, shape_text(p.shape));
+      if (d < 0)
+        return fmt::format("parameter {} has shape {}", file_text(p.name),
+                           file_shape(p.shape, scan.file_size));
       need *= static_cast<uint64_t>(d);
       if (need > UINT64_MAX)
-        return fmt::format("parameter '{}' has shape {} past 64 bits", p.name, shape_text(p.shape));
+        return fmt::format("parameter {} has a shape past 64 bits", file_text(p.name));
     }
     unsigned __int128 have = 0;
     for (const Extent& e : p.content) have += e.length;
     if (have != need)
-      return fmt::format("parameter '{}' has {} content bytes for shape {}", p.name,
-                         static_cast<uint64_t>(have), shape_text(p.shape));
+      return fmt::format("parameter {} has {} content bytes for shape {}", file_text(p.name),
+                         file_number(static_cast<uint64_t>(have), scan.file_size),
+                         file_shape(p.shape, scan.file_size));
   }
   return "";
 }

@@ -15,14 +15,9 @@ bool may_search(const struct stat& dir, bool owner, uid_t uid, gid_t gid) {
   return (dir.st_mode & S_IXOTH) != 0;
 }
 
-}  // namespace
-
-Access source_access(const std::filesystem::path& path, const struct stat& st, DirStats& dirs) {
-  Access out{st.st_uid, st.st_gid, static_cast<mode_t>(st.st_mode & 0444)};
-  std::error_code ec;
-  std::filesystem::path dir = std::filesystem::absolute(path, ec).lexically_normal();
-  if (ec) dir = path;
-  for (dir = dir.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+// Takes from `out` each read bit whose class cannot search every directory above `file`.
+void narrow_by_directories(const std::filesystem::path& file, Access& out, DirStats& dirs) {
+  for (std::filesystem::path dir = file.parent_path(); !dir.empty(); dir = dir.parent_path()) {
     auto it = dirs.find(dir.string());
     if (it == dirs.end()) {
       struct stat ds {};
@@ -38,6 +33,20 @@ Access source_access(const std::filesystem::path& path, const struct stat& st, D
     if (!may_search(ds, true, out.uid, out.gid)) out.read &= ~S_IRUSR;
     if (dir == dir.root_path()) break;
   }
+}
+
+}  // namespace
+
+Access source_access(const std::filesystem::path& path, const struct stat& st, DirStats& dirs) {
+  Access out{st.st_uid, st.st_gid, static_cast<mode_t>(st.st_mode & 0444)};
+  std::error_code ec;
+  std::filesystem::path lexical = std::filesystem::absolute(path, ec).lexically_normal();
+  if (ec) lexical = path;
+  narrow_by_directories(lexical, out, dirs);
+  // Through a symlink (of the file or of a directory above it) the bytes come from the target:
+  // its directories must be searchable too, wherever they are.
+  const std::filesystem::path target = std::filesystem::canonical(path, ec);
+  if (!ec && target != lexical) narrow_by_directories(target, out, dirs);
   return out;
 }
 

@@ -29,6 +29,8 @@ using DirStats = std::map<std::string, struct stat, std::less<>>;
 // each directory's owner, group or other bits as the directory's owner and group match; the
 // group likewise; others through the other bits), since a 0644 file in a 0700 directory is
 // not readable by others. A directory that cannot be stat'ed takes every bit but the owner's.
+// A symlink is followed (`latest` links and rank directories on other volumes are common): `st`
+// is the target's, and the directories above the target count as well as those above `path`.
 Access source_access(const std::filesystem::path& path, const struct stat& st, DirStats& dirs);
 
 // The access of a file made of `sources`: the owner if every source has the same one (else

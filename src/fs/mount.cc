@@ -363,8 +363,10 @@ stdfs::path resolve_mountpoint(const stdfs::path& mountpoint) {
 
 void check_log_file(const std::string& log_file) {
   if (log_file.empty()) return;
+  // A new log is its owner's only: it holds what the status log holds, which may be no more
+  // readable than the most private source (status.h); chmod widens it where that is fine.
   try {
-    util::open_regular_append(log_file, "log file", 0644);
+    util::open_regular_append(log_file, "log file", 0600);
   } catch (const Error& e) {
     fail("--log-file {}; give a writable path to a regular file", e.what());
   }

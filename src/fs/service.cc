@@ -173,6 +173,7 @@ Service::Entry Service::lookup(uint64_t parent, const char* name) const {
   if (e.ino == 0 && !Status::owns(parent)) e.ino = tree_.lookup(parent, name);
   if (e.ino != 0) {
     stat_any(e.ino, e.attr);
+    if (status_->attributes_change(e.ino)) e.attr_timeout = 0;
     return e;
   }
   e.err = not_a_dir(parent);
@@ -184,7 +185,7 @@ Service::Entry Service::lookup(uint64_t parent, const char* name) const {
 Service::Attr Service::getattr(uint64_t ino) const {
   Attr a;
   if (!stat_any(ino, a.st)) a.err = ENOENT;
-  a.timeout = ino == Tree::kStepsIno ? 0 : kTimeout;
+  a.timeout = ino == Tree::kStepsIno || status_->attributes_change(ino) ? 0 : kTimeout;
   return a;
 }
 

@@ -2,6 +2,7 @@
 
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -23,12 +24,6 @@ namespace ckptfs::fs {
 
 namespace {
 
-constexpr uint64_t kSourcesIno = Status::kDirIno + 1;
-constexpr uint64_t kStatsIno = Status::kDirIno + 2;
-constexpr uint64_t kLogIno = Status::kDirIno + 3;
-constexpr uint64_t kPlanDirIno = Status::kDirIno + 4;
-constexpr uint64_t kFirstPlanIno = Status::kDirIno + 16;
-
 constexpr std::string_view kSourcesName = "sources.json";
 constexpr std::string_view kStatsName = "stats.json";
 constexpr std::string_view kLogName = "log";
@@ -42,6 +37,8 @@ constexpr size_t kMaxPeriod = 8;
 constexpr uint64_t kMapChunk = 16 << 20;
 // The extended attributes' values stay below the kernel's XATTR_SIZE_MAX (64 KiB).
 constexpr size_t kMaxXattr = 60 * 1024;
+
+Access access(const Tree::FileAccess& a) { return {a.uid, a.gid, a.read}; }
 
 std::string json_string(std::string_view text) {
   std::string out;
@@ -269,6 +266,10 @@ FilePlan describe_file(const Tree& tree, uint64_t ino) {
 Status::Status(const Tree& tree, std::string chosen)
     : tree_(tree),
       chosen_(std::move(chosen)),
+      uid_(::getuid()),
+      gid_(::getgid()),
+      all_access_(access(tree.sources_access())),
+      log_access_(all_access_),
       ring_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(kLogLines)) {
   for (const index::IndexedSource& s : tree.plan().sources) {
     std::error_code ec;
@@ -288,6 +289,33 @@ Status::Status(const Tree& tree, std::string chosen)
     plan_names_.emplace_back(kRootPlanName);
     plan_dirs_.push_back(Tree::kRootIno);
   }
+  for (uint64_t dir : plan_dirs_) {
+    std::vector<Access> files;
+    for (const Tree::DirEntry& e : tree.list(dir))
+      if (const auto a = e.is_dir ? std::nullopt : tree.file_access(e.ino))
+        files.push_back(access(*a));
+    plan_access_.push_back(files.empty() ? all_access_ : combine_access(files, uid_, gid_));
+  }
+}
+
+Access Status::log_access() const {
+  std::vector<Access> seen;
+  const std::shared_ptr<Steps>& steps = tree_.steps();
+  if (steps)
+    for (const Steps::Entry& e : steps->list())
+      if (const std::shared_ptr<const Tree> step = steps->planned(e.index))
+        seen.push_back(access(step->sources_access()));
+  std::lock_guard lock(log_mutex_);
+  seen.push_back(log_access_);
+  log_access_ = combine_access(seen, uid_, gid_);
+  return log_access_;
+}
+
+Access Status::access_of(uint64_t ino) const {
+  if (ino == kStatsIno || ino == kLogIno) return log_access();
+  if (ino >= kFirstPlanIno && ino - kFirstPlanIno < plan_access_.size())
+    return plan_access_[ino - kFirstPlanIno];
+  return all_access_;
 }
 
 Status::~Status() = default;
@@ -322,19 +350,22 @@ bool Status::is_file(uint64_t ino) const {
 bool Status::stat(uint64_t ino, struct stat& st) const {
   const bool dir = ino == kDirIno || ino == kPlanDirIno;
   if (!dir && !is_file(ino)) return false;
-  // Owner, mode bits (umask) and times as the root shows them.
+  // Times as the root shows them.
   if (!tree_.stat(Tree::kRootIno, st)) return false;
-  const mode_t perm = st.st_mode & 0777;
+  const Access a = access_of(ino);
   st.st_ino = ino;
   st.st_size = 0;
   st.st_blocks = 0;
+  st.st_uid = a.uid;
+  st.st_gid = a.gid;
   if (dir) {
-    st.st_mode = S_IFDIR | perm;
+    st.st_mode = S_IFDIR | a.read | (a.read >> 2);  // r-x for each class that may read
     st.st_nlink = ino == kDirIno ? 3 : 2;
   } else {
-    st.st_mode = S_IFREG | (perm & 0444);
+    st.st_mode = S_IFREG | a.read;
     st.st_nlink = 1;
   }
+  tree_.apply_options(st);
   return true;
 }
 

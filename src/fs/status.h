@@ -11,6 +11,14 @@
 // per target file, never proportional to the checkpoint. plan/ covers the mount's own files,
 // not those under steps/; the attributes cover every served file.
 //
+// Who may read it (the mount always has default_permissions, so the kernel enforces this): each
+// entry is no more readable than the sources it tells about, as the files it describes. A
+// plan/<dir>.json takes the access the files of <dir> have together (access.h's
+// combine_access); sources.json and both directories that of every source of the mount; the
+// log and stats.json that of every source the mount has planned, /steps included, which can
+// only narrow while mounted (so the kernel is told not to cache their attributes). Directories
+// get a search bit for each read bit. -o uid=, gid=, umask= apply on top, as to the files.
+//
 // Thread-safe: every method may be called from any FUSE worker at once.
 #pragma once
 
@@ -20,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
@@ -27,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "access.h"
 #include "ckptfs/fs/tree.h"
 
 namespace spdlog::sinks {
@@ -66,8 +76,10 @@ class Status {
   // ".ckptfs" under the root, and the names below it; 0 if none.
   uint64_t lookup(uint64_t parent, std::string_view name) const;
   // False unless `ino` is a status inode. Files show size 0: their bytes are made at open and
-  // must be read with direct I/O, to end of file.
+  // must be read with direct I/O, to end of file. Owner, group and mode: see the top.
   bool stat(uint64_t ino, struct stat& st) const;
+  // Whether stat(ino) may change while mounted (then its attributes must not be cached).
+  bool attributes_change(uint64_t ino) const { return ino == kLogIno || ino == kStatsIno; }
   // The entries of a status directory ("." and ".." included); empty if not one.
   std::vector<Tree::DirEntry> list(uint64_t ino) const;
   bool is_file(uint64_t ino) const;
@@ -108,12 +120,28 @@ class Status {
   std::string log_text() const;
   // The source paths of `tree` (the mount's, made absolute at construction, or a step's).
   std::string source_path(const Tree& tree, uint32_t source) const;
+  // Who may read status inode `ino`, before the mount options (see the top).
+  Access access_of(uint64_t ino) const;
+  // The log's and stats.json's: every source planned so far, narrowed for good.
+  Access log_access() const;
+
+  static constexpr uint64_t kSourcesIno = kDirIno + 1;
+  static constexpr uint64_t kStatsIno = kDirIno + 2;
+  static constexpr uint64_t kLogIno = kDirIno + 3;
+  static constexpr uint64_t kPlanDirIno = kDirIno + 4;
+  static constexpr uint64_t kFirstPlanIno = kDirIno + 16;
 
   const Tree& tree_;
   std::string chosen_;
   std::vector<std::string> paths_;       // absolute, by source of tree_
   std::vector<std::string> plan_names_;  // "rank_0.json", ..., "root.json"
   std::vector<uint64_t> plan_dirs_;      // the tree directory each describes (root: kRootIno)
+  uid_t uid_;                            // the mounter's, for sources of several owners
+  gid_t gid_;
+  Access all_access_;                // of every source of tree_
+  std::vector<Access> plan_access_;  // by plan_names_
+  mutable std::mutex log_mutex_;     // guards log_access_
+  mutable Access log_access_;        // only narrows
   std::shared_ptr<spdlog::sinks::sink> ring_;
   std::atomic<uint64_t> reads_{0}, bytes_{0}, failed_{0};
   mutable std::shared_mutex mutex_;  // guards files_ (the counters are atomic)

@@ -129,6 +129,10 @@ void Tree::set_access() {
       const Access a = combine_access(of_file, uid_, gid_);
       file_access_.push_back({a.uid, a.gid, a.read});
     }
+    std::vector<Access> all;
+    for (const auto& [path, a] : by_path) all.push_back(a);
+    const Access a = combine_access(all, uid_, gid_);
+    sources_access_ = {a.uid, a.gid, a.read};
     return;
   }
   std::vector<Access> sources(plan_.sources.size());
@@ -139,6 +143,7 @@ void Tree::set_access() {
   // A file that reads no source bytes (names, shapes and inline values only) still tells what
   // the sources hold: it takes the access of all of them.
   const Access of_all = combine_access(sources, uid_, gid_);
+  sources_access_ = {of_all.uid, of_all.gid, of_all.read};
   std::vector<Access> of_file;
   for (const plan::TargetFile& target : plan_.targets) {
     of_file.clear();
@@ -173,6 +178,18 @@ void Tree::set_mtimes() {
     }
     if (d == 0 || later(dir_mtimes_[d], root_mtime_)) root_mtime_ = dir_mtimes_[d];
   }
+}
+
+std::optional<Tree::FileAccess> Tree::file_access(uint64_t ino) const {
+  const Node* n = in_steps(ino) ? nullptr : node(ino);
+  if (n == nullptr || n->is_dir) return std::nullopt;
+  return file_access_[n->index];
+}
+
+void Tree::apply_options(struct stat& st) const {
+  if (uid_override_) st.st_uid = *uid_override_;
+  if (gid_override_) st.st_gid = *gid_override_;
+  st.st_mode &= ~umask_;
 }
 
 struct timespec Tree::mtime(uint64_t ino) const {
@@ -247,9 +264,7 @@ bool Tree::stat(uint64_t ino, struct stat& st) const {
     const auto [tree, local] = step_of(ino, false);
     if (!tree || !tree->stat(local, st)) return false;
     st.st_ino = ino;
-    if (uid_override_) st.st_uid = *uid_override_;
-    if (gid_override_) st.st_gid = *gid_override_;
-    st.st_mode &= ~umask_;
+    apply_options(st);
     return true;
   }
   const Node* n = node(ino);
@@ -282,9 +297,7 @@ bool Tree::stat(uint64_t ino, struct stat& st) const {
     st.st_uid = uid_;
     st.st_gid = gid_;
   }
-  if (uid_override_) st.st_uid = *uid_override_;
-  if (gid_override_) st.st_gid = *gid_override_;
-  st.st_mode &= ~umask_;
+  apply_options(st);
   st.st_blksize = kBlockSize;
   st.st_atim = st.st_mtim = mtime(ino);
   st.st_ctim = time_;

@@ -15,6 +15,7 @@
 #include "ckptfs/strategy/layout.h"
 #include "ckptfs/util/json_int.h"
 #include "ckptfs/util/open_path.h"
+#include "ckptfs/util/quote.h"
 #include "ckptfs/util/shape_text.h"
 
 namespace ckptfs::mindformers {
@@ -36,7 +37,7 @@ Json parse_json(const fs::path& path) {
          path.string(), e.byte);
   } catch (const Json::exception& e) {
     // Valid JSON that the parser cannot hold, such as a number beyond a double's range.
-    fail("{}: cannot be read ({}); the file is damaged", path.string(), e.what());
+    fail("{}: cannot be read ({}); the file is damaged", path.string(), json_error_text(e.what()));
   }
 }
 
@@ -218,14 +219,16 @@ Iteration read_iteration(const fs::path& dir) {
   std::vector<strategy::Layout> layouts;
   uint32_t stages = 0;
   for (const auto& [name, p] : params.items()) {
-    const Place at{file, fmt::format("parameter {}:", name)};
+    const Place at{file, fmt::format("parameter {}:", file_text(name))};
     ParamMeta meta;
     meta.name = name;
     const Json& props = member(p, "properties", file, at.what);
     const Json& dtype = member(props, "dtype", file, at.what);
     if (!dtype.is_string()) bad(at, "dtype is not a string");
     const std::optional<std::string> d = dtype_name(dtype.get<std::string>());
-    if (!d) bad(at, fmt::format("has dtype {}, which is no MindSpore tensor type", dtype.dump()));
+    if (!d)
+      bad(at, fmt::format("has dtype {}, which is no MindSpore tensor type",
+                          file_text(dtype.get<std::string>())));
     meta.dtype = *d;
     meta.global_shape = ints_of(member(p, "global_shape", file, at.what), at, 0,
                                 std::numeric_limits<int64_t>::max());
@@ -296,20 +299,22 @@ Iteration read_iteration(const fs::path& dir) {
     int64_t blocks = 1;
     for (int64_t s : splits) blocks *= s;
     meta.blocks.resize(static_cast<size_t>(blocks));
-    const Json& chunks = member(params[meta.name], "chunk", file, meta.name);
-    if (!chunks.is_array()) fail("{}: parameter {}: chunk is not a list", file, meta.name);
+    const Json& chunks = member(params[meta.name], "chunk", file, file_text(meta.name));
+    if (!chunks.is_array())
+      fail("{}: parameter {}: chunk is not a list", file, file_text(meta.name));
     for (const Json& chunk : chunks) {
-      const Place at{file, fmt::format("parameter {}: a chunk's", meta.name)};
+      const Place at{file, fmt::format("parameter {}: a chunk's", file_text(meta.name))};
       const std::vector<int64_t> offset =
-          ints_of(member(chunk, "global_offset", file, meta.name), at, 0, blocks - 1);
+          ints_of(member(chunk, "global_offset", file, file_text(meta.name)), at, 0, blocks - 1);
       if (offset.size() != 1) bad(at, "global_offset is not one slice index");
-      const std::vector<int64_t> local = ints_of(member(chunk, "local_shape", file, meta.name), at,
-                                                 0, std::numeric_limits<int64_t>::max());
+      const std::vector<int64_t> local =
+          ints_of(member(chunk, "local_shape", file, file_text(meta.name)), at, 0,
+                  std::numeric_limits<int64_t>::max());
       if (local != slice)
         fail(
             "{}: parameter {}: a chunk of shape {} where the layout gives {} (an optimizer-sharded "
             "or otherwise unevenly cut parameter, which ckptfs does not read from metadata)",
-            file, meta.name, shape_text(local), shape_text(slice));
+            file, file_text(meta.name), shape_text(local), shape_text(slice));
     }
     layouts.push_back(std::move(layout));
   }
@@ -323,16 +328,16 @@ Iteration read_iteration(const fs::path& dir) {
     int64_t k = 0;
     if (!parse_key(key, name, k))
       fail("{}: storage_data key {} is not of the form ('<parameter>', (<slice index>,))", file,
-           key);
+           file_text(key));
     auto found = by_name.find(name);
     if (found == by_name.end())
       fail("{}: storage_data key {} names a parameter state_dict_metadata does not list", file,
-           key);
+           file_text(key));
     ParamMeta& meta = it.params[found->second];
     const strategy::Layout& layout = layouts[found->second];
     if (k >= static_cast<int64_t>(meta.blocks.size()))
-      fail("{}: storage_data key {}: parameter {} has only {} blocks", file, key, name,
-           meta.blocks.size());
+      fail("{}: storage_data key {}: parameter {} has only {} blocks", file, file_text(key),
+           file_text(name), meta.blocks.size());
     const Json* list = &value;
     Json wrapped;
     if (value.is_object()) {  // one location, as older MindFormers wrote it
@@ -340,17 +345,18 @@ Iteration read_iteration(const fs::path& dir) {
       list = &wrapped;
     }
     if (!list->is_array() || list->empty())
-      fail("{}: storage_data key {}: expected a list of locations", file, key);
+      fail("{}: storage_data key {}: expected a list of locations", file, file_text(key));
     for (const Json& where : *list) {
-      const Place at{file, fmt::format("storage_data key {}:", key)};
-      const Json& fname = member(where, "file_name", file, key);
+      const Place at{file, fmt::format("storage_data key {}:", file_text(key))};
+      const Json& fname = member(where, "file_name", file, file_text(key));
       if (!fname.is_string()) bad(at, "file_name is not a string");
       const std::string f = fname.get<std::string>();
       if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." ||
           !f.ends_with(".safetensors"))
-        bad(at, fmt::format("file_name {} is not a .safetensors file of the directory", f));
-      const int64_t r =
-          int_of(member(where, "storage_rank", file, key), at, 0, strategy::kMaxRanks - 1);
+        bad(at,
+            fmt::format("file_name {} is not a .safetensors file of the directory", file_text(f)));
+      const int64_t r = int_of(member(where, "storage_rank", file, file_text(key)), at, 0,
+                               strategy::kMaxRanks - 1);
       const int64_t local = r - static_cast<int64_t>(meta.stage) * n;
       if (local < 0 || local >= n)
         bad(at, fmt::format("storage_rank {} is not a rank of pipeline stage {}", r, meta.stage));
@@ -359,11 +365,11 @@ Iteration read_iteration(const fs::path& dir) {
       for (size_t j = 0; j < block.size(); ++j) flat = flat * layout.splits()[j] + block[j];
       if (flat != k)
         bad(at, fmt::format("rank {} holds slice {} of {} by its layout, not slice {}", r, flat,
-                            name, k));
+                            file_text(name), k));
       auto [at_rank, inserted] = rank_of.try_emplace(f, r);
       if (!inserted && at_rank->second != r)
-        bad(at, fmt::format("file {} is given as rank {} here and as rank {} elsewhere", f, r,
-                            at_rank->second));
+        bad(at, fmt::format("file {} is given as rank {} here and as rank {} elsewhere",
+                            file_text(f), r, at_rank->second));
       meta.blocks[static_cast<size_t>(k)].push_back(f);
     }
   }
@@ -371,7 +377,7 @@ Iteration read_iteration(const fs::path& dir) {
     for (size_t k = 0; k < meta.blocks.size(); ++k)
       if (meta.blocks[k].empty())
         fail("{}: parameter {}: no file stores slice {} (storage_data has no key ('{}', ({},)))",
-             file, meta.name, k, meta.name, k);
+             file, file_text(meta.name), k, meta.name.substr(0, kQuoteLimit), k);
 
   std::error_code ec;
   for (const auto& [name, rank] : rank_of) {
@@ -381,7 +387,7 @@ Iteration read_iteration(const fs::path& dir) {
            *kind);
     if (!fs::is_regular_file(path, ec))
       fail("{}: {} names {}, which is missing; copy the whole iteration directory", path.string(),
-           kMetadataFile, name);
+           kMetadataFile, file_text(name));
     it.files.push_back({path, rank});
   }
   std::stable_sort(it.files.begin(), it.files.end(), [](const StoredFile& a, const StoredFile& b) {

@@ -21,7 +21,8 @@
 #include "ckptfs/util/fd.h"
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/pread.h"
-#include "ckptfs/util/printable.h"
+#include "ckptfs/util/quote.h"
+#include "ckptfs/util/shape_text.h"
 
 namespace ckptfs::safetensors {
 
@@ -73,13 +74,14 @@ class HeaderEvents {
     if (!not_object_.empty()) return true;
     if (open_.empty()) {
       if (!names_.insert(k).second)
-        fail("{}: safetensors header names tensor \"{}\" twice", name_, k);
+        fail("{}: safetensors header names tensor {} twice", name_, file_text(k));
       member_.key = std::move(k);
       return true;
     }
     if (open_.size() == 1) member_.keys.push_back(k);
     auto [at, inserted] = open_.back()->get_ref<Json::object_t&>().try_emplace(k);
-    if (!inserted) fail("{}: safetensors header: \"{}\" names \"{}\" twice", name_, member_.key, k);
+    if (!inserted) fail("{}: safetensors header: {} names {} twice", name_, file_text(member_.key),
+           file_text(k));
     slot_ = &at->second;
     return true;
   }
@@ -91,12 +93,12 @@ class HeaderEvents {
       fail(
           "{}: byte offset {}: safetensors header is not valid UTF-8 JSON ({}); the file is "
           "damaged or not a safetensors file",
-          name_, kLengthBytes + (position > 0 ? position - 1 : 0), e.what());
+          name_, kLengthBytes + (position > 0 ? position - 1 : 0), json_error_text(e.what()));
     // Valid JSON that cannot be held, such as a number beyond a double's range.
     fail(
         "{}: safetensors header cannot be read ({}); the file is damaged or not a safetensors "
         "file",
-        name_, e.what());
+        name_, json_error_text(e.what()));
   }
 
  private:
@@ -170,58 +172,60 @@ std::vector<std::pair<std::string, std::string>> read_metadata(const Member& mem
   for (const std::string& key : member.keys) {
     const Json& v = value.at(key);
     if (!v.is_string())
-      fail("{}: safetensors __metadata__ \"{}\" is a JSON {}, not a string", name, key,
+      fail("{}: safetensors __metadata__ {} is a JSON {}, not a string", name, file_text(key),
            v.type_name());
     out.emplace_back(key, v.get<std::string>());
   }
   return out;
 }
 
-Tensor read_tensor(const std::string& key, const Json& v, const std::string& name) {
+// `file_size` bounds the numbers an error may quote (ckptfs/util/quote.h).
+Tensor read_tensor(const std::string& key, const Json& v, const std::string& name,
+                   uint64_t file_size) {
   Tensor t;
   t.name = key;
   if (!v.is_object())
-    fail("{}: tensor \"{}\": entry is a JSON {}, not an object", name, key, v.type_name());
+    fail("{}: tensor {}: entry is a JSON {}, not an object", name, file_text(key), v.type_name());
   const auto dtype = v.find("dtype");
   if (dtype == v.end() || !dtype->is_string())
-    fail("{}: tensor \"{}\": no \"dtype\" string", name, key);
+    fail("{}: tensor {}: no \"dtype\" string", name, file_text(key));
   t.code = dtype->get<std::string>();
   if (!dtype_by_code(t.code))  // escaped: a NUL would end the message, a newline split it
     fail(
-        "{}: tensor \"{}\": dtype \"{}\" is not one of BOOL U8 I8 I16 U16 I32 U32 I64 U64 F16 "
+        "{}: tensor {}: dtype {} is not one of BOOL U8 I8 I16 U16 I32 U32 I64 U64 F16 "
         "BF16 F32 F64, the types MindSpore reads",
-        name, printable(key), printable(t.code));
+        name, file_text(key), file_text(t.code));
   const auto shape = v.find("shape");
   if (shape == v.end() || !shape->is_array())
-    fail("{}: tensor \"{}\": no \"shape\" array", name, key);
+    fail("{}: tensor {}: no \"shape\" array", name, file_text(key));
   for (const Json& d : *shape) {
     if (!is_count(d) ||
         (d.is_number_unsigned() &&
          d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
-      fail("{}: tensor \"{}\": shape {} is not a list of non-negative integers", name, key,
-           shape->dump());
+      fail("{}: tensor {}: shape is not a list of non-negative integers", name, file_text(key));
     t.shape.push_back(d.get<int64_t>());
   }
   const auto offsets = v.find("data_offsets");
   if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2 ||
       !is_count((*offsets)[0]) || !is_count((*offsets)[1]))
-    fail("{}: tensor \"{}\": \"data_offsets\" is not two non-negative integers", name, key);
+    fail("{}: tensor {}: \"data_offsets\" is not two non-negative integers", name, file_text(key));
   t.begin = (*offsets)[0].get<uint64_t>();
   t.end = (*offsets)[1].get<uint64_t>();
   if (t.end < t.begin)
-    fail("{}: tensor \"{}\": data_offsets [{},{}] end before they begin", name, key, t.begin,
-         t.end);
+    fail("{}: tensor {}: data_offsets end before they begin", name, file_text(key));
   // Element count x size, refusing overflow rather than wrapping to a plausible number.
   uint64_t bytes = dtype_by_code(t.code)->size;
   for (int64_t d : t.shape) {
     const uint64_t u = static_cast<uint64_t>(d);
     if (u != 0 && bytes > std::numeric_limits<uint64_t>::max() / u)
-      fail("{}: tensor \"{}\": shape {} overflows 64 bits of bytes", name, key, shape->dump());
+      fail("{}: tensor {}: its shape overflows 64 bits of bytes", name, file_text(key));
     bytes *= u;
   }
   if (bytes != t.end - t.begin)
-    fail("{}: tensor \"{}\": {} shape {} is {} bytes, but data_offsets [{},{}] hold {}", name, key,
-         t.code, shape->dump(), bytes, t.begin, t.end, t.end - t.begin);
+    fail("{}: tensor {}: {} shape {} is {} bytes, but data_offsets [{},{}] hold {}", name,
+         file_text(key), t.code, file_shape(t.shape, file_size), file_number(bytes, file_size),
+         file_number(t.begin, file_size), file_number(t.end, file_size),
+         file_number(t.end - t.begin, file_size));
   return t;
 }
 
@@ -247,14 +251,14 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
   for (size_t i = 0; i < kLengthBytes; ++i) h.header_bytes |= uint64_t{len[i]} << (8 * i);
   if (h.header_bytes > kMaxHeaderBytes)
     fail(
-        "{}: byte offset 0: safetensors header length {} is over the 100 MB limit of the "
-        "reference reader; the file is damaged or not a safetensors file",
-        name, h.header_bytes);
+        "{}: byte offset 0: the safetensors header length field is over the 100 MB limit of the "
+        "reference reader; the file ({} bytes) is damaged or not a safetensors file",
+        name, h.file_size);
   if (h.header_bytes > h.file_size - kLengthBytes)
     fail(
-        "{}: byte offset 0: safetensors header length {} runs past the end of the {}-byte file "
-        "(truncated?)",
-        name, h.header_bytes, h.file_size);
+        "{}: byte offset 0: the safetensors header length field is larger than the file ({} "
+        "bytes): truncated, or not a safetensors file",
+        name, h.file_size);
 
   std::string text(h.header_bytes, '\0');
   read(kLengthBytes, std::span<uint8_t>(reinterpret_cast<uint8_t*>(text.data()), text.size()));
@@ -262,7 +266,7 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
     if (m.key == kMetadataKey)
       h.metadata = read_metadata(m, name);
     else
-      h.tensors.push_back(read_tensor(m.key, m.value, name));
+      h.tensors.push_back(read_tensor(m.key, m.value, name, h.file_size));
   });
   Json::sax_parse(text, &events);
   if (!events.not_object().empty())
@@ -279,12 +283,16 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
   for (const Tensor& t : h.tensors) {
     if (t.begin != at) {
       if (t.begin < at)
-        fail("{}: tensor \"{}\": data_offsets [{},{}] overlap tensor \"{}\" [{},{}]", name, t.name,
-             t.begin, t.end, prev->name, prev->begin, prev->end);
+        fail("{}: tensor {}: data_offsets [{},{}] overlap tensor {} [{},{}]", name,
+             file_text(t.name), file_number(t.begin, h.file_size), file_number(t.end, h.file_size),
+             file_text(prev->name), file_number(prev->begin, h.file_size),
+             file_number(prev->end, h.file_size));
       fail(
-          "{}: tensor \"{}\": data_offsets [{},{}] leave bytes [{},{}) of the data section "
+          "{}: tensor {}: data_offsets [{},{}] leave bytes [{},{}) of the data section "
           "unused",
-          name, t.name, t.begin, t.end, at, t.begin);
+          name, file_text(t.name), file_number(t.begin, h.file_size),
+          file_number(t.end, h.file_size), file_number(at, h.file_size),
+          file_number(t.begin, h.file_size));
     }
     at = t.end;
     prev = &t;
@@ -294,7 +302,7 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
     fail(
         "{}: the tensors cover {} bytes of a {}-byte data section (byte offset {}); the file is "
         "{}",
-        name, at, data_bytes, h.data_start(),
+        name, file_number(at, h.file_size), data_bytes, h.data_start(),
         at > data_bytes ? "truncated"
                         : "longer than its "
                           "header says");
@@ -307,8 +315,8 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
       for (Tensor& t : h.tensors) by_name.emplace(t.name, &t);
     const auto it = by_name.find(key);
     if (it == by_name.end())
-      fail("{}: __metadata__ marks \"{}\" as Int4, but the file has no tensor of that name", name,
-           key);
+      fail("{}: __metadata__ marks {} as Int4, but the file has no tensor of that name", name,
+           file_text(key));
     it->second->int4 = true;
   }
   return h;

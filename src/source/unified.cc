@@ -8,6 +8,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/util/open_path.h"
+#include "ckptfs/util/quote.h"
 
 namespace ckptfs::source {
 
@@ -40,9 +41,9 @@ std::optional<UnifiedDir> read_unified(const fs::path& dir) {
     doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     fail("{}: byte offset {}: not valid JSON ({})", map_path.string(), e.byte > 0 ? e.byte - 1 : 0,
-         e.what());
+         json_error_text(e.what()));
   } catch (const nlohmann::json::exception& e) {  // e.g. a number beyond a double's range
-    fail("{}: not valid JSON ({})", map_path.string(), e.what());
+    fail("{}: not valid JSON ({})", map_path.string(), json_error_text(e.what()));
   }
   // >= 2.6 wraps the map; 2.4 and 2.5 write it flat.
   const nlohmann::json* map = &doc;

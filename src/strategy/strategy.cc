@@ -18,6 +18,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/util/json_int.h"
 #include "ckptfs/util/open_path.h"
+#include "ckptfs/util/quote.h"
 #include "strategy.pb.h"
 
 namespace ckptfs::strategy {
@@ -175,9 +176,9 @@ FileStrategy parse_protobuf(const std::string& bytes, const std::string& file) {
   for (const pb::ParallelLayoutItem& item : map.parallel_layout_item()) {
     const pb::ParallelLayouts& in = item.parallel_layouts();
     if (in.dev_matrix_size() == 0)
-      fail("{}: parameter {}: layout has no dev_matrix", file, item.param_name());
+      fail("{}: parameter {}: layout has no dev_matrix", file, file_text(item.param_name()));
     if (in.tensor_map_size() == 0)
-      fail("{}: parameter {}: layout has no tensor_map", file, item.param_name());
+      fail("{}: parameter {}: layout has no tensor_map", file, file_text(item.param_name()));
     ParamLayout layout;
     layout.dev_matrix.assign(in.dev_matrix(0).dim().begin(), in.dev_matrix(0).dim().end());
     layout.tensor_map = tensor_map_of(in);
@@ -205,7 +206,7 @@ struct JsonPlace {
 };
 
 [[noreturn]] void json_fail(const JsonPlace& at, std::string_view what) {
-  fail("{}: parameter {}: \"{}\" {}", at.file, at.param, at.key, what);
+  fail("{}: parameter {}: \"{}\" {}", at.file, file_text(at.param), at.key, what);
 }
 
 int64_t json_int(const Json& value, const JsonPlace& at, int64_t lo, int64_t hi) {
@@ -219,7 +220,7 @@ std::vector<int64_t> json_ints(const Json& value, const JsonPlace& at, int64_t l
 const Json& json_required(const Json& object, const JsonPlace& at) {
   auto it = object.find(at.key);
   if (it == object.end())
-    fail("{}: parameter {}: required key \"{}\" is missing", at.file, at.param, at.key);
+    fail("{}: parameter {}: required key \"{}\" is missing", at.file, file_text(at.param), at.key);
   return *it;
 }
 
@@ -249,7 +250,8 @@ ParamLayout json_layout(const Json& object, const std::string& file, std::string
   constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
   constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
   constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
-  if (!object.is_object()) fail("{}: parameter {}: layout is not a JSON object", file, param);
+  if (!object.is_object())
+    fail("{}: parameter {}: layout is not a JSON object", file, file_text(param));
   auto place = [&](std::string_view key) { return JsonPlace{file, param, key}; };
   auto required = [&](std::string_view key) -> const Json& {
     return json_required(object, place(key));
@@ -286,7 +288,7 @@ FileStrategy parse_json(const std::string& text, const std::string& file) {
   try {
     doc = Json::parse(text);
   } catch (const Json::exception& e) {
-    fail("{}: not a JSON strategy file: {}", file, e.what());
+    fail("{}: not a JSON strategy file: {}", file, json_error_text(e.what()));
   }
   if (!doc.is_object()) fail("{}: not a JSON strategy file: top level is not an object", file);
 
@@ -296,7 +298,8 @@ FileStrategy parse_json(const std::string& text, const std::string& file) {
     if (!items->is_object()) fail("{}: \"parallel_strategy_item\" is not a JSON object", file);
     const std::string first = first_strategy_item(text);
     for (const auto& [node, item] : items->items()) {
-      if (!item.is_object()) fail("{}: strategy item {} is not a JSON object", file, node);
+      if (!item.is_object())
+        fail("{}: strategy item {} is not a JSON object", file, file_text(node));
       const JsonPlace stage_at{file, node, "stage"};
       OperatorStrategy op;
       op.stage = static_cast<uint32_t>(json_int(json_required(item, stage_at), stage_at, 0,
@@ -362,15 +365,16 @@ class Merger {
       uint32_t stage = file_stage;
       std::string_view name = written;
       if (auto split = split_stage(written)) std::tie(stage, name) = *split;
-      if (name.empty()) fail("{}: layout item \"{}\" has an empty parameter name", f.file, written);
+      if (name.empty())
+        fail("{}: layout item {} has an empty parameter name", f.file, file_text(written));
       check_devices(f.file, written, layout);
 
       StrategyParam& param = out_.params[std::string(name)];
       param.name = std::string(name);
       auto [it, inserted] = param.stages.emplace(stage, layout);
       if (!inserted && !(it->second == layout))
-        fail("{}: parameter {} is listed twice for stage {} with different layouts", f.file, name,
-             stage);
+        fail("{}: parameter {} is listed twice for stage {} with different layouts", f.file,
+             file_text(name), stage);
     }
   }
 
@@ -393,17 +397,18 @@ class Merger {
  private:
   // Global rank = stage * N + local needs one device count for every layout (§3.3, §7).
   void check_devices(const std::string& file, std::string_view name, const ParamLayout& layout) {
-    if (layout.dev_matrix.empty()) fail("{}: parameter {}: dev_matrix is empty", file, name);
+    if (layout.dev_matrix.empty())
+      fail("{}: parameter {}: dev_matrix is empty", file, file_text(name));
     int64_t product = 1;
     for (int64_t d : layout.dev_matrix) {
       if (d <= 0)
-        fail("{}: parameter {}: dev_matrix [{}] has a non-positive axis", file, name,
+        fail("{}: parameter {}: dev_matrix [{}] has a non-positive axis", file, file_text(name),
              fmt::join(layout.dev_matrix, ","));
       if (product > kMaxRanks / d)
         fail(
             "{}: parameter {}: dev_matrix [{}] spans more than {} devices, which ckptfs does "
             "not serve; check that this is the right strategy file",
-            file, name, fmt::join(layout.dev_matrix, ","), kMaxRanks);
+            file, file_text(name), fmt::join(layout.dev_matrix, ","), kMaxRanks);
       product *= d;
     }
     if (ref_param_.empty()) {
@@ -414,7 +419,8 @@ class Merger {
       fail(
           "{}: parameter {}: dev_matrix [{}] spans {} devices, but parameter {} in {} spans {}; "
           "every layout must span the same devices per stage",
-          file, name, fmt::join(layout.dev_matrix, ","), product, ref_param_, ref_file_, devices_);
+          file, file_text(name), fmt::join(layout.dev_matrix, ","), product, file_text(ref_param_),
+          ref_file_, devices_);
     }
   }
 

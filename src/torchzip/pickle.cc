@@ -14,6 +14,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/util/view_reach.h"
+#include "ckptfs/util/quote.h"
 
 namespace ckptfs::torchzip {
 
@@ -158,9 +159,16 @@ class Machine {
          fmt::format(format, std::forward<Args>(args)...));
   }
 
+  // The largest number a message may quote (ckptfs/util/quote.h): the pickle's bytes and a
+  // storage record's are both in the archive, which is at least as large as either.
+  uint64_t quote_bound(uint64_t record_bytes) const {
+    return std::max<uint64_t>(data_.size(), record_bytes);
+  }
+
   // --- reading arguments ---
   const char* take(uint64_t n) {
-    if (n > data_.size() - pos_) error("an argument of {} bytes runs past the pickle's end", n);
+    if (n > data_.size() - pos_)
+      error("an argument of {} bytes runs past the pickle's end", file_number(n, data_.size()));
     const char* p = data_.data() + pos_;
     pos_ += n;
     return p;
@@ -267,7 +275,9 @@ class Machine {
 
   uint32_t int_value(int64_t x) { return make(Kind::Int, static_cast<uint64_t>(x)); }
   uint32_t long_value(uint64_t n) {
-    if (n > 8) error("an integer of {} bytes; only 64-bit integers are supported", n);
+    if (n > 8)
+      error("an integer of {} bytes; only 64-bit integers are supported",
+            file_number(n, data_.size()));
     const char* p = take(n);
     uint64_t u = 0;
     for (uint64_t i = 0; i < n; ++i) u |= uint64_t{static_cast<uint8_t>(p[i])} << (8 * i);
@@ -370,7 +380,7 @@ class Machine {
     error(
         "unsupported object {} (only tensors, torch.Size, dtypes and plain containers and "
         "scalars are read; nothing is executed)",
-        full);
+        file_text(full));
   }
   const Global& as_global(uint32_t id) const { return globals_[v(id).payload]; }
 
@@ -384,26 +394,30 @@ class Machine {
       error("a persistent id that is not ('storage', class, key, location, numel)");
     const Global& cls = as_global(t[1]);
     if (cls.fn != Fn::StorageClass && cls.fn != Fn::UntypedStorage)
-      error("a persistent id naming {}, not a storage class", cls.name);
+      error("a persistent id naming {}, not a storage class", file_text(cls.name));
     const int32_t dtype = cls.fn == Fn::StorageClass ? static_cast<int32_t>(cls.dtype) : -1;
     const std::string& key = str(t[2]);
     const auto numel = static_cast<int64_t>(v(t[4]).payload);
-    if (numel < 0) error("storage {} has a negative size {}", key, numel);
+    if (numel < 0) error("storage {} has a negative size", file_text(key));
     auto found = storage_ids_.find(key);
     if (found != storage_ids_.end()) {
       const Storage& s = storages_[found->second];
       if (s.dtype != dtype || s.numel != static_cast<uint64_t>(numel))
-        error("storage {} is referenced with two different types or sizes", key);
+        error("storage {} is referenced with two different types or sizes", file_text(key));
       return make(Kind::Storage, found->second);
     }
     const std::optional<uint64_t> bytes = record_size_(key);
-    if (!bytes) error("storage {} has no record data/{} in the archive", key, key);
+    if (!bytes)
+      error("storage {} has no record {} in the archive", file_text(key), file_text("data/" + key));
     const unsigned __int128 need =
         static_cast<unsigned __int128>(numel) * (dtype < 0 ? 1 : kDtypes[dtype].element_size);
     if (need != *bytes)
-      error("storage {} ({} of {} elements) needs {} bytes but record data/{} holds {}", key,
-            dtype < 0 ? "UntypedStorage" : kDtypes[dtype].storage_class, numel,
-            static_cast<uint64_t>(std::min<unsigned __int128>(need, UINT64_MAX)), key, *bytes);
+      error("storage {} ({} of {} elements) needs {} bytes but record {} holds {}", file_text(key),
+            dtype < 0 ? "UntypedStorage" : kDtypes[dtype].storage_class,
+            file_number(static_cast<uint64_t>(numel), quote_bound(*bytes)),
+            file_number(static_cast<uint64_t>(std::min<unsigned __int128>(need, UINT64_MAX)),
+                        quote_bound(*bytes)),
+            file_text("data/" + key), *bytes);
     charge(2 * (kHashEntryCost + key.size()));
     storages_.push_back({key, dtype, static_cast<uint64_t>(numel), *bytes});
     storage_ids_.emplace(key, storages_.size() - 1);
@@ -438,25 +452,28 @@ class Machine {
         error("{}: the dtype argument is not a torch dtype", fn);
       dtype = as_global(a[dtype_arg]).dtype;
     } else {
-      if (s.dtype < 0) error("{}: storage {} is untyped but no dtype is given", fn, s.key);
+      if (s.dtype < 0)
+        error("{}: storage {} is untyped but no dtype is given", fn, file_text(s.key));
       dtype = static_cast<uint32_t>(s.dtype);
     }
     t.dtype = &kDtypes[dtype];
-    if (offset < 0) error("tensor on storage {}: negative storage offset {}", s.key, offset);
+    if (offset < 0) error("tensor on storage {}: negative storage offset", file_text(s.key));
     if (t.shape.size() != t.stride.size())
-      error("tensor on storage {}: size has {} dimensions, stride {}", s.key, t.shape.size(),
-            t.stride.size());
+      error("tensor on storage {}: size has {} dimensions, stride {}", file_text(s.key),
+            t.shape.size(), t.stride.size());
     for (size_t k = 0; k < t.shape.size(); ++k)
       if (t.shape[k] < 0 || t.stride[k] < 0)
-        error("tensor on storage {}: negative size or stride", s.key);
+        error("tensor on storage {}: negative size or stride", file_text(s.key));
     const std::optional<ViewReach> reach =
         view_reach(t.shape, t.stride, static_cast<uint64_t>(offset), t.dtype->element_size);
-    if (!reach) error("tensor on storage {}: too many elements", s.key);
+    if (!reach) error("tensor on storage {}: too many elements", file_text(s.key));
     if (reach->end > s.bytes)
       error(
-          "tensor on storage {} (offset {}, size [{}], stride [{}]) reaches past the {} bytes "
-          "of record data/{}",
-          s.key, offset, fmt::join(t.shape, ","), fmt::join(t.stride, ","), s.bytes, s.key);
+          "tensor on storage {} (offset {}, size {}, stride {}) reaches past the {} bytes "
+          "of record {}",
+          file_text(s.key), file_number(static_cast<uint64_t>(offset), quote_bound(s.bytes)),
+          file_shape(t.shape, quote_bound(s.bytes)), file_shape(t.stride, quote_bound(s.bytes)),
+          s.bytes, file_text("data/" + s.key));
     t.storage_offset = static_cast<uint64_t>(offset);
     charge(kTensorCost + s.key.size() + 16 * t.shape.size());
     tensors_.push_back(std::move(t));

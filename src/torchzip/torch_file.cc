@@ -11,6 +11,7 @@
 #include "ckptfs/torchzip/zip.h"
 #include "ckptfs/util/fd.h"
 #include "ckptfs/util/open_path.h"
+#include "ckptfs/util/quote.h"
 #include "io.h"
 
 namespace ckptfs::torchzip {
@@ -18,7 +19,8 @@ namespace ckptfs::torchzip {
 namespace {
 
 std::string small_record(int fd, const std::string& name, const ZipRecord& r) {
-  if (r.size > 64) fail("{}: record {} is {} bytes, expected a few", name, r.name, r.size);
+  if (r.size > 64)
+    fail("{}: record {} is {} bytes, expected a few", name, file_text(r.name), r.size);
   std::string s(r.size, '\0');
   read_exact(fd, name, r.data_offset, s.data(), s.size());
   return s;
@@ -36,7 +38,7 @@ ckpt::FileScan scan_torch_fd(int fd, const std::string& name) {
   for (const ZipRecord& r : zip.records)
     if (r.name == "constants.pkl" || r.name.rfind("code/", 0) == 0)
       fail("{}: a TorchScript archive (record {}), not a torch.save state: save the state_dict",
-           name, r.name);
+           name, file_text(r.name));
   const ZipRecord* version = zip.find("version");
   if (!version) version = zip.find(".data/version");
   if (!version) fail("{}: no version record in the archive", name);
@@ -46,13 +48,14 @@ ckpt::FileScan scan_torch_fd(int fd, const std::string& name) {
     int v = 0;
     for (char c : text) v = (c >= '0' && c <= '9' && v < 100) ? v * 10 + (c - '0') : 1000;
     if (text.empty() || v < 1 || v > 10)
-      fail("{}: record {} holds \"{}\", not a version from 1 to 10", name, version->name, text);
+      fail("{}: record {} holds {}, not a version from 1 to 10", name, file_text(version->name),
+           file_text(text));
   }
   if (const ZipRecord* order = zip.find("byteorder")) {
     const std::string text = small_record(fd, name, *order);
     if (text != "little")
       fail("{}: storages are stored {}-endian (record byteorder); only little-endian is read", name,
-           text);
+           text == "big" ? text : file_text(text));
   }
   const ZipRecord* pickle = zip.find("data.pkl");
   if (!pickle) fail("{}: no data.pkl record in the archive", name);

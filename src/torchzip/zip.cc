@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "ckptfs/error.h"
+#include "ckptfs/util/quote.h"
 #include "io.h"
 
 namespace ckptfs::torchzip {
@@ -84,7 +85,7 @@ EndOfDirectory find_end(int fd, const std::string& name, uint64_t size) {
       const uint64_t z = le64(loc + 8);
       if (z > end.end_offset - kLocatorSize || end.end_offset - kLocatorSize - z < kZip64EndSize)
         fail("{}: byte offset {}: the zip64 locator points at {}, outside the file", name,
-             end.end_offset - kLocatorSize, z);
+             end.end_offset - kLocatorSize, file_number(z, size));
       char rec[kZip64EndSize];
       read_exact(fd, name, z, rec, sizeof rec);
       if (le32(rec) != kZip64EndSig)
@@ -96,14 +97,13 @@ EndOfDirectory find_end(int fd, const std::string& name, uint64_t size) {
     }
   }
   if (end.entries > kMaxRecords)
-    fail("{}: the zip directory claims {} records, more than the limit of {}", name, end.entries,
-         kMaxRecords);
+    fail("{}: the zip directory claims more records than the limit of {}", name, kMaxRecords);
   if (end.offset > end.end_offset || end.size > end.end_offset - end.offset)
     fail("{}: the zip central directory ({} bytes at {}) runs past its end record at {}", name,
-         end.size, end.offset, end.end_offset);
+         file_number(end.size, size), file_number(end.offset, size), end.end_offset);
   if (end.size > kMaxDirectoryBytes)
-    fail("{}: the zip central directory is {} bytes, more than the limit of {}", name, end.size,
-         kMaxDirectoryBytes);
+    fail("{}: the zip central directory is {} bytes, more than the limit of {}", name,
+         file_number(end.size, size), kMaxDirectoryBytes);
   return end;
 }
 
@@ -178,24 +178,27 @@ ZipArchive read_zip(int fd, const std::string& name) {
     if (i == 0) zip.folder = full.substr(0, full.find('/'));
     if (full.size() <= zip.folder.size() + 1 ||
         full.compare(0, zip.folder.size(), zip.folder) != 0 || full[zip.folder.size()] != '/')
-      fail("{}: record {} is not under the archive's folder {}/", name, full, zip.folder);
+      fail("{}: record {} is not under the archive's folder {}", name, file_text(full),
+           file_text(zip.folder + "/"));
     if (method != 0)
-      fail("{}: record {} is compressed (method {}); torch.save stores records uncompressed", name,
-           full, method);
+      fail("{}: record {} is compressed; torch.save stores records uncompressed", name,
+           file_text(full));
     if (csize != usize)
-      fail("{}: record {}: stored sizes disagree ({} and {})", name, full, csize, usize);
+      fail("{}: record {}: stored sizes disagree ({} and {})", name, file_text(full),
+           file_number(csize, zip.file_size), file_number(usize, zip.file_size));
 
     char local[30];
     if (offset > zip.file_size || zip.file_size - offset < sizeof local)
-      fail("{}: record {}: its local header at byte offset {} is outside the file", name, full,
-           offset);
+      fail("{}: record {}: its local header is outside the file ({} bytes)", name, file_text(full),
+           zip.file_size);
     read_exact(fd, name, offset, local, sizeof local);
     if (le32(local) != kLocalSig)
-      fail("{}: byte offset {}: no local header for record {}", name, offset, full);
+      fail("{}: byte offset {}: no local header for record {}", name, offset, file_text(full));
     const uint64_t data = offset + 30 + le16(local + 26) + le16(local + 28);
     if (data > end.offset || usize > end.offset - data)
       fail("{}: record {}: {} bytes at byte offset {} run past the central directory at {}", name,
-           full, usize, data, end.offset);
+           file_text(full), file_number(usize, zip.file_size), file_number(data, zip.file_size),
+           end.offset);
     zip.records.push_back({full.substr(zip.folder.size() + 1), offset, data, usize, crc});
   }
 
@@ -221,8 +224,8 @@ ZipArchive read_zip(int fd, const std::string& name) {
     const ZipRecord& a = *by_offset[i - 1];
     const ZipRecord& b = *by_offset[i];
     if (a.data_offset + a.size > b.header_offset)
-      fail("{}: records {} and {} overlap (byte offsets {} and {})", name, a.name, b.name,
-           a.data_offset, b.header_offset);
+      fail("{}: records {} and {} overlap (byte offsets {} and {})", name, file_text(a.name),
+           file_text(b.name), a.data_offset, b.header_offset);
   }
   return zip;
 }

@@ -354,7 +354,7 @@ TEST_F(ScannerTest, ChunkedParameter) {
 TEST_F(ScannerTest, ChunksThatDisagreeAreRefused) {
   std::string other_dims = chunk_c(3, 4);
   other_dims[8] = 0x05;  // dims [5]
-  EXPECT_THAT(expect_error(chunk_c(1, 2) + other_dims, 19), HasSubstr("'c'"));
+  EXPECT_THAT(expect_error(chunk_c(1, 2) + other_dims, 19), HasSubstr("\"c\""));
   std::string other_type = chunk_c(3, 4);
   other_type[14] = '6';  // "Int6": same length, another type
   EXPECT_THAT(expect_error(chunk_c(1, 2) + other_type, 19), HasSubstr("type"));
@@ -364,7 +364,7 @@ TEST_F(ScannerTest, ChunksThatDisagreeAreRefused) {
 TEST_F(ScannerTest, ChunkContentMustSumToShape) {
   // One chunk alone holds 2 of the 4 bytes [4] x Int8 needs.
   const std::string msg = expect_error(kW + chunk_c(1, 2) + kNote, 28);
-  EXPECT_THAT(msg, HasSubstr("'c'"));
+  EXPECT_THAT(msg, HasSubstr("\"c\""));
   EXPECT_THAT(msg, HasSubstr("2 content bytes"));
 }
 
@@ -464,7 +464,8 @@ TEST_F(ScannerTest, MalformedInputsNameTheOffset) {
   EXPECT_THAT(expect_error(bytes({0x0A}) + std::string(11, '\xFF') + std::string(20, 'a'), 1),
               HasSubstr("malformed varint"));
   // A record length beyond the end of the file (the corrupt fixture's failure).
-  EXPECT_THAT(expect_error(bytes({0x0A, 0x40}) + kW.substr(2), 1), HasSubstr("runs past byte"));
+  EXPECT_THAT(expect_error(bytes({0x0A, 0x40}) + kW.substr(2), 1),
+              HasSubstr("length of Checkpoint.value is larger than the whole file (28 bytes)"));
   // A tag longer than its Value, though still inside the file.
   EXPECT_THAT(expect_error(bytes({0x0A, 0x03, 0x0A, 0x05}) + "abcde" + kW, 3),
               HasSubstr("length 5 of tag"));
@@ -476,7 +477,7 @@ TEST_F(ScannerTest, MalformedInputsNameTheOffset) {
   EXPECT_THAT(expect_error(kW + bytes({0x00}), 28), HasSubstr("invalid field key"));
   EXPECT_THAT(expect_error(bytes({0x13, 0x14}), 0), HasSubstr("group"));
   EXPECT_THAT(expect_error(bytes({0x16, 0x00}), 0), HasSubstr("invalid wire type"));
-  EXPECT_THAT(expect_error(bytes({0x08, 0x01}), 0), HasSubstr("wire type 0"));
+  EXPECT_THAT(expect_error(bytes({0x08, 0x01}), 0), HasSubstr("wrong wire type (expected 2)"));
   // A CRC trailer is only recognized at the very end: elsewhere 0x63 is a start-group key.
   EXPECT_THAT(expect_error(kCrcTrailer + kW, 0), HasSubstr("group"));
 }
@@ -496,7 +497,7 @@ TEST_F(ScannerTest, NegativeDimsAreRefused) {
   const std::string tensor =
       varint_field(1, static_cast<uint64_t>(int64_t{-1})) + len_field(2, "Int8") + len_field(3, "");
   EXPECT_THAT(expect_error(len_field(1, len_field(1, "n") + len_field(2, tensor)), 8),
-              HasSubstr("negative dimension -1"));
+              HasSubstr("negative dimension"));
 }
 
 TEST_F(ScannerTest, ContentSizeMustMatchShape) {
@@ -505,7 +506,7 @@ TEST_F(ScannerTest, ContentSizeMustMatchShape) {
                                  0x07, 'F',  'l',  'o',  'a', 't',  '3',  '2',  0x1A, 0x0C}) +
                           std::string(12, '\0');
   const std::string msg = expect_error(kEpoch23 + w12, 32);
-  EXPECT_THAT(msg, HasSubstr("'w'"));
+  EXPECT_THAT(msg, HasSubstr("\"w\""));
   EXPECT_THAT(msg, HasSubstr("12 content bytes"));
   EXPECT_THAT(msg, HasSubstr("needs 8"));
   // A ≤2.2 scalar is one element: dims [0] with 0 bytes is wrong for Int64.

@@ -76,5 +76,24 @@ TEST_F(SourceAccessTest, AClosedDirectoryTakesTheBitsAway) {
   EXPECT_EQ(of(0644).read, mode_t{0444});
 }
 
+TEST_F(SourceAccessTest, ASymlinkTakesTheDirectoriesOfItsTarget) {
+  // The link sits in an open directory; the file it reaches, 0644, in a closed one.
+  ::chmod(dir_.c_str(), 0755);
+  ::chmod((dir_ / "inner").c_str(), 0700);
+  ::chmod((dir_ / "inner" / "f").c_str(), 0644);
+  std::filesystem::create_directories(dir_ / "open");
+  ::chmod((dir_ / "open").c_str(), 0755);
+  const std::filesystem::path link = dir_ / "open" / "link";
+  std::filesystem::create_symlink(dir_ / "inner" / "f", link);
+  struct stat st {};
+  ASSERT_EQ(::stat(link.c_str(), &st), 0);
+  DirStats dirs;
+  EXPECT_EQ(source_access(link, st, dirs).read, mode_t{0400});
+  // A symlinked directory above the file likewise.
+  std::filesystem::create_directory_symlink(dir_ / "inner", dir_ / "open" / "rank_0");
+  DirStats more;
+  EXPECT_EQ(source_access(dir_ / "open" / "rank_0" / "f", st, more).read, mode_t{0400});
+}
+
 }  // namespace
 }  // namespace ckptfs::fs

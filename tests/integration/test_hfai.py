@@ -402,7 +402,7 @@ def check_refusals(args):
     d = damaged_copy(args, "global", lambda d: patch(os.path.join(d, "PART_001.pt"),
                                                      b"collections\nOrderedDict",
                                                      b"subprocess\nOrderedDictx"))
-    refused(args, d, "PART_001.pt", "unsupported object subprocess.OrderedDictx")
+    refused(args, d, "PART_001.pt", 'unsupported object "subprocess.OrderedDictx"')
     # A chunk cut short: rank 3's proj.weight chunk of 266 elements claims 265.
     d = damaged_copy(args, "chunk", lambda d: patch(
         os.path.join(d, "PART_003.pt"), b"K\x00M\n\x01\x85", b"K\x00M\t\x01\x85"))

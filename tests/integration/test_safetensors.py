@@ -285,7 +285,7 @@ def check_bad_input(args):
     (n,) = struct.unpack("<Q", good[:8])
     damaged = {
         "huge header length": (struct.pack("<Q", 1 << 62) + good[8:], "100 MB limit"),
-        "header past the end": (struct.pack("<Q", len(good)) + good[8:], "runs past the end"),
+        "header past the end": (struct.pack("<Q", len(good)) + good[8:], "larger than the file"),
         "truncated data": (good[:-3], "truncated"),
         "trailing bytes": (good + b"\0", "longer than its header says"),
         "not JSON": (good[:8] + b"[" + good[9:], "not valid UTF-8 JSON"),

@@ -148,6 +148,21 @@ class Tree {
   // The listing's ranks, if this tree plans them lazily (else null).
   const LazyRanks* lazy() const { return lazy_.get(); }
 
+  // Who may read a file, before the mount options: its owner, group and read bits (0444 at
+  // most), as the constructor derives them from its sources.
+  struct FileAccess {
+    uid_t uid;
+    gid_t gid;
+    mode_t read;
+  };
+  // That of file `ino` of this tree (not one under /steps); nullopt if it is no such file.
+  std::optional<FileAccess> file_access(uint64_t ino) const;
+  // That of every source together, as a file reading all of them would have it: for what
+  // describes them all (the status tree). For a lazy tree, every source the listing names.
+  const FileAccess& sources_access() const { return sources_access_; }
+  // -o uid=, gid=, umask= on `st`, as stat applies them to every inode.
+  void apply_options(struct stat& st) const;
+
  private:
   // Logs one error line for a source the first time it fails, debug lines after that: a
   // changed file fails every read that touches it and must not flood the log.
@@ -201,12 +216,8 @@ class Tree {
   std::optional<uid_t> uid_override_;
   std::optional<gid_t> gid_override_;
   mode_t umask_ = 0;
-  struct FileAccess {
-    uid_t uid;
-    gid_t gid;
-    mode_t read;
-  };
   std::vector<FileAccess> file_access_;  // by target
+  FileAccess sources_access_{};
   struct timespec time_ {};
   std::vector<struct timespec> file_mtimes_;  // by target
   std::vector<struct timespec> dir_mtimes_;   // by dir
