@@ -55,9 +55,13 @@ std::string_view state_word(const index::Freshness& f) {
 
 void list(const IndexOptions& options) {
   // Listing creates nothing: no index there (or a directory that cannot be read) lists empty.
+  // A path of the wrong kind is refused, naming it, as every command does.
   const stdfs::path dir = index_dir(options);
-  std::error_code ec;
-  if (!stdfs::exists(dir / "data.mdb", ec)) {
+  bool missing = !util::directory_if_present(dir, "index directory");
+  if (!missing)
+    if (auto kind = util::wrong_kind(dir / "data.mdb", S_IFREG, &missing))
+      util::refuse_kind(dir / "data.mdb", "index file", *kind, S_IFREG);
+  if (missing) {
     fmt::print("0 files in {}\n", dir.string());
     return;
   }

@@ -130,7 +130,7 @@ def complex128_stride_overflow(args):
     pickle = tensor_pickle("ComplexDoubleStorage", 1, 2**61, [2**61 + 1], [2**63 - 1])
     path = write(os.path.join(work, "view.pt"), torch_zip(
         [("data.pkl", pickle), ("data/0", b"\0" * 16), ("version", b"3\n")]))
-    one_line_refusal(inspect(args, path), path, "storage 0")
+    one_line_refusal(inspect(args, path), path, 'storage "0"')
 
 
 def duplicate_zip_records(args):
