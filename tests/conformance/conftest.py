@@ -33,6 +33,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "framework(name): the framework a test runs")
 
 
+@pytest.fixture(autouse=True)
+def injected_failure(request):
+    """The test command's self-test (scripts/test-selftest.sh) sets CKPTFS_INJECT_FAILURE=1 to
+    prove that a failing case fails the lane: the first case that runs then fails."""
+    yield
+    if os.environ.get("CKPTFS_INJECT_FAILURE") == "1" and not STATE.get("injected"):
+        STATE["injected"] = request.node.nodeid
+        pytest.fail("failure injected (CKPTFS_INJECT_FAILURE=1)")
+
+
 @pytest.fixture(scope="session")
 def ckptfs(request):
     path = request.config.getoption("--ckptfs")
