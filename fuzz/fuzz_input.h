@@ -81,6 +81,16 @@ inline std::filesystem::path write_named(const std::string& name, const uint8_t*
   return path;
 }
 
+// The test command's self-test (scripts/test-selftest.sh) sets CKPTFS_INJECT_FAILURE=1 to prove
+// that a finding fails the fuzz stage: the target that calls this crashes on its first input.
+inline void crash_if_injected() {
+  static const bool injected = [] {
+    const char* value = std::getenv("CKPTFS_INJECT_FAILURE");
+    return value != nullptr && std::string_view(value) == "1";
+  }();
+  if (injected) __builtin_trap();
+}
+
 // The input as text, split at each '\n' (an input without one is one line).
 inline std::vector<std::string_view> lines_of(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

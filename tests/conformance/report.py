@@ -1,10 +1,16 @@
-"""The results table of docs/CONFORMANCE.md, rewritten between its two marker lines.
+"""The results table of the conformance lane: a full run writes it to a file of its own
+(build/conformance-results.md); `scripts/conformance.sh --refresh-doc` copies the last one into
+docs/CONFORMANCE.md between its two marker lines, a deliberate step, so that running the tests
+never changes a tracked file.
 
 Only the table and the environment line change; the text around them is hand-written. The output
-holds no times or dates, so a run with the same outcomes leaves the file unchanged.
+holds no times or dates, so a run with the same outcomes leaves the doc unchanged.
+
+    python3 tests/conformance/report.py refresh RESULTS DOC
 """
 
 import platform
+import sys
 from importlib import metadata
 
 BEGIN = "<!-- conformance-results:begin (written by scripts/conformance.sh) -->"
@@ -34,13 +40,33 @@ def render(rows):
     return "\n".join(lines)
 
 
-def write_table(path, rows):
+def write_results(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render(rows) + "\n")
+
+
+def _block(path):
+    """The text from the BEGIN marker to the END marker (inclusive) and where it is."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"{path}: no results markers ({BEGIN} ... {END})")
-    new = text[:start] + render(rows) + text[end + len(END):]
+        raise SystemExit(f"{path}: no results markers ({BEGIN} ... {END})")
+    return text, start, end + len(END)
+
+
+def refresh(results, doc):
+    """Puts the results block of `results` into `doc` in place of the one there."""
+    table, start, end = _block(results)
+    text, doc_start, doc_end = _block(doc)
+    new = text[:doc_start] + table[start:end] + text[doc_end:]
     if new != text:
-        with open(path, "w", encoding="utf-8") as f:
+        with open(doc, "w", encoding="utf-8") as f:
             f.write(new)
+    print(f"{doc}: results table {'refreshed' if new != text else 'unchanged'} from {results}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] != "refresh":
+        raise SystemExit("usage: report.py refresh RESULTS DOC")
+    refresh(sys.argv[2], sys.argv[3])

@@ -65,12 +65,35 @@ def remove_work(work):
     shutil.rmtree(work, onerror=writable_and_retry)
 
 
+# The exit status of a test that did not run what it is for (ctest's SKIP_RETURN_CODE, set in
+# tests/CMakeLists.txt): ctest reports it as skipped, and the test command fails on any skip.
+SKIP_EXIT = 77
+
+
+class Skip(Exception):
+    """Raised by a check that cannot run on this machine; never a silent early return."""
+
+
+def skip(reason):
+    """Ends the whole test as skipped, before any check ran."""
+    print(f"SKIPPED: {reason}", flush=True)
+    sys.exit(SKIP_EXIT)
+
+
+def require_tool(name, package):
+    """Skips the calling check (Checks.run) when the program `name` is not installed."""
+    if not shutil.which(name):
+        raise Skip(f"{name} is not installed (Debian package {package})")
+
+
 class Checks:
-    """Runs named checks, reports each, and exits with the summary line ctest logs."""
+    """Runs named checks, reports each, and exits with the summary line ctest logs: 0 when every
+    check passed, 1 when one failed, SKIP_EXIT when none failed but one was skipped."""
 
     def __init__(self, only=None):
         self.passed = 0
         self.failed = []
+        self.skipped = []
         self.only = only
 
     def run(self, name, fn, *args):
@@ -79,6 +102,9 @@ class Checks:
         start = time.monotonic()
         try:
             fn(*args)
+        except Skip as e:
+            self.skipped.append(name)
+            print(f"SKIP {name}: {e}", flush=True)
         except Exception:  # report every failure, then go on with the next check
             self.failed.append(name)
             print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
@@ -89,10 +115,12 @@ class Checks:
     def finish(self):
         for name in self.failed:
             print(f"failed: {name}")
-        print(f"{self.passed} passed, {len(self.failed)} failed")
+        for name in self.skipped:
+            print(f"skipped: {name}")
+        print(f"{self.passed} passed, {len(self.failed)} failed, {len(self.skipped)} skipped")
         if not self.failed and _work:
             remove_work(_work)
-        sys.exit(1 if self.failed else 0)
+        sys.exit(1 if self.failed else SKIP_EXIT if self.skipped else 0)
 
 
 def mount_points():

@@ -255,10 +255,8 @@ def two_nodes(args):
     """Two mounts in their own mount namespaces, each a node with its ranks, over one source
     tree and one index, both bind-mounted read-only; both serve byte-exact files at once and
     neither writes the shared paths."""
-    import shutil
     import subprocess
-    if not shutil.which("unshare"):
-        return
+    itest.require_tool("unshare", "util-linux")
     fx = fixture(args, "demo")
     work = os.path.join(args.work, "nodes")
     idx = os.path.join(work, "idx")
@@ -310,8 +308,7 @@ def read_only_bind_source(args):
     file system): the index is built from that path and both a mount with it and one without
     serve every target byte-exact."""
     import subprocess
-    if not shutil.which("unshare"):
-        return
+    itest.require_tool("unshare", "util-linux")
     fx = fixture(args, "demo")
     work = os.path.join(args.work, "bind")
     os.makedirs(work)

@@ -181,8 +181,7 @@ def main():
     args.ckptfs = os.path.abspath(args.ckptfs)
     checks = itest.Checks(args.only)
     if os.getuid() != 0 or not shutil.which("setpriv"):
-        print("skipped: needs root and setpriv to read as another user")
-        checks.finish()
+        itest.skip("needs root and setpriv (util-linux) to read as another user")
     checks.run("0600 sources in a 0700 directory: nobody cannot read, even with allow_other",
                private_sources, args)
     checks.run("0644 sources: nobody reads the right bytes", public_sources, args)

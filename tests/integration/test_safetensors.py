@@ -5,8 +5,9 @@
   generator wrote by construction, whole and in random windows.
 * The .safetensors view is read through mmap in the default mount mode, and parsed by an
   independent reader (json + numpy): offsets in order, tiling the data, and every tensor equal to
-  the same record of the .ckpt view parsed by Google's protobuf runtime. Where the `safetensors`
-  package imports, its loader reads the view too.
+  the same record of the .ckpt view parsed by Google's protobuf runtime. The `safetensors`
+  package's own reader (0.7.0, in build/test-venv, made by scripts/install-deps.sh) reads the view
+  too.
 * --view and --prefix; strings left out of the safetensors view with one log line.
 * Bad input: a rank directory holding both formats, sources mixing them, a huge header length,
   damaged headers, each refused at mount time with one line naming the file.
@@ -107,12 +108,22 @@ def check_windows(path, want, rng):
         os.close(fd)
 
 
+# The reference reader lives in a venv of its own (Debian 12 packages no safetensors), made from
+# /usr/bin/python3 with the system's packages visible, so this interpreter can import from it.
+TEST_VENV = os.path.join(itest.REPO, "build", "test-venv")
+
+
 def reference_safe_open():
-    """safetensors.safe_open, if the package imports (the conformance venv), else None."""
+    """safetensors.safe_open from build/test-venv; a missing venv fails the check, never skips it."""
+    import glob
+    import site
+    for packages in glob.glob(os.path.join(TEST_VENV, "lib", "python3*", "site-packages")):
+        site.addsitedir(packages)
     try:
         from safetensors import safe_open  # noqa: E402
-    except Exception:
-        return None
+    except ImportError as e:
+        raise AssertionError(f"the safetensors package is not in {TEST_VENV} ({e}): "
+                             "bash scripts/install-deps.sh makes it") from None
     return safe_open
 
 
@@ -120,8 +131,6 @@ def check_with_reference_reader(path, tensors):
     """The reference reader validates the header; every tensor numpy has a type for must be
     the bytes the independent parse found."""
     safe_open = reference_safe_open()
-    if safe_open is None:
-        return
     with safe_open(path, framework="numpy") as f:
         assert f.metadata() == {"format": "ms"}
         assert sorted(f.keys()) == sorted(n for n, *_ in tensors)
