@@ -9,10 +9,11 @@
 namespace ckptfs {
 namespace {
 
-TEST(FileText, EscapesEverythingButPrintableAscii) {
+TEST(FileText, EscapesControlsQuotesAndBytesThatAreNotUtf8) {
   EXPECT_EQ(file_text("layer.0.weight"), "\"layer.0.weight\"");
   EXPECT_EQ(file_text(std::string("a\0b", 3)), "\"a\\x00b\"");
-  EXPECT_EQ(file_text("\x1b[31m\n\"\\\xe4"), "\"\\x1b[31m\\x0a\\x22\\x5c\\xe4\"");
+  EXPECT_EQ(file_text("\x1b[31m\n\"\\\xe4"), "\"\\x1b[31m\\x0a\\x22\\\\\\xe4\"");
+  EXPECT_EQ(file_text("\xc3\xa9t\xc3\xa9"), "\"\xc3\xa9t\xc3\xa9\"");  // UTF-8 letters are kept
 }
 
 TEST(FileText, ShowsAtMostTheLimit) {

@@ -7,7 +7,8 @@
 //   larger one is described by the bound it broke (the file's size, the bytes left, a limit),
 //   never by its value, which could be any eight bytes of the file (file_number, file_shape);
 // - text read from the file (a tensor name, a dtype) goes through file_text(): at most
-//   kQuoteLimit bytes, escaped, so no control character reaches a terminal or a log line;
+//   kQuoteLimit bytes, escaped as printable() escapes them, so no control character reaches a
+//   terminal or a log line;
 // - a parser library's own message goes through json_error_text(), which cuts the input it
 //   quotes.
 // Pure functions, safe from any thread.
@@ -21,6 +22,7 @@
 #include <string>
 #include <string_view>
 
+#include "ckptfs/util/printable.h"
 #include "ckptfs/util/shape_text.h"
 
 namespace ckptfs {
@@ -28,20 +30,19 @@ namespace ckptfs {
 // Bytes of a name or type string a message shows; real names are shorter.
 inline constexpr size_t kQuoteLimit = 64;
 
-// `text` in double quotes: its first `limit` bytes with printable ASCII kept and every other
-// byte (control characters, NUL, bytes >= 0x80, the quote and the backslash) as \xNN; a longer
-// text ends with "..." and its length ("...\" (300 bytes)").
+// `text` in double quotes: its first `limit` bytes as printable() shows them (control
+// characters, NUL and bytes that are not UTF-8 escaped), the double quote as \x22 so the quoted
+// text cannot end early; a longer text ends with "..." and its length ("...\" (300 bytes)").
 inline std::string file_text(std::string_view text, size_t limit = kQuoteLimit) {
+  const std::string_view shown = text.substr(0, limit);
   std::string out = "\"";
-  const size_t n = text.size() < limit ? text.size() : limit;
-  for (size_t i = 0; i < n; ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
-      out += static_cast<char>(c);
+  for (const char c : printable(shown)) {
+    if (c == '"')
+      out += "\\x22";
     else
-      out += fmt::format("\\x{:02x}", c);
+      out += c;
   }
-  if (n < text.size()) return fmt::format("{}...\" ({} bytes)", out, text.size());
+  if (shown.size() < text.size()) return fmt::format("{}...\" ({} bytes)", out, text.size());
   out += '"';
   return out;
 }
