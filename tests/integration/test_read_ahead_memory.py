@@ -21,8 +21,14 @@ CASE = case(
     [param("w", "Float32", [2048, 1024], lay([2], [0, -1]), None)], [])
 DEFAULT_CAP = 256 * MIB
 # Beyond the blocks read ahead: the reply buffers, the worker threads and their stacks, and the
-# huge pages a freed block leaves half used. Under a sanitizer, freed blocks sit in quarantine.
+# huge pages a freed block leaves half used (measured: 8-9 MiB). Under ASan, the quarantine of
+# freed heap blocks and an eighth of what is touched for shadow memory (see margin()). TSan's
+# own memory dwarfs the figure: its stage does not run this test.
 MARGIN = 64 * MIB + (itest.ASAN_QUARANTINE_KIB * 1024 if itest.SANITIZED else 0)
+
+
+def margin(cap):
+    return MARGIN + (cap // 8 if itest.SANITIZED else 0)
 
 
 def status_kib(pid, field):
@@ -80,9 +86,9 @@ def half_read_handles(args, name, options, handles, cap):
             print(f"     -> {handles} half-read handles: daemon RSS {base / MIB:.0f} MiB before, "
                   f"peak {peak / MIB:.0f} MiB (+{grown / MIB:.0f} MiB; cap {cap / MIB:.0f} MiB)",
                   flush=True)
-            assert grown <= cap + MARGIN, (
+            assert grown <= cap + margin(cap), (
                 f"{handles} half-read handles raised the daemon's RSS by {grown / MIB:.0f} MiB, "
-                f"over the cap of {cap / MIB:.0f} MiB + {MARGIN / MIB:.0f} MiB")
+                f"over the cap of {cap / MIB:.0f} MiB + {margin(cap) / MIB:.0f} MiB")
             before = stats(mnt)["read_ahead_hits"]
             with open(target, "rb", buffering=0) as f:
                 got = b"".join(iter(lambda: f.read(MIB), b""))
