@@ -135,6 +135,8 @@ struct ParsedOptions {
   unsigned max_threads = 0;       // 0: libfuse's default
   unsigned max_idle_threads = 8;  // keeps a pool warm for parallel readers
   bool nonempty = false;
+  // The read-ahead of all open files together.
+  size_t read_ahead_max = Prefetcher::kDefaultMaxBytes;
 };
 
 // The number after "name=" in `option`, from `lo` to `hi`; `what` names it in the error.
@@ -146,6 +148,28 @@ unsigned parse_number(std::string_view option, size_t name_length, unsigned lo, 
   if (ec != std::errc() || end != value.data() + value.size() || n < lo || n > hi)
     fail("bad mount option \"{}\": expected a {} from {} to {}", option, what, lo, hi);
   return n;
+}
+
+// The byte count after "name=" in `option`: digits with an optional binary suffix K, M or G
+// (256M is 268435456), up to 1 TiB.
+size_t parse_bytes(std::string_view option, size_t name_length) {
+  const std::string_view value = option.substr(name_length);
+  uint64_t n = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  const std::string_view suffix(end, static_cast<size_t>(value.data() + value.size() - end));
+  unsigned shift = 0;
+  if (suffix == "K" || suffix == "k")
+    shift = 10;
+  else if (suffix == "M" || suffix == "m")
+    shift = 20;
+  else if (suffix == "G" || suffix == "g")
+    shift = 30;
+  else if (!suffix.empty())
+    ec = std::errc::invalid_argument;
+  constexpr uint64_t kMax = uint64_t{1} << 40;
+  if (ec != std::errc() || n > (kMax >> shift))
+    fail("bad mount option \"{}\": expected a byte count up to 1024G, such as 256M", option);
+  return static_cast<size_t>(n << shift);
 }
 
 ParsedOptions parse_options(const MountOptions& options) {
@@ -166,6 +190,8 @@ ParsedOptions parse_options(const MountOptions& options) {
         // libfuse takes it too, and refuses to start unless init asks for the same size.
         out.max_read = parse_number(o, 9, 4096, 1 << 20, "byte count");
         out.fuse.push_back(std::move(option));
+      } else if (o.starts_with("readahead_max=")) {
+        out.read_ahead_max = parse_bytes(o, 14);
       } else if (o.starts_with("max_threads=")) {
         out.max_threads = parse_number(o, 12, 1, 1024, "count");
       } else if (o.starts_with("max_idle_threads=")) {
@@ -552,10 +578,10 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   const std::string fsname = options.fsname.empty() ? common_source_dir(tree) : options.fsname;
 
   detail::Server server;
-  server.service =
-      std::make_unique<Service>(tree, options.chosen,
-                                Service::Options{parsed.cache, parsed.read_ahead && !parsed.cache,
-                                                 parsed.max_read, parsed.splice});
+  server.service = std::make_unique<Service>(
+      tree, options.chosen,
+      Service::Options{parsed.cache, parsed.read_ahead && !parsed.cache, parsed.max_read,
+                       parsed.splice, parsed.read_ahead_max});
   // .ckptfs/log keeps the lines from here on: the mount and the notes on the sources (the
   // daemon forks with them), then whatever the server logs (init hooks the ring to the logger
   // it serves with). This process's logger lets go of it on the way out.

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <list>
 #include <optional>
 #include <span>
 #include <utility>
@@ -29,14 +30,51 @@ struct Slot {
   size_t got = 0;                 // the block's length (clipped at end of file)
   ReplyBuffer data;               // at least `got` bytes once filled; the filler's while kRunning
   std::vector<uint32_t> sources;  // the sources `data` was read from, once filled
+  // Counted against the budget: from when the slot is queued until its buffer is freed. A free
+  // slot may stay charged, holding the buffer of a reply it was swapped with for the next block.
+  bool charged = false;
   uint64_t end() const { return off + got; }
 };
 
 }  // namespace
 
+class Prefetcher::Budget {
+ public:
+  explicit Budget(size_t max_blocks) : max_(max_blocks) {}
+
+  size_t max() const { return max_; }
+  size_t held() const {
+    std::lock_guard lock(mutex_);
+    return held_;
+  }
+  // Charges one more block to `s` (under its lock); false if all are held.
+  bool take(Stream& s);
+  // Gives `n` of the blocks charged to `s` back (under its lock, or as it goes).
+  void give(Stream& s, size_t n);
+  // Gives every block of `s` back, as it goes.
+  void leave(Stream& s);
+  // Marks `s` (under its lock) as the stream that planned last, so it is taken back from last.
+  void touch(Stream& s);
+  // The stream holding blocks that planned least recently, other than `self`; null if none.
+  // Moved to the back, so a caller that cannot take its blocks (all being filled) moves on.
+  std::shared_ptr<Stream> least_recent(const Stream& self);
+
+ private:
+  const size_t max_;
+  mutable std::mutex mutex_;
+  size_t held_ = 0;
+  // The streams holding blocks, least recently planned first. Weak: a stream that goes gives
+  // its blocks back and leaves the list in its destructor.
+  std::list<std::weak_ptr<Stream>> lru_;
+};
+
 class Prefetcher::Stream : public std::enable_shared_from_this<Stream> {
  public:
-  Stream(uint64_t inode, uint64_t file_size) : ino(inode), size(file_size) {}
+  Stream(uint64_t inode, uint64_t file_size, std::shared_ptr<Budget> blocks)
+      : ino(inode), size(file_size), budget(std::move(blocks)) {}
+  ~Stream() { budget->leave(*this); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
 
   const uint64_t ino;
   const uint64_t size;
@@ -54,7 +92,57 @@ class Prefetcher::Stream : public std::enable_shared_from_this<Stream> {
   // Reads left before the stream counts as keeping up again; set when a read found its block
   // still being gathered. While it is above zero, helpers gather its blocks in parallel.
   std::atomic<unsigned> lagging{0};
+  // The last read planned fewer blocks than it wanted, as the budget was spent.
+  bool short_of_blocks = false;
+
+  const std::shared_ptr<Budget> budget;
+  // Guarded by the budget's mutex: the blocks charged to this stream, and its place in the
+  // budget's list while that is above zero.
+  size_t charged = 0;
+  std::list<std::weak_ptr<Stream>>::iterator lru_at;
 };
+
+bool Prefetcher::Budget::take(Stream& s) {
+  std::lock_guard lock(mutex_);
+  if (held_ >= max_) return false;
+  ++held_;
+  if (s.charged++ == 0) s.lru_at = lru_.insert(lru_.end(), s.weak_from_this());
+  return true;
+}
+
+void Prefetcher::Budget::give(Stream& s, size_t n) {
+  if (n == 0) return;
+  std::lock_guard lock(mutex_);
+  held_ -= n;
+  s.charged -= n;
+  if (s.charged == 0) lru_.erase(s.lru_at);
+}
+
+void Prefetcher::Budget::leave(Stream& s) {
+  std::lock_guard lock(mutex_);
+  if (s.charged == 0) return;
+  held_ -= s.charged;
+  s.charged = 0;
+  lru_.erase(s.lru_at);
+}
+
+void Prefetcher::Budget::touch(Stream& s) {
+  std::lock_guard lock(mutex_);
+  if (s.charged != 0) lru_.splice(lru_.end(), lru_, s.lru_at);
+}
+
+std::shared_ptr<Prefetcher::Stream> Prefetcher::Budget::least_recent(const Stream& self) {
+  std::lock_guard lock(mutex_);
+  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
+    // Null: going, and its destructor gives its blocks back. Only `self` (whose caller holds
+    // it) is let go here, never a last reference: its destructor would take this mutex.
+    std::shared_ptr<Stream> s = it->lock();
+    if (s == nullptr || s.get() == &self) continue;
+    lru_.splice(lru_.end(), lru_, it);
+    return s;
+  }
+  return nullptr;
+}
 
 namespace {
 
@@ -70,8 +158,11 @@ Slot* holding(Prefetcher::Stream& s, uint64_t pos) {
 }  // namespace
 
 Prefetcher::Prefetcher(const Tree& tree, unsigned helpers, size_t block_bytes,
-                       const SpliceStage* splice)
-    : tree_(tree), block_bytes_(std::max<size_t>(block_bytes, 4096)), splice_(splice) {
+                       const SpliceStage* splice, size_t max_bytes)
+    : tree_(tree),
+      block_bytes_(std::max<size_t>(block_bytes, 4096)),
+      splice_(splice),
+      budget_(std::make_shared<Budget>(max_bytes / block_bytes_)) {
   helpers = std::max(helpers, 1u);
   helpers_.reserve(helpers);
   try {
@@ -88,6 +179,9 @@ Prefetcher::Prefetcher(const Tree& tree, unsigned helpers, size_t block_bytes,
 
 Prefetcher::~Prefetcher() { stop(); }
 
+size_t Prefetcher::max_blocks() const { return budget_->max(); }
+size_t Prefetcher::blocks_held() const { return budget_->held(); }
+
 void Prefetcher::stop() {
   {
     std::lock_guard lock(mutex_);
@@ -102,7 +196,7 @@ void Prefetcher::stop() {
 std::shared_ptr<Prefetcher::Stream> Prefetcher::open(uint64_t ino) const {
   const plan::VirtualFile* file = tree_.file(ino);
   if (file == nullptr) return nullptr;
-  return std::make_shared<Stream>(ino, file->size());
+  return std::make_shared<Stream>(ino, file->size(), budget_);
 }
 
 namespace {
@@ -215,11 +309,27 @@ void Prefetcher::note_read(Stream& s, uint64_t off, size_t bytes, bool sequentia
 
 void Prefetcher::start(Stream& s) noexcept {
   std::vector<std::pair<size_t, uint64_t>>& planned = detail::scratch().planned;
+  size_t short_by = 0;
   {
     std::lock_guard lock(s.mutex);
-    if (s.planned.empty()) return;
+    if (std::exchange(s.short_of_blocks, false))
+      short_by = static_cast<size_t>(std::count_if(s.slots.begin(), s.slots.end(),
+                                                   [](const Slot& slot) { return !slot.charged; }));
     planned.swap(s.planned);
   }
+  if (short_by != 0) {
+    // Past the budget: the blocks of the streams read least recently (files left open
+    // half-read) go to this one, which plans again from where its reader is.
+    take_back(s, short_by);
+    std::lock_guard lock(s.mutex);
+    try {
+      plan_ahead(s, s.next, planned);
+    } catch (const std::exception& e) {
+      spdlog::warn("read-ahead of inode {}: {}", s.ino, e.what());
+    }
+    s.short_of_blocks = false;  // once per read: the next read may try again
+  }
+  if (planned.empty()) return;
   const std::shared_ptr<Stream> self = s.shared_from_this();
   try {
     std::lock_guard lock(mutex_);
@@ -235,6 +345,32 @@ void Prefetcher::start(Stream& s) noexcept {
   else
     wake_.notify_all();
   planned.clear();
+}
+
+void Prefetcher::take_back(const Stream& s, size_t want) {
+  using State = Slot::State;
+  if (budget_->max() == 0) return;
+  size_t freed = 0;
+  // Bounded: a stream whose blocks are all being filled is passed over (it moves to the back).
+  for (size_t tries = 0; freed < want && tries < 4; ++tries) {
+    const std::shared_ptr<Stream> other = budget_->least_recent(s);
+    if (other == nullptr) break;
+    std::lock_guard lock(other->mutex);
+    size_t n = 0;
+    for (Slot& slot : other->slots) {
+      if (!slot.charged || slot.state == State::kRunning) continue;
+      // A job or a READ still holding this slot's generation finds it is no longer wanted; the
+      // other stream's next READ gathers for itself.
+      slot.state = State::kFree;
+      ++slot.generation;
+      ReplyBuffer().swap(slot.data);
+      slot.charged = false;
+      ++n;
+    }
+    budget_->give(*other, n);
+    freed += n;
+  }
+  taken_back_.fetch_add(freed, std::memory_order_relaxed);
 }
 
 void Prefetcher::passed(Stream& s, uint64_t off, size_t got, bool plan) noexcept {
@@ -278,21 +414,37 @@ void Prefetcher::plan_ahead(Stream& s, uint64_t at,
       pos = slot->end();
       continue;
     }
-    auto free = std::find_if(s.slots.begin(), s.slots.end(),
-                             [](const Slot& slot) { return slot.state == State::kFree; });
-    if (free == s.slots.end()) break;
+    // A free slot that still holds a buffer first: it is charged already.
+    Slot* free = nullptr;
+    for (Slot& slot : s.slots)
+      if (slot.state == State::kFree && (free == nullptr || (slot.charged && !free->charged)))
+        free = &slot;
+    if (free == nullptr) break;
     const size_t length = static_cast<size_t>(std::min<uint64_t>(block_bytes_, s.size - pos));
     if (splice_ != nullptr && splice_->would_stage(s.ino, pos, length)) break;
+    if (!free->charged) {
+      if (!s.budget->take(s)) {
+        s.short_of_blocks = true;
+        break;
+      }
+      free->charged = true;
+    }
     free->state = State::kQueued;
     free->off = pos;
     free->got = length;
-    queued.emplace_back(static_cast<size_t>(free - s.slots.begin()), ++free->generation);
+    queued.emplace_back(static_cast<size_t>(free - s.slots.data()), ++free->generation);
     pos = free->end();
   }
   // A slot left free now has no block before the end of the file: its buffer goes, so a file
   // read to its end and kept open holds no memory.
-  for (Slot& slot : s.slots)
-    if (slot.state == State::kFree) ReplyBuffer().swap(slot.data);
+  size_t freed = 0;
+  for (Slot& slot : s.slots) {
+    if (slot.state != State::kFree) continue;
+    ReplyBuffer().swap(slot.data);
+    if (std::exchange(slot.charged, false)) ++freed;
+  }
+  s.budget->give(s, freed);
+  s.budget->touch(s);
 }
 
 void Prefetcher::helper_loop() {

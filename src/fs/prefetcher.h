@@ -6,12 +6,20 @@
 // whole block takes the block's buffer; one inside a block (a reader whose buffer is not
 // page-aligned gets READs of 1 MiB minus a few bytes, then the few bytes) is copied out of it.
 //
+// Memory is bounded for the whole daemon: every block a stream holds (a buffer of up to 1 MiB,
+// read ahead or kept for the next one) is charged to one budget of `max_bytes` / block size
+// blocks. A stream that finds the budget spent reads ahead what it may, and once its reply is
+// sent (start()) takes back the blocks of the streams read least recently, then plans again; so
+// few streams read ahead as before, and files left open half-read hold no more than the budget.
+//
 // Thread-safety: every public method may be called from any thread; one Stream may be read by
 // several FUSE workers at once (a reader with two threads on one file handle). Locks: `mutex_`
 // (the job queue, each stream's `gathering`) and each Stream's own mutex (its slots, `next`,
-// `planned`) are never held together. Under either, only the reply buffers' page pool
-// (reply_buffer.h) may be locked, when a block's buffer is freed. A helper gathers without
-// holding any lock; the slot it fills is its own while kRunning.
+// `planned`) are never held together, nor two streams' mutexes. The budget's mutex is a leaf:
+// it may be taken under either, and no other lock is taken under it. Under any of them, only the
+// reply buffers' page pool (reply_buffer.h) may be locked, when a block's buffer is freed. A helper
+// gathers without holding any lock; the slot it fills is its own while kRunning, and is never taken
+// back then.
 #pragma once
 
 #include <atomic>
@@ -38,13 +46,18 @@ class Prefetcher {
   class Stream;
   // Default size of a block read ahead: the largest READ the kernel sends.
   static constexpr size_t kBlockBytes = 1 << 20;
+  // Default bound on the blocks of all streams (-o readahead_max): 256 blocks of 1 MiB, enough
+  // for 85 files read at once, three blocks ahead each.
+  static constexpr size_t kDefaultMaxBytes = size_t{256} << 20;
 
   // Starts `helpers` (at least 1) threads; throws std::system_error (with none left running) if
   // one cannot start. Blocks are `block_bytes` long (the mount's largest READ). With `splice`,
   // blocks it would stage are not read ahead: their READs are spliced, and read-ahead stops
-  // at the first such block. `tree` and `splice` must outlive the prefetcher.
+  // at the first such block. All streams together hold at most `max_bytes` / block size blocks
+  // (none: nothing is read ahead). `tree` and `splice` must outlive the prefetcher; its streams
+  // may outlive it.
   Prefetcher(const Tree& tree, unsigned helpers, size_t block_bytes = kBlockBytes,
-             const SpliceStage* splice = nullptr);
+             const SpliceStage* splice = nullptr, size_t max_bytes = kDefaultMaxBytes);
   // Lets the gathers under way finish and drops the queued ones.
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
@@ -60,7 +73,9 @@ class Prefetcher {
   // read ahead. Answers as Tree::read_into.
   ReadResult read(Stream& stream, uint64_t off, size_t len, ReplyBuffer& buf);
   // Hands the blocks the last read planned to the helpers. Called once the reply is sent, so
-  // that waking them does not delay it; never throws, as the request is answered by then.
+  // that waking them does not delay it; never throws, as the request is answered by then. If
+  // the budget was spent when the read planned, first takes back blocks of the streams read
+  // least recently, and plans again.
   void start(Stream& stream) noexcept;
   // Notes a READ of [off, off + got) served without the prefetcher (spliced), and if `plan`,
   // plans ahead from its end as read() does. Never throws (it runs after the reply): a failure
@@ -71,6 +86,11 @@ class Prefetcher {
   // counts too; the READ of its block then gathers for itself.
   uint64_t hits() const { return hits_; }
   uint64_t gathered_ahead() const { return gathered_ahead_; }
+  // The budget in blocks, the blocks all streams hold now, and the blocks taken back from
+  // streams read less recently so far.
+  size_t max_blocks() const;
+  size_t blocks_held() const;
+  uint64_t blocks_taken_back() const { return taken_back_; }
 
  private:
   // Whether another stream read in the last 2 ms (OtherReaders). Then the CPUs are busy
@@ -98,6 +118,12 @@ class Prefetcher {
   void helper_loop();
   // Gathers the block of slot `index` if it is still queued with `generation`.
   void fill(Stream& stream, size_t index, uint64_t generation);
+  // With no lock held: takes back up to `want` blocks from the streams read least recently
+  // (not `stream`), all the blocks of each one that no helper is filling.
+  void take_back(const Stream& stream, size_t want);
+
+  // The blocks charged to streams, and which streams hold them, least recently planned first.
+  class Budget;
 
   struct Job {
     std::shared_ptr<Stream> stream;
@@ -114,6 +140,10 @@ class Prefetcher {
   bool stopping_ = false;
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> gathered_ahead_{0};
+  std::atomic<uint64_t> taken_back_{0};
+  // Shared with the streams, which give their blocks back when they go (after the prefetcher,
+  // at unmount).
+  std::shared_ptr<Budget> budget_;
   // Reads a stream stays "lagging" after one of them had to wait for its block.
   static constexpr unsigned kLagReads = 16;
   OtherReaders readers_;

@@ -86,13 +86,17 @@ Service::Settled Service::start(const Offer& offer) {
   settled.max_read = options_.max_read;
   const size_t block =
       std::min<size_t>(settled.max_write, options_.max_read != 0 ? options_.max_read : ~0u);
-  if (options_.read_ahead && !options_.cache) {
+  if (options_.read_ahead && !options_.cache && options_.read_ahead_max < block) {
+    spdlog::info("read-ahead off: -o readahead_max={} holds no block of {} bytes",
+                 options_.read_ahead_max, block);
+  } else if (options_.read_ahead && !options_.cache) {
     try {
       prefetcher_ = std::make_unique<Prefetcher>(
           tree_, std::clamp(std::thread::hardware_concurrency(), 1u, kMaxHelpers),
           // Only when every READ it takes is spliced: with -o splice a lone reader's READs are
           // gathered, ahead.
-          block, options_.splice == Splice::kAlways ? stage_.get() : nullptr);
+          block, options_.splice == Splice::kAlways ? stage_.get() : nullptr,
+          options_.read_ahead_max);
     } catch (const std::exception& e) {
       // Read-ahead only speeds sequential readers up; the mount serves the same bytes without.
       spdlog::warn("read-ahead off: {}", e.what());

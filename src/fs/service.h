@@ -96,6 +96,9 @@ class Service {
     bool read_ahead = false;  // start a Prefetcher (direct_io mode)
     unsigned max_read = 0;    // -o max_read: the largest READ (0: max_write decides)
     Splice splice = Splice::kOff;
+    // -o readahead_max: the bytes all open files may hold read ahead together (below one
+    // block: no read-ahead).
+    size_t read_ahead_max = Prefetcher::kDefaultMaxBytes;
   };
 
   // `tree` must outlive the service; `chosen` is what was mounted and why (Status).

@@ -1,6 +1,7 @@
 // Prefetcher over a hand-built tree: sequential reads come from blocks gathered ahead and match
 // the plain concatenation; random reads are not read ahead; a source that changes between the
-// gather ahead and the read fails the read.
+// gather ahead and the read fails the read; all streams together hold no more blocks than the
+// budget, and a new stream past it takes the blocks of those read least recently.
 #include "../../src/fs/prefetcher.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -217,6 +219,111 @@ TEST_F(PrefetcherTest, FilesReadToTheEndAndKeptOpenHoldNoBlocks) {
   EXPECT_GT(prefetcher.hits(), 0u);
   // One empty page stays mapped for the next buffer.
   EXPECT_LE(detail::huge_pages_mapped(), before + 1);
+}
+
+// Reads `reads` blocks of `block` bytes from the start of `stream`, letting the helpers catch up
+// before each (a read right after another stream's waits: the CPUs are busy), and checks them.
+void read_blocks(Prefetcher& prefetcher, Prefetcher::Stream& stream, const std::string& want,
+                 size_t block, size_t reads) {
+  ReplyBuffer buf;
+  for (size_t i = 0; i < reads; ++i) {
+    settle(prefetcher);
+    size_t got = 0;
+    ASSERT_EQ(prefetch_read(prefetcher, stream, i * block, block, buf, got), 0);
+    prefetcher.start(stream);
+    ASSERT_EQ(got, block);
+    ASSERT_TRUE(std::string(buf.data(), got) == want.substr(i * block, block)) << i;
+  }
+}
+
+TEST_F(PrefetcherTest, HalfReadStreamsHoldNoMoreThanTheBudget) {
+  // 64 KiB blocks, 8 of them for all streams: each stream reading ahead wants 3.
+  constexpr size_t kBlock = 64 << 10;
+  constexpr size_t kMaxBlocks = 8;
+  Prefetcher prefetcher(tree_, 2, kBlock, nullptr, kMaxBlocks * kBlock);
+  ASSERT_EQ(prefetcher.max_blocks(), kMaxBlocks);
+  const std::string& want = data_.expected(2);  // ~3 MiB: 48 blocks
+  std::vector<std::shared_ptr<Prefetcher::Stream>> open;
+  for (int i = 0; i < 12; ++i) {  // each read part-way and kept open
+    open.push_back(prefetcher.open(ino_of(2)));
+    read_blocks(prefetcher, *open.back(), want, kBlock, 6);
+    settle(prefetcher);
+    EXPECT_LE(prefetcher.blocks_held(), kMaxBlocks) << "after stream " << i;
+  }
+  EXPECT_GE(prefetcher.blocks_held(), 3u);  // at least the last stream's
+  // Past the budget from the fourth stream on, and each one still read ahead: it took the
+  // blocks of the streams read before it.
+  EXPECT_GT(prefetcher.blocks_taken_back(), 0u);
+  const uint64_t hits = prefetcher.hits();
+  auto late = prefetcher.open(ino_of(2));
+  read_blocks(prefetcher, *late, want, kBlock, 10);
+  EXPECT_EQ(prefetcher.hits() - hits, 9u) << "every read but the first from a block read ahead";
+  EXPECT_LE(prefetcher.blocks_held(), kMaxBlocks);
+  // A stream whose blocks were taken back reads on, gathering for itself, then ahead again.
+  {
+    ReplyBuffer buf;
+    std::string rest;
+    const auto& first = open.front();
+    for (uint64_t off = 6 * kBlock; off < want.size();) {
+      settle(prefetcher);
+      size_t got = 0;
+      ASSERT_EQ(prefetch_read(prefetcher, *first, off, kBlock, buf, got), 0);
+      prefetcher.start(*first);
+      ASSERT_GT(got, 0u);
+      rest.append(buf.data(), got);
+      off += got;
+    }
+    EXPECT_TRUE(rest == want.substr(6 * kBlock));
+  }
+  // Streams that go give their blocks back.
+  open.clear();
+  late.reset();
+  settle(prefetcher);
+  EXPECT_EQ(prefetcher.blocks_held(), 0u);
+}
+
+TEST_F(PrefetcherTest, BudgetBelowOneBlockReadsNothingAhead) {
+  Prefetcher prefetcher(tree_, 1, 64 << 10, nullptr, (64 << 10) - 1);
+  EXPECT_EQ(prefetcher.max_blocks(), 0u);
+  uint64_t reads = 0;
+  const std::string got = read_sequentially(prefetcher, data_, 2, {64 << 10}, reads);
+  EXPECT_TRUE(got == data_.expected(2));
+  EXPECT_EQ(prefetcher.gathered_ahead(), 0u);
+  EXPECT_EQ(prefetcher.blocks_held(), 0u);
+}
+
+TEST_F(PrefetcherTest, ConcurrentStreamsPastTheBudgetAllMatch) {
+  // Four readers, each opening one stream after another and reading it part-way, with room
+  // for fewer blocks than they want: streams take blocks back from each other while helpers
+  // fill them (the TSan stage runs this).
+  constexpr size_t kBlock = 16 << 10;
+  Prefetcher prefetcher(tree_, 2, kBlock, nullptr, 5 * kBlock);
+  std::vector<std::thread> readers;
+  std::atomic<int> mismatches{0};
+  const std::string& want = data_.expected(2);
+  for (int r = 0; r < 4; ++r) {
+    readers.emplace_back([&, r] {
+      const size_t chunk = kBlock - 100 * r;
+      std::vector<std::shared_ptr<Prefetcher::Stream>> kept;
+      for (int n = 0; n < 6; ++n) {
+        kept.push_back(prefetcher.open(ino_of(2)));
+        Prefetcher::Stream& stream = *kept.back();
+        ReplyBuffer buf;
+        for (uint64_t off = 0; off < want.size() / 4; off += chunk) {
+          size_t got = 0;
+          if (prefetch_read(prefetcher, stream, off, chunk, buf, got) != 0 ||
+              std::string_view(buf.data(), got) != std::string_view(want).substr(off, chunk))
+            ++mismatches;
+          prefetcher.start(stream);
+          if (off % (8 * chunk) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        }
+      }
+    });
+  }
+  for (std::thread& t : readers) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  settle(prefetcher);
+  EXPECT_LE(prefetcher.blocks_held(), prefetcher.max_blocks());
 }
 
 TEST_F(PrefetcherTest, OpenRefusesNonFiles) {

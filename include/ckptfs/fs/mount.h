@@ -17,7 +17,9 @@ struct MountOptions {
   // here instead: "cache" (same as cache = true), "noreadahead" (no read-ahead thread in
   // direct_io mode), "splice" (READs of few long runs are spliced while several files are read,
   // if pipes may hold 2 MiB), "splice=always" (every such READ, in 512 KiB READs unless pipes
-  // may hold 2 MiB), "max_read=N" (also passed on), "max_threads=N", "max_idle_threads=N".
+  // may hold 2 MiB), "max_read=N" (also passed on), "max_threads=N", "max_idle_threads=N",
+  // "readahead_max=BYTES" (what all open files may hold read ahead together, 256M by default;
+  // K, M and G suffixes; 0: no read-ahead).
   // "nonempty" (mount over a directory that is not empty). "ro" is always forced.
   std::vector<std::string> fuse_options;
   std::string log_file;  // where the daemon logs once detached
