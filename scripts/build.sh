@@ -3,5 +3,8 @@
 # (scripts/test.sh passes -DCKPTFS_WERROR=ON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@"
+# ccache where installed, as the sanitizer and fuzz builds use it: rebuilds of a clone reuse objects.
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" "$@"
 cmake --build build -j"$(nproc)"
