@@ -87,9 +87,10 @@ CLI::App* add_view_command(CLI::App& app, std::string name, std::string descript
   command->add_flag("--by-stage", args.by_stage,
                     "One _part<stage> file per source pipeline stage, as MindSpore's by-stage "
                     "transform writes");
-  command->add_option("--ranks", args.ranks,
-                      "Only these target ranks, e.g. 0-7,16 (one node's share): only the source "
-                      "files they load are opened, scanned and planned");
+  command->add_option(
+      "--ranks", args.ranks,
+      "Only these target ranks, e.g. 0-7,16 (one node's share): only the source "
+      "files they load are opened, scanned and planned, and only they need be there");
   command->add_option("--index", args.shipped_index,
                       "A shipped index (`ckptfs index build SRC --output DIR`) to take every scan "
                       "from, read-only and lock-free; refused if a source changed since it was "
@@ -286,12 +287,16 @@ struct Planning {
       ranks.push_back(rank);
       paths.push_back(path);
     }
-    // Before indexing: a wrong strategy is refused without scanning every file first.
-    plan::check_rank_count(ranks, src.get(), root, unusable);
+    // Only the sources the exposed ranks read must be there; the others are neither required
+    // nor opened (a node's copy may hold just its share).
+    std::optional<std::set<int64_t>> needed;
     if (!shown.ranks.empty()) {
       strategy::TransformMemo own;
-      keep_needed(shown.ranks, ranks, paths, memos ? memos->transform : own);
+      needed = needed_sources(shown.ranks, memos ? memos->transform : own);
     }
+    // Before indexing: a wrong strategy is refused without scanning every file first.
+    plan::check_rank_count(ranks, src.get(), root, unusable, needed ? &*needed : nullptr);
+    if (needed) keep_only(*needed, ranks, paths);
     std::vector<index::IndexedSource> indexed =
         store != nullptr ? index::index_sources_shipped(*store, paths)
                          : index_files(index_dir, shipped, paths, !report || quiet);
@@ -303,13 +308,13 @@ struct Planning {
     return plan::make_plan(std::move(sources), src.get(), dst.get(), shown);
   }
 
-  // Narrows the files to those the exposed target ranks load, so a node opens, scans and maps
-  // only its own share of a large checkpoint: the ranks whose blocks the planner reads (the
-  // minimal list) and, in each stage the target walks, the passthrough source t_local mod N_src,
-  // as the planner's load order has them. Record order follows each stage's names, so it does
-  // not depend on which files of a stage are loaded.
-  void keep_needed(const std::vector<int64_t>& shown, std::vector<int64_t>& ranks,
-                   std::vector<std::filesystem::path>& paths, strategy::TransformMemo& memo) const {
+  // The source ranks the exposed target ranks load, so a node opens, scans and maps only its own
+  // share of a large checkpoint: the ranks whose blocks the planner reads (the minimal list) and,
+  // in each stage the target walks, the passthrough source t_local mod N_src, as the planner's
+  // load order has them. Record order follows each stage's names, so it does not depend on
+  // which files of a stage are loaded. nullopt: every source (see the returns below).
+  std::optional<std::set<int64_t>> needed_sources(const std::vector<int64_t>& shown,
+                                                  strategy::TransformMemo& memo) const {
     plan::check_target_ranks(shown, dst.get());
     std::set<int64_t> needed;
     for (int64_t t : shown) {
@@ -320,7 +325,7 @@ struct Planning {
       try {
         minimal = strategy::rank_list_for_transform(src.get(), dst.get(), t, true, &memo);
       } catch (const Error&) {
-        return;  // layouts MindSpore cannot pair: the planner's own fallback sees every file
+        return std::nullopt;  // layouts MindSpore cannot pair: the planner's own fallback
       }
       for (int64_t r : minimal) {
         needed.insert(r);
@@ -335,9 +340,22 @@ struct Planning {
         for (uint32_t stage : pair.stages)
           needed.insert(static_cast<int64_t>(stage) * n + passthrough);
     }
-    // No parameter the targets read is in both strategies (a strategy of another model): every
-    // file goes to the planner, which says what does not fit, as a mount of all ranks would.
-    if (needed.empty()) return;
+    // No parameter the targets read is in both strategies (a strategy of another model): each
+    // target's passthrough file of every stage goes to the planner, which says what does not
+    // fit as a mount of all ranks would (every file of a stage holds that stage's names).
+    if (needed.empty()) {
+      for (int64_t t : shown) {
+        const strategy::TargetMaps maps(src.get(), dst.get(), t);
+        const int64_t n = maps.src_devices();
+        for (int64_t stage = 0; stage < (src ? int64_t{src->num_stages} : 1); ++stage)
+          needed.insert(stage * n + maps.target_local() % n);
+      }
+    }
+    return needed;
+  }
+
+  static void keep_only(const std::set<int64_t>& needed, std::vector<int64_t>& ranks,
+                        std::vector<std::filesystem::path>& paths) {
     size_t kept = 0;
     for (size_t i = 0; i < ranks.size(); ++i) {
       if (!needed.count(ranks[i])) continue;

@@ -34,7 +34,8 @@ bool may_be_unsaved(std::string_view name) {
 }  // namespace
 
 void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strategy* src,
-                      const std::string& src_dir, const std::map<int64_t, std::string>& unusable) {
+                      const std::string& src_dir, const std::map<int64_t, std::string>& unusable,
+                      const std::set<int64_t>* needed) {
   const int64_t devices = src ? src->devices_per_stage : 1;
   const int64_t stages = src ? src->num_stages : 1;
   const int64_t expected = devices * stages;
@@ -43,7 +44,7 @@ void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strateg
   for (int64_t r : present)
     if (r >= expected) extra.push_back(r);
   for (int64_t r = 0; r < expected; ++r)
-    if (!present.count(r)) missing.push_back(r);
+    if (!present.count(r) && (!needed || needed->count(r))) missing.push_back(r);
   if (extra.empty() && missing.empty()) return;
 
   if (!src) {
@@ -77,6 +78,14 @@ void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strateg
                  : fmt::format("{}source rank {}: {}", i ? "; " : "", missing[i], why->second);
   }
   if (missing.size() > kMaxNamed) which += fmt::format(" and {} more", missing.size() - kMaxNamed);
+  if (needed)
+    fail(
+        "{}: the exposed target ranks read {} of the {} source ranks of the strategy {}, and {} "
+        "{}: {}; copy in {} checkpoint{}, or give the strategy the checkpoints were saved with",
+        src_dir, needed->size(), expected, src->origin, missing.size() == 1 ? "this" : "these",
+        all_absent ? (missing.size() == 1 ? "is missing" : "are missing")
+                   : (missing.size() == 1 ? "has no checkpoint" : "have no checkpoint"),
+        which, missing.size() == 1 ? "its" : "their", missing.size() == 1 ? "" : "s");
   fail(
       "{}: {} rank directories, but {}: {} {}; copy in every rank's checkpoint, or give the "
       "strategy the checkpoints were saved with",

@@ -3,7 +3,9 @@
 * A mount with --ranks shows exactly those rank directories, and each of their files is
   byte-identical to the fixture generator's expected file (sliced from the full tensors, not by
   ckptfs); a rank the destination does not have is refused in one line.
-* Only the source files the exposed ranks load are opened: the others may even be unreadable.
+* Only the source files the exposed ranks load are opened: the others may even be unreadable,
+  or absent (a node's copy of its share), also for materialize and a mount listed from a shipped
+  index; a needed one missing or damaged is refused in one line naming it.
 """
 
 import os
@@ -237,6 +239,107 @@ def lazy_ranks_changed_strategy(args):
     assert dst in lines[-1] and len(lines) <= 2, proc
 
 
+def partial_sources(args):
+    """A node's copy of the source may hold only the ranks its targets read: target 1 of rows_8to4
+    reads source ranks 1, 2 and 3. Mount and materialize with --ranks 1 serve the generator's
+    bytes when the other ranks are absent, or are junk (a `rank_N` file, or a checkpoint any scan
+    refuses), which is neither required nor opened; a needed rank missing or junk is refused in
+    one line naming it; a mount listed from a shipped index's summaries reads the same share."""
+    fx = fixture(args, "rows_8to4")
+    work = os.path.join(args.work, "partial")
+    needed, others = [1, 2, 3], [0, 4, 5, 6, 7]
+    expected = fx.expected_files()[1]
+    strategies = ["--src-strategy", fx.src_strategy, "--dst-strategy", fx.dst_strategy]
+
+    def rank_dir(root, g):
+        return os.path.join(root, os.path.basename(os.path.dirname(fx.source_files[g])))
+
+    def copy_of(name, ranks):
+        root = os.path.join(work, name)
+        for g in ranks:  # the files themselves, not links to the fixture's
+            shutil.copytree(os.path.dirname(fx.source_files[g]), rank_dir(root, g))
+        return root
+
+    def junk(path):
+        with open(path, "wb") as f:
+            f.write(b"garbage")
+
+    def serves(src, name):
+        mnt = os.path.join(work, "mnt_" + name)
+        with itest.mounted(args.ckptfs, src, mnt, src_strategy=fx.src_strategy,
+                           dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "i_" + name),
+                           extra_args=["--ranks", "1"]):
+            problems = compare_ranks(fx, mnt, [1])
+            assert not problems, (name, problems)
+        out = os.path.join(work, "out_" + name)
+        itest.run([args.ckptfs, "materialize", src, out, *strategies, "--ranks", "1", "--view",
+                   "ckpt", "--index-dir", os.path.join(work, "i_" + name), "-q"], timeout=300)
+        assert itest.tree_files(out) == [f"rank_1/{os.path.basename(expected)}"], name
+        assert not ckpt_fixture.describe_difference(
+            expected, os.path.join(out, "rank_1", os.path.basename(expected))), name
+
+    def refused(src, name, words):
+        mnt = os.path.join(work, "mnt_" + name)
+        proc = itest.refused_mount(args.ckptfs, src, mnt, src_strategy=fx.src_strategy,
+                                   dst_strategy=fx.dst_strategy,
+                                   index_dir=os.path.join(work, "i_" + name),
+                                   extra_args=["--ranks", "1"])
+        out = os.path.join(work, "out_" + name)
+        mat = itest.run([args.ckptfs, "materialize", src, out, *strategies, "--ranks", "1",
+                         "--index-dir", os.path.join(work, "i_" + name)], check=False)
+        for p in (proc, mat):
+            lines = itest.stderr_lines(p)
+            assert p.returncode != 0 and len(lines) == 1 and words in lines[0], (name, p.stderr)
+            # Only the rank read is named: the others are not asked for.
+            assert not any(f"rank_{g}/" in lines[0] for g in others), (name, lines[0])
+
+    serves(copy_of("only", needed), "only")
+    src = copy_of("junk", needed)
+    for g in others[:3]:
+        junk(rank_dir(src, g))  # a file where the rank directory would be
+    for g in others[3:]:
+        os.makedirs(rank_dir(src, g))
+        junk(os.path.join(rank_dir(src, g), os.path.basename(fx.source_files[g])))
+    serves(src, "junk")
+    # The same sources without --ranks: the junk is refused (so it really is junk).
+    itest.refused_mount(args.ckptfs, src, os.path.join(work, "mnt_all"),
+                        src_strategy=fx.src_strategy, dst_strategy=fx.dst_strategy,
+                        index_dir=os.path.join(work, "i_all"))
+    refused(copy_of("lacks_2", [1, 3]), "lacks_2", "rank_2/ (source rank 2)")
+    src = copy_of("file_2", [1, 3])
+    junk(rank_dir(src, 2))
+    refused(src, "file_2", rank_dir(src, 2).rsplit("/", 1)[1] + " is not a directory")
+    src = copy_of("junk_2", [1, 3])
+    os.makedirs(rank_dir(src, 2))
+    junk(os.path.join(rank_dir(src, 2), os.path.basename(fx.source_files[2])))
+    refused(src, "junk_2", os.path.join(rank_dir(src, 2), os.path.basename(fx.source_files[2])))
+    # Listed from a shipped index's target summaries: only the ranks read need be there.
+    src = copy_of("lazy", needed + others)
+    idx = os.path.join(work, "idx")
+    itest.run([args.ckptfs, "index", "build", src, "--output", idx, *strategies, "-q"])
+    for g in others:
+        shutil.rmtree(rank_dir(src, g))
+    mnt, log = os.path.join(work, "mnt_lazy"), os.path.join(work, "lazy.log")
+    with itest.mounted(args.ckptfs, src, mnt, src_strategy=fx.src_strategy,
+                       dst_strategy=fx.dst_strategy,
+                       extra_args=["--ranks", "1", "--index", idx, "--log-file", log,
+                                   "--log-level", "info"]):
+        problems = compare_ranks(fx, mnt, [1])
+        assert not problems, problems
+    assert planned_ranks(log) == [1], open(log).read()
+    # An index without summaries (built without the strategies): the directory is listed.
+    plain = os.path.join(work, "idx_plain")
+    itest.run([args.ckptfs, "index", "build", copy_of("plain", needed + others), "--output",
+               plain, "-q"])
+    for g in others:
+        shutil.rmtree(rank_dir(os.path.join(work, "plain"), g))
+    with itest.mounted(args.ckptfs, os.path.join(work, "plain"), mnt,
+                       src_strategy=fx.src_strategy, dst_strategy=fx.dst_strategy,
+                       extra_args=["--ranks", "1", "--index", plain]):
+        problems = compare_ranks(fx, mnt, [1])
+        assert not problems, problems
+
+
 NODE_SCRIPT = r"""
 set -e
 mount --bind -o ro "$IDX" "$IDX"
@@ -329,6 +432,7 @@ def main():
     checks.run("pipeline_ranks", pipeline_ranks, args)
     checks.run("unneeded_sources_untouched", unneeded_sources_untouched, args)
     checks.run("refused", refused, args)
+    checks.run("partial_sources", partial_sources, args)
     checks.run("shipped_index", shipped_index, args)
     checks.run("lazy_ranks", lazy_ranks, args)
     checks.run("lazy_ranks_other_view", lazy_ranks_other_view, args)

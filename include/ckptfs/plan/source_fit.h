@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,10 +18,13 @@ namespace ckptfs::plan {
 // strategy (only 0 with a null strategy: one full checkpoint). Throws Error naming `src_dir`,
 // the strategy, and the extra or missing rank directories. `unusable` (source::Listing's): why
 // a rank whose entry is there gave no checkpoint ("rank_5/ is empty"), said instead of
-// "missing".
+// "missing". With `needed` (the source ranks some exposed target ranks read), only those must be
+// present: a node's copy may hold just its share. A rank the strategy has no place for is
+// refused either way, as its name alone shows the strategy is not the one saved with.
 void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strategy* src,
                       const std::string& src_dir,
-                      const std::map<int64_t, std::string>& unusable = {});
+                      const std::map<int64_t, std::string>& unusable = {},
+                      const std::set<int64_t>* needed = nullptr);
 
 // Every parameter the source strategy lists for a stage must be in some file of that stage,
 // except those a save may lack (accu_grads*, *_cache*, *expert_load*, and the optimizer states
