@@ -65,7 +65,8 @@ def test_hfai_resharded(ckptfs, tmp_path, name):
                 extra = sorted(set(got) - set(want))
                 if ext == ".safetensors":
                     extra = [k for k in extra if got[k][2] or 0 not in got[k][1]]
-                assert not extra and set(want) <= set(got), \
-                    f"{view}: entries {extra} are not MindSpore's, {sorted(set(want) - set(got))} missing"
+                missing = sorted(set(want) - set(got))
+                assert not extra and not missing, \
+                    f"{view}: entries {extra} are not MindSpore's, {missing} missing"
                 for key, value in want.items():
                     assert got[key] == value, f"{view}: {key} differs from MindSpore's"

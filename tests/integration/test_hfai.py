@@ -5,8 +5,8 @@ Expected bytes come from the fixture tools, not from ckptfs: expected/merged_mod
 merged tensor's C-order bytes) and expected/hfai_<tag>_n<N>.tree.json (what hfai.checkpoint.load
 returns). With Debian's python3-torch, the PART files are also loaded by torch.load and merged with
 hfai's rule, and every tensor compared with the mounted one, read both by this file's own small
-parser and by the reference `safetensors` package's torch loader (load_file and safe_open, 0.7.0 from
-build/test-venv), so a real framework opens each mounted view.
+parser and by the reference `safetensors` package's torch loader (load_file and safe_open, 0.7.0
+from build/test-venv), so a real framework opens each mounted view.
 """
 
 import gc
