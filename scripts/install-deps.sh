@@ -24,6 +24,7 @@ if [ "${1:-}" != --demo ]; then
     python3-protobuf python3-venv
     attr  # getfattr: tests/integration/test_status.py reads the attributes as a user would
     python3-torch  # tests/integration/test_hfai.py loads hfai PART files with torch.load
+    python3-packaging  # safetensors.torch (in build/test-venv) imports it
     clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer
   )
 fi

@@ -26,6 +26,27 @@ ASAN_QUARANTINE_KIB = 256 * 1024
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 
+# The reference safetensors package lives in a venv of its own (Debian 12 packages none), made by
+# scripts/install-deps.sh from /usr/bin/python3 with the system's packages visible (numpy, torch),
+# so this interpreter can import from it.
+TEST_VENV = os.path.join(REPO, "build", "test-venv")
+
+
+def import_from_test_venv(module):
+    """`module` imported with build/test-venv on the path; a missing venv fails the check, never
+    skips it."""
+    import glob
+    import importlib
+    import site
+    for packages in glob.glob(os.path.join(TEST_VENV, "lib", "python3*", "site-packages")):
+        site.addsitedir(packages)
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise AssertionError(f"{module} cannot be imported from {TEST_VENV} ({e}): "
+                             "bash scripts/install-deps.sh makes it") from None
+
+
 def parse_args():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ckptfs", required=True)

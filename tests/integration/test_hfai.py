@@ -4,9 +4,12 @@ Expected bytes come from the fixture tools, not from ckptfs: expected/merged_mod
 (byte-identical to the reference safetensors writer), expected/manifest_<tag>.json (sha256 of every
 merged tensor's C-order bytes) and expected/hfai_<tag>_n<N>.tree.json (what hfai.checkpoint.load
 returns). With Debian's python3-torch, the PART files are also loaded by torch.load and merged with
-hfai's rule, and every tensor compared with the mounted one.
+hfai's rule, and every tensor compared with the mounted one, read both by this file's own small
+parser and by the reference `safetensors` package's torch loader (load_file and safe_open, 0.7.0
+from build/test-venv), so a real framework opens each mounted view.
 """
 
+import gc
 import hashlib
 import json
 import os
@@ -110,6 +113,88 @@ def check_with_torch(args, name):
     compare_tensors(opt, hfai.flat_state(merged["optimizer"]))
 
 
+def reference_safetensors_torch():
+    """safetensors.torch.load_file and safetensors.safe_open of the reference package
+    (itest.TEST_VENV; torch is Debian's python3-torch)."""
+    return (itest.import_from_test_venv("safetensors.torch").load_file,
+            itest.import_from_test_venv("safetensors").safe_open)
+
+
+def other_tensors(merged):
+    """The merged checkpoint's tensors outside model and optimizer, named as others.safetensors
+    names them: the path of keys and list positions joined by dots."""
+    import torch
+    out = {}
+
+    def walk(value, path):
+        if torch.is_tensor(value):
+            out[".".join(path)] = value
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, path + [str(k)])
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, path + [str(i)])
+
+    for key, value in merged.items():
+        if key not in ("model", "optimizer"):
+            walk(value, [str(key)])
+    return out
+
+
+def check_views_with_safetensors_torch(args, name):
+    """Every mounted view opened by the reference safetensors package's torch loader, whole
+    (load_file) and lazily (safe_open: get_tensor, get_slice of a row range), equals torch.load of
+    the PART files merged by hfai's rule: names, dtypes, shapes and bytes."""
+    from ckptfix import hfai
+    load_file, safe_open = reference_safetensors_torch()
+    data = os.path.join(args.shared, "hfai", name)
+    merged = hfai.load(data)
+    expected = {"model.safetensors": merged["model"],
+                "optimizer.safetensors": hfai.flat_state(merged["optimizer"]),
+                "others.safetensors": other_tensors(merged)}
+    assert expected["others.safetensors"], "the fixture has no tensor outside model and optimizer"
+    mnt = os.path.join(args.work, "mnt_st_torch_" + name)
+    with itest.mounted(args.ckptfs, data, mnt, index_dir=os.path.join(args.work, "index")):
+        failures = [read_with_safetensors_torch(load_file, safe_open, os.path.join(mnt, fname),
+                                                expected[fname]) for fname in expected]
+        # The loaded tensors map the file until they are freed: gone before the unmount.
+        gc.collect()
+    assert failures == [None] * len(failures), failures
+
+
+def read_with_safetensors_torch(load_file, safe_open, path, want):
+    """None, or what differs: as a message, so that no traceback keeps a mapped tensor (and the
+    mount busy) after the check."""
+    try:
+        compare_views(load_file, safe_open, path, want)
+    except AssertionError as e:
+        return f"{path}: {e}"
+    return None
+
+
+def compare_views(load_file, safe_open, path, want):
+    fname = os.path.basename(path)
+    compare_torch(fname, load_file(path), want)
+    with safe_open(path, framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}, (fname, f.metadata())
+        assert sorted(f.keys()) == sorted(want), (fname, sorted(f.keys()))
+        compare_torch(fname, {k: f.get_tensor(k) for k in f.keys()}, want)
+        for key, value in want.items():
+            if value.dim() and value.shape[0] > 2:
+                part = f.get_slice(key)[1:value.shape[0] - 1]
+                compare_torch(fname, {key: part}, {key: value[1:value.shape[0] - 1]})
+
+
+def compare_torch(fname, got, want):
+    assert sorted(got) == sorted(want), (fname, sorted(got), sorted(want))
+    from ckptfix import hfai
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype, (fname, key, got[key].dtype, value.dtype)
+        assert tuple(got[key].shape) == tuple(value.shape), (fname, key, got[key].shape)
+        assert hfai.tensor_bytes(got[key]) == hfai.tensor_bytes(value), (fname, key)
+
+
 TORCH_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
                "float64": "F64", "int32": "I32", "uint8": "U8", "int8": "I8", "bool": "BOOL"}
 
@@ -177,6 +262,13 @@ def check_torch_written(args):
         _, model = read_safetensors(os.path.join(mnt, "model.safetensors"))
         _, opt = read_safetensors(os.path.join(mnt, "optimizer.safetensors"))
         assert json.load(open(os.path.join(mnt, "extra.json")))["$dict"][-1] == ["epoch", 4]
+        # The reference torch loader too: bfloat16, a transposed weight, views of shared storage.
+        load_file, _ = reference_safetensors_torch()
+        compare_torch("model.safetensors", load_file(os.path.join(mnt, "model.safetensors")), sd)
+        compare_torch("optimizer.safetensors",
+                      load_file(os.path.join(mnt, "optimizer.safetensors")),
+                      hfai.flat_state(optimizer))
+        gc.collect()
     compare_tensors(model, sd)
     compare_tensors(opt, hfai.flat_state(optimizer))
     # The same state cut for 4 MindSpore ranks, against NumPy slices of the saved tensors in
@@ -429,6 +521,9 @@ def main():
         checks.run(f"merged views of {name}", check_set, args, name)
     for name in SETS:
         checks.run(f"torch.load + hfai merge of {name} equals the mount", check_with_torch, args, name)
+    for name in SETS:
+        checks.run(f"safetensors.torch load_file and safe_open of every view of {name} equal "
+                   "torch.load + hfai merge", check_views_with_safetensors_torch, args, name)
     checks.run("hfai PART files written by torch.save, merged and cut", check_torch_written, args)
     for name in ["hfai_t113_n4", "hfai_t113_n1", "hfai_t26_n2"]:
         checks.run(f"--dst-strategy cuts the merged model of {name}", check_dst_strategy, args, name)

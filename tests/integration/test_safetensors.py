@@ -108,23 +108,9 @@ def check_windows(path, want, rng):
         os.close(fd)
 
 
-# The reference reader lives in a venv of its own (Debian 12 packages no safetensors), made from
-# /usr/bin/python3 with the system's packages visible, so this interpreter can import from it.
-TEST_VENV = os.path.join(itest.REPO, "build", "test-venv")
-
-
 def reference_safe_open():
-    """safetensors.safe_open from build/test-venv; a missing venv fails the check, never skips it."""
-    import glob
-    import site
-    for packages in glob.glob(os.path.join(TEST_VENV, "lib", "python3*", "site-packages")):
-        site.addsitedir(packages)
-    try:
-        from safetensors import safe_open  # noqa: E402
-    except ImportError as e:
-        raise AssertionError(f"the safetensors package is not in {TEST_VENV} ({e}): "
-                             "bash scripts/install-deps.sh makes it") from None
-    return safe_open
+    """safetensors.safe_open of the reference package (itest.TEST_VENV)."""
+    return itest.import_from_test_venv("safetensors").safe_open
 
 
 def check_with_reference_reader(path, tensors):
