@@ -749,6 +749,36 @@ std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) 
   return std::make_unique<fs::Tree>(std::move(lazy));
 }
 
+// `latest` is the newest step saved on every rank, which a node's copy holding only some source
+// ranks (--ranks needs only its share) cannot see: a step saved on the ranks present but not on
+// the others would be served there, while a node with other ranks serves an older one, and the
+// job would load a mix of steps. So such a copy must be told the step, the same on every node.
+// A needed rank missing is named first, by the plan's own check: copying it in may be the fix.
+void require_step_if_partial(const RankDirs& dirs, const ViewArgs& args) {
+  const Planning& planning = *dirs.planning;
+  if (planning.views.ranks.empty() ||
+      source::StepRequest::parse(args.step, args.allow_mixed_steps).kind !=
+          source::StepRequest::Kind::Latest)
+    return;
+  const strategy::Strategy* src = planning.src.get();
+  const int64_t expected = src ? src->devices_per_stage * int64_t{src->num_stages} : 1;
+  std::vector<int64_t> present;
+  for (const auto& [rank, file] : dirs.choice.files) present.push_back(rank);
+  const int64_t in_strategy =
+      std::ranges::count_if(present, [expected](int64_t r) { return r < expected; });
+  if (in_strategy >= expected) return;
+  strategy::TransformMemo memo;
+  const std::optional<std::set<int64_t>> needed =
+      planning.needed_sources(planning.views.ranks, memo);
+  if (!needed) return;  // every source is read: the plan refuses the absent ones
+  plan::check_rank_count(present, src, planning.root, planning.unusable, &*needed);
+  fail(
+      "{}: only {} of the {} source ranks are present, so the newest step saved on every rank "
+      "cannot be known; give --step EPOCH_STEP{}, the same on every node",
+      dirs.listing.root.string(), in_strategy, expected,
+      dirs.choice.step ? fmt::format(" (the newest here is {})", dirs.choice.step->str()) : "");
+}
+
 std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes, bool steps) {
   if (hfai::is_hfai_dir(args.src_dir)) return build_hfai_tree(args, notes);
   if (const auto iteration = mindformers::find_iteration(args.src_dir, args.step))
@@ -770,6 +800,7 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
     }
   }
   const RankDirs dirs = prepare_rank_dirs(args, notes);
+  require_step_if_partial(dirs, args);
   const std::shared_ptr<Planning>& planning = dirs.planning;
 
   // Only a mount plans lazily: materialize and verify read every file at once anyway.

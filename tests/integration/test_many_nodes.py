@@ -244,12 +244,15 @@ def partial_sources(args):
     reads source ranks 1, 2 and 3. Mount and materialize with --ranks 1 serve the generator's
     bytes when the other ranks are absent, or are junk (a `rank_N` file, or a checkpoint any scan
     refuses), which is neither required nor opened; a needed rank missing or junk is refused in
-    one line naming it; a mount listed from a shipped index's summaries reads the same share."""
+    one line naming it; a mount listed from a shipped index's summaries reads the same share.
+    Such a copy is told the step (--step 1_1; see partial_copy_needs_step), except where a shipped
+    index's summaries pin it."""
     fx = fixture(args, "rows_8to4")
     work = os.path.join(args.work, "partial")
     needed, others = [1, 2, 3], [0, 4, 5, 6, 7]
     expected = fx.expected_files()[1]
     strategies = ["--src-strategy", fx.src_strategy, "--dst-strategy", fx.dst_strategy]
+    step = ["--step", "1_1"]  # a partial copy cannot know the newest step saved on every rank
 
     def rank_dir(root, g):
         return os.path.join(root, os.path.basename(os.path.dirname(fx.source_files[g])))
@@ -268,12 +271,13 @@ def partial_sources(args):
         mnt = os.path.join(work, "mnt_" + name)
         with itest.mounted(args.ckptfs, src, mnt, src_strategy=fx.src_strategy,
                            dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "i_" + name),
-                           extra_args=["--ranks", "1"]):
+                           extra_args=["--ranks", "1", *step]):
             problems = compare_ranks(fx, mnt, [1])
             assert not problems, (name, problems)
         out = os.path.join(work, "out_" + name)
-        itest.run([args.ckptfs, "materialize", src, out, *strategies, "--ranks", "1", "--view",
-                   "ckpt", "--index-dir", os.path.join(work, "i_" + name), "-q"], timeout=300)
+        itest.run([args.ckptfs, "materialize", src, out, *strategies, "--ranks", "1", *step,
+                   "--view", "ckpt", "--index-dir", os.path.join(work, "i_" + name), "-q"],
+                  timeout=300)
         assert itest.tree_files(out) == [f"rank_1/{os.path.basename(expected)}"], name
         assert not ckpt_fixture.describe_difference(
             expected, os.path.join(out, "rank_1", os.path.basename(expected))), name
@@ -283,9 +287,9 @@ def partial_sources(args):
         proc = itest.refused_mount(args.ckptfs, src, mnt, src_strategy=fx.src_strategy,
                                    dst_strategy=fx.dst_strategy,
                                    index_dir=os.path.join(work, "i_" + name),
-                                   extra_args=["--ranks", "1"])
+                                   extra_args=["--ranks", "1", *step])
         out = os.path.join(work, "out_" + name)
-        mat = itest.run([args.ckptfs, "materialize", src, out, *strategies, "--ranks", "1",
+        mat = itest.run([args.ckptfs, "materialize", src, out, *strategies, "--ranks", "1", *step,
                          "--index-dir", os.path.join(work, "i_" + name)], check=False)
         for p in (proc, mat):
             lines = itest.stderr_lines(p)
@@ -335,8 +339,46 @@ def partial_sources(args):
         shutil.rmtree(rank_dir(os.path.join(work, "plain"), g))
     with itest.mounted(args.ckptfs, os.path.join(work, "plain"), mnt,
                        src_strategy=fx.src_strategy, dst_strategy=fx.dst_strategy,
-                       extra_args=["--ranks", "1", "--index", plain]):
+                       extra_args=["--ranks", "1", "--index", plain, *step]):
         problems = compare_ranks(fx, mnt, [1])
+        assert not problems, problems
+
+
+def partial_copy_needs_step(args):
+    """A partial copy without --step is refused; with --step it serves the step named. A node's
+    copy holding only source ranks 0-3 of 8, where step 1_2 was saved on those ranks only: the
+    newest step on every rank (1_1, as a node with the full source chooses) cannot be known
+    there, so the default `latest` (given or not) is refused in one line naming the newest step
+    present; --step 1_1 serves the generator's bytes, never reading the 1_2 files (junk here)."""
+    fx = fixture(args, "demo")  # 8 source ranks -> 4 target ranks; target 0 reads sources 0-1
+    work = os.path.join(args.work, "partial_step")
+    node = os.path.join(work, "nodeA")
+    for g in range(4):
+        rank = os.path.dirname(fx.source_files[g])
+        dst = os.path.join(node, os.path.basename(rank))
+        shutil.copytree(rank, dst)
+        shutil.copy(fx.source_files[g], os.path.join(dst, "checkpoint-1_2.ckpt"))
+    strategies = ["--src-strategy", fx.src_strategy, "--dst-strategy", fx.dst_strategy]
+    index_dir = os.path.join(work, "index")
+    mount = itest.refused_mount(args.ckptfs, node, os.path.join(work, "mnt_refused"),
+                                src_strategy=fx.src_strategy, dst_strategy=fx.dst_strategy,
+                                index_dir=index_dir, extra_args=["--ranks", "0"])
+    mat = itest.run([args.ckptfs, "materialize", node, os.path.join(work, "out"), *strategies,
+                     "--ranks", "0", "--step", "latest", "--index-dir", index_dir], check=False)
+    for p in (mount, mat):
+        lines = itest.stderr_lines(p)
+        assert p.returncode != 0 and len(lines) == 1, p.stderr
+        assert "only 4 of the 8 source ranks" in lines[0] and "--step" in lines[0], lines[0]
+        assert "newest here is 1_2" in lines[0], lines[0]
+    assert not os.path.exists(os.path.join(work, "out")), "a refused materialize wrote output"
+    for g in range(2):  # what target 0 reads: junk at 1_2, so reading it would be refused
+        with open(os.path.join(node, f"rank_{g}", "checkpoint-1_2.ckpt"), "wb") as f:
+            f.write(b"garbage")
+    mnt = os.path.join(work, "mnt")
+    with itest.mounted(args.ckptfs, node, mnt, src_strategy=fx.src_strategy,
+                       dst_strategy=fx.dst_strategy, index_dir=index_dir,
+                       extra_args=["--ranks", "0", "--step", "1_1"]):
+        problems = compare_ranks(fx, mnt, [0])
         assert not problems, problems
 
 
@@ -433,6 +475,7 @@ def main():
     checks.run("unneeded_sources_untouched", unneeded_sources_untouched, args)
     checks.run("refused", refused, args)
     checks.run("partial_sources", partial_sources, args)
+    checks.run("partial_copy_needs_step", partial_copy_needs_step, args)
     checks.run("shipped_index", shipped_index, args)
     checks.run("lazy_ranks", lazy_ranks, args)
     checks.run("lazy_ranks_other_view", lazy_ranks_other_view, args)

@@ -69,11 +69,12 @@ def accepted_alike(args):
                          os.path.join(work, "index")] + strategies)
     assert checked.stdout == plain and plain.strip(), (checked.stdout, plain)
     assert checked.stderr == "", checked.stderr
-    # A source rank target 1 does not read (it reads 0-3) may be absent.
+    # A source rank target 1 does not read (it reads 0-3) may be absent, the step then given
+    # (the newest saved on every rank cannot be known from some of them).
     src = os.path.join(work, "src")
     shutil.copytree(demo.src_dir, src)
     shutil.rmtree(os.path.join(src, "rank_5"))
-    checked = itest.run([args.ckptfs, "ranks", "1", "--src", src, "--index-dir",
+    checked = itest.run([args.ckptfs, "ranks", "1", "--src", src, "--step", "1_1", "--index-dir",
                          os.path.join(work, "index")] + strategies)
     assert checked.stdout == plain and checked.stderr == "", (checked.stdout, checked.stderr)
 
@@ -92,7 +93,9 @@ def partial_alike(args):
     for name, src_strategy, dst_strategy in (
             ("source", other.src_strategy, demo.dst_strategy),
             ("destination", demo.src_strategy, other.dst_strategy)):
-        strategies = ["--src-strategy", src_strategy, "--dst-strategy", dst_strategy]
+        # With the step given, as a partial copy needs.
+        strategies = ["--src-strategy", src_strategy, "--dst-strategy", dst_strategy,
+                      "--step", "1_1"]
         lines = []
         for src in (demo.src_dir, part):
             lines.append(refusal(itest.run(
