@@ -157,14 +157,17 @@ BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const 
       if (source::fingerprint_of(file.fd.get(), name) != file.fingerprint)
         fail("{}: changed while being indexed; index it again once it is complete", name);
       const Store::NewEntry entry{absolute_name(file.path), file.fingerprint, &scan, structure};
-      try {
-        if (!store) fail("no index");
-        store->insert(std::span(&entry, 1));
-      } catch (const Error& e) {
-        // A cache index that cannot grow (a full disk) costs the next mount its head start,
-        // not this build; the caller refuses a shipped index that misses entries.
-        if (unrecorded.fetch_add(1) == 0 && store)
-          spdlog::warn("{}; the new scans are not recorded", e.what());
+      if (!store) {
+        ++unrecorded;  // no index to record it in
+      } else {
+        try {
+          store->insert(std::span(&entry, 1));
+        } catch (const Error& e) {
+          // A cache index that cannot grow (a full disk) costs the next mount its head start,
+          // not this build; the caller refuses a shipped index that misses entries.
+          if (unrecorded.fetch_add(1) == 0)
+            spdlog::warn("{}; the new scans are not recorded", e.what());
+        }
       }
       params += scan.params.size();
       if (on_file) on_file(scan);
