@@ -4,7 +4,7 @@
 // dimension (one short run per row: hundreds to thousands per request), and 3-D expert tensors.
 //
 // map() only does arithmetic on shapes and content extents, so the TensorContent is built by
-// hand from ckpt::Param objects with made-up extents; no files are read. Each iteration maps
+// hand from scan::Param objects with made-up extents; no files are read. Each iteration maps
 // the next 1 MiB window of the target (wrapping), so the figure is an average over positions,
 // not the cost of offset 0 only. Counters: runs per request, and the rate of requests.
 #include <benchmark/benchmark.h>
@@ -21,7 +21,7 @@
 
 namespace {
 
-using ckptfs::ckpt::Param;
+using ckptfs::scan::Param;
 using ckptfs::plan::Run;
 using ckptfs::plan::SourceBlock;
 using ckptfs::plan::TensorContent;

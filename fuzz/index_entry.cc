@@ -1,6 +1,6 @@
 // An index entry read back from LMDB (index::decode_entry): the first 8 input bytes are the file
 // size, the rest the entry's message, sealed here with a valid CRC-32 so that the fuzzer reaches
-// the checks behind the checksum. Whatever decodes must pass ckpt::check_scan, count no more
+// the checks behind the checksum. Whatever decodes must pass scan::check_scan, count no more
 // structure bytes than the file has, and give structure extents that are ascending, disjoint,
 // inside the file and outside every content.
 #include <cstdint>
@@ -24,17 +24,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const std::string& e : {entry, std::string(entry).append("x")}) {
     std::string why;
     index::StructureDigest digest;
-    const std::optional<ckpt::FileScan> scan = index::decode_entry(e, file_size, &why, &digest);
-    if (scan && !ckpt::check_scan(*scan, file_size).empty()) std::abort();
+    const std::optional<scan::FileScan> scan = index::decode_entry(e, file_size, &why, &digest);
+    if (scan && !scan::check_scan(*scan, file_size).empty()) std::abort();
     if (!scan && why.empty()) std::abort();
     if (!scan) continue;
     if (digest.bytes > file_size) std::abort();
     uint64_t at = 0;
-    for (const ckpt::Extent& x : index::structure_extents(*scan)) {
+    for (const scan::Extent& x : index::structure_extents(*scan)) {
       if (x.length == 0 || x.offset < at || x.offset + x.length > file_size) std::abort();
       at = x.offset + x.length;
-      for (const ckpt::Param& p : scan->params)
-        for (const ckpt::Extent& c : p.content)
+      for (const scan::Param& p : scan->params)
+        for (const scan::Extent& c : p.content)
           if (c.length > 0 && c.offset < at && x.offset < c.offset + c.length) std::abort();
     }
   }

@@ -1,5 +1,5 @@
 // The safetensors header reader on arbitrary bytes: a scan either throws ckptfs::Error or gives
-// a scan that ckpt::check_scan accepts for a file of the input's size, in offset order, whose
+// a scan that scan::check_scan accepts for a file of the input's size, in offset order, whose
 // every tensor is the one nlohmann's own tree parser finds under that name (same dtype, shape
 // and extent, as many tensors as the tree has). The tree keeps one copy of a repeated key, so a
 // repeated key the scanner let through would show as a count or a field that disagrees.
@@ -24,14 +24,14 @@ namespace {
 }
 
 // The accepted scan against the header as a tree.
-void compare_with_tree(const uint8_t* data, const ckptfs::ckpt::FileScan& scan) {
+void compare_with_tree(const uint8_t* data, const ckptfs::scan::FileScan& scan) {
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t{data[i]} << (8 * i);
   const nlohmann::json tree = nlohmann::json::parse(data + 8, data + 8 + n);
   const size_t tensors = tree.size() - (tree.contains("__metadata__") ? 1 : 0);
   if (tensors != scan.params.size()) finding("tensor count differs from the tree's", "");
   uint64_t last = 0;
-  for (const ckptfs::ckpt::Param& p : scan.params) {
+  for (const ckptfs::scan::Param& p : scan.params) {
     const auto it = tree.find(p.name);
     if (it == tree.end() || p.name == "__metadata__") finding("a name the tree lacks", p.name);
     const auto dtype = ckptfs::safetensors::dtype_by_code(it->at("dtype").get<std::string>());
@@ -52,13 +52,13 @@ void compare_with_tree(const uint8_t* data, const ckptfs::ckpt::FileScan& scan) 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ckptfs;
   fuzz::MemFile file(data, size);
-  ckpt::FileScan scan;
+  scan::FileScan scan;
   try {
     scan = safetensors::scan_safetensors_fd(file.fd(), "input");
   } catch (const Error&) {
     return 0;
   }
-  if (const std::string why = ckpt::check_scan(scan, size); !why.empty()) {
+  if (const std::string why = scan::check_scan(scan, size); !why.empty()) {
     std::fprintf(stderr, "accepted scan fails check_scan: %s\n", why.c_str());
     std::abort();
   }

@@ -31,16 +31,16 @@ size_t count_refs(const nlohmann::json& node, size_t params) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ckptfs;
   fuzz::MemFile file(data, size);
-  ckpt::FileScan scan;
+  scan::FileScan scan;
   try {
     scan = torchzip::scan_torch_fd(file.fd(), "input");
   } catch (const Error&) {
     return 0;
   }
   if (scan.file_size != size) std::abort();
-  for (const ckpt::Param& p : scan.params) {
+  for (const scan::Param& p : scan.params) {
     if (!p.view || p.content.size() != 1 || p.shape.size() != p.strides.size()) std::abort();
-    const ckpt::Extent& record = p.content[0];
+    const scan::Extent& record = p.content[0];
     if (record.offset > size || record.length > size - record.offset) std::abort();
     // Computed so nothing wraps: with at most 2^62 elements, the sum of (size-1) x stride is
     // below 2^125, and the end is compared in elements (a byte count x16 could wrap 128 bits).

@@ -173,7 +173,7 @@ void build(IndexOptions& options) {
   progress.only_if_slow();
   progress.start_items(paths.size());
   const index::BuildResult built =
-      index::build_index(store ? &*store : nullptr, paths, [&progress](const ckpt::FileScan& scan) {
+      index::build_index(store ? &*store : nullptr, paths, [&progress](const scan::FileScan& scan) {
         progress.add_also(scan.params.size());
         progress.item_done();
       });

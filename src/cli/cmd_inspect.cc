@@ -40,43 +40,43 @@ struct InspectOptions {
   bool verify_crc = false;
 };
 
-const char* kind_name(ckpt::EntryKind kind) {
+const char* kind_name(scan::EntryKind kind) {
   switch (kind) {
-    case ckpt::EntryKind::Tensor:
+    case scan::EntryKind::Tensor:
       return "tensor";
-    case ckpt::EntryKind::String:
+    case scan::EntryKind::String:
       return "string";
-    case ckpt::EntryKind::MapTensor:
+    case scan::EntryKind::MapTensor:
       return "maptensor";
-    case ckpt::EntryKind::Opaque:
+    case scan::EntryKind::Opaque:
       return "opaque";
   }
   return "unknown";
 }
 
-std::string extents_text(const ckpt::Extents& extents) {
+std::string extents_text(const scan::Extents& extents) {
   std::vector<std::string> parts;
   parts.reserve(extents.size());
-  for (const ckpt::Extent& e : extents) parts.push_back(fmt::format("{}+{}", e.offset, e.length));
+  for (const scan::Extent& e : extents) parts.push_back(fmt::format("{}+{}", e.offset, e.length));
   return fmt::format("{}", fmt::join(parts, ","));
 }
 
-nlohmann::json extents_json(const ckpt::Extents& extents) {
+nlohmann::json extents_json(const scan::Extents& extents) {
   nlohmann::json out = nlohmann::json::array();
-  for (const ckpt::Extent& e : extents) out.push_back({e.offset, e.length});
+  for (const scan::Extent& e : extents) out.push_back({e.offset, e.length});
   return out;
 }
 
 // The text of dumping the whole array with indent 2, one element at a time: a JSON document of
 // millions of parameters would take several times the scan's memory.
-void print_json(const ckpt::FileScan& scan) {
+void print_json(const scan::FileScan& scan) {
   if (scan.params.empty()) {
     fmt::print("[]\n");
     return;
   }
   fmt::print("[\n");
   for (size_t i = 0; i < scan.params.size(); ++i) {
-    const ckpt::Param& p = scan.params[i];
+    const scan::Param& p = scan.params[i];
     const nlohmann::json item = {
         {"name", p.name},
         {"dtype", p.dtype},
@@ -111,10 +111,10 @@ void print_values(const nlohmann::json& node, const std::string& path) {
   }
 }
 
-void print_torch(const ckpt::FileScan& scan, bool json) {
+void print_torch(const scan::FileScan& scan, bool json) {
   if (json) {
     nlohmann::json tensors = nlohmann::json::array();
-    for (const ckpt::Param& p : scan.params)
+    for (const scan::Param& p : scan.params)
       tensors.push_back({{"name", p.name},
                          {"dtype", p.dtype},
                          {"shape", p.shape},
@@ -131,7 +131,7 @@ void print_torch(const ckpt::FileScan& scan, bool json) {
   std::vector<std::vector<std::string>> rows{
       {"NAME", "DTYPE", "SHAPE", "STRIDE", "OFFSET", "BYTES", "STORAGE"}};
   uint64_t bytes = 0;
-  for (const ckpt::Param& p : scan.params) {
+  for (const scan::Param& p : scan.params) {
     bytes += p.nbytes();
     rows.push_back({printable(p.name), printable(p.dtype), shape_text(p.shape),
                     fmt::format("[{}]", fmt::join(p.strides, ",")),
@@ -157,16 +157,16 @@ struct TableRow {
   std::string name, dtype, shape, bytes, offsets;
 };
 
-TableRow table_row(const ckpt::Param& p) {
+TableRow table_row(const scan::Param& p) {
   // A map tensor has no single content range; its whole records are what gets copied.
-  if (p.kind == ckpt::EntryKind::MapTensor)
+  if (p.kind == scan::EntryKind::MapTensor)
     return {printable(p.name), "(maptensor)", "-", std::to_string(p.nbytes()),
             "records " + extents_text(p.records)};
   return {printable(p.name), printable(p.dtype), shape_text(p.shape), std::to_string(p.nbytes()),
           extents_text(p.content)};
 }
 
-void print_table(const ckpt::FileScan& scan, const InspectOptions& options) {
+void print_table(const scan::FileScan& scan, const InspectOptions& options) {
   const TableRow heading{"NAME", "DTYPE", "SHAPE", "BYTES", "OFFSETS"};
   size_t w_name = 0, w_dtype = 0, w_shape = 0, w_bytes = 0;
   auto widen = [&](const TableRow& r) {
@@ -178,7 +178,7 @@ void print_table(const ckpt::FileScan& scan, const InspectOptions& options) {
   widen(heading);
   uint64_t content_bytes = 0;
   size_t records = 0;
-  for (const ckpt::Param& p : scan.params) {
+  for (const scan::Param& p : scan.params) {
     content_bytes += p.nbytes();
     records += p.records.size();
     widen(table_row(p));
@@ -188,7 +188,7 @@ void print_table(const ckpt::FileScan& scan, const InspectOptions& options) {
                w_shape, r.bytes, w_bytes, r.offsets);
   };
   print(heading);
-  for (const ckpt::Param& p : scan.params) print(table_row(p));
+  for (const scan::Param& p : scan.params) print(table_row(p));
 
   std::string crc = "no CRC trailer";
   if (scan.has_crc_trailer) crc = options.verify_crc ? "CRC verified" : "CRC trailer not verified";
@@ -279,7 +279,7 @@ void add_inspect_command(CLI::App& app) {
         inspect_safetensors(*options);
         return;
       }
-      ckpt::FileScan scan;
+      scan::FileScan scan;
       try {
         scan = ckpt::scan_checkpoint(options->file,
                                      ckpt::ScanOptions{.verify_crc = options->verify_crc});

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "ckptfs/ckpt/dtype.h"
+#include "ckptfs/scan/dtype.h"
 #include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/error.h"
 #include "ckptfs/safetensors/scanner.h"
@@ -58,7 +58,7 @@ struct Findings {
   }
 };
 
-ckpt::FileScan scan_any(const stdfs::path& path, bool verify_crc) {
+scan::FileScan scan_any(const stdfs::path& path, bool verify_crc) {
   const source::SourceFile file = source::SourceFile::open(path);
   if (safetensors::is_safetensors_name(path.string()))
     return safetensors::scan_safetensors_fd(file.fd.get(), path.string());
@@ -206,13 +206,13 @@ void verify_sources(const VerifyArgs& args) {
 // Sequential reader of a parameter's content, record after record.
 class ContentReader {
  public:
-  ContentReader(int fd, std::string name, const ckpt::Extents& extents)
+  ContentReader(int fd, std::string name, const scan::Extents& extents)
       : fd_(fd), name_(std::move(name)), extents_(extents) {}
   // Fills up to out.size() bytes; returns how many (0 at the end).
   size_t read(std::span<uint8_t> out) {
     size_t done = 0;
     while (done < out.size() && k_ < extents_.size()) {
-      const ckpt::Extent& e = extents_[k_];
+      const scan::Extent& e = extents_[k_];
       const uint64_t n = std::min<uint64_t>(out.size() - done, e.length - at_);
       pread_exact(fd_, name_, e.offset + at_, out.subspan(done, n));
       done += n;
@@ -228,7 +228,7 @@ class ContentReader {
  private:
   int fd_;
   std::string name_;
-  const ckpt::Extents& extents_;
+  const scan::Extents& extents_;
   size_t k_ = 0;
   uint64_t at_ = 0;
 };
@@ -280,8 +280,8 @@ std::string index_text(uint64_t flat, const std::vector<int64_t>& shape) {
 }
 
 // The first difference between two parameters' contents, or "" if none.
-std::string compare_content(int fd_a, const std::string& a_name, const ckpt::Param& a, int fd_b,
-                            const std::string& b_name, const ckpt::Param& b) {
+std::string compare_content(int fd_a, const std::string& a_name, const scan::Param& a, int fd_b,
+                            const std::string& b_name, const scan::Param& b) {
   constexpr size_t kChunk = 1 << 20;
   std::vector<uint8_t> buf_a(kChunk), buf_b(kChunk);
   ContentReader ra(fd_a, a_name, a.content), rb(fd_b, b_name, b.content);
@@ -294,7 +294,7 @@ std::string compare_content(int fd_a, const std::string& a_name, const ckpt::Par
     if (diff.first != buf_a.begin() + static_cast<ptrdiff_t>(n)) {
       const uint64_t at = offset + static_cast<uint64_t>(diff.first - buf_a.begin());
       const uint32_t size = a.element_size;
-      if (a.kind != ckpt::EntryKind::Tensor || size == 0) return fmt::format("byte {} differs", at);
+      if (a.kind != scan::EntryKind::Tensor || size == 0) return fmt::format("byte {} differs", at);
       const uint64_t element = at / size;
       const size_t start = static_cast<size_t>(element * size - offset);
       if (start + size <= n)
@@ -314,7 +314,7 @@ std::string compare_content(int fd_a, const std::string& a_name, const ckpt::Par
 // Compares two files parameter by parameter; adds a finding per differing parameter.
 void compare_files(const stdfs::path& view, const stdfs::path& other, Findings& findings,
                    size_t& compared) {
-  ckpt::FileScan a, b;
+  scan::FileScan a, b;
   try {
     a = scan_any(view, false);
     b = scan_any(other, false);
@@ -324,17 +324,17 @@ void compare_files(const stdfs::path& view, const stdfs::path& other, Findings& 
   }
   const source::SourceFile fa = source::SourceFile::open(view);
   const source::SourceFile fb = source::SourceFile::open(other);
-  std::map<std::string, const ckpt::Param*> theirs;
-  for (const ckpt::Param& p : b.params) theirs[p.name] = &p;
+  std::map<std::string, const scan::Param*> theirs;
+  for (const scan::Param& p : b.params) theirs[p.name] = &p;
   std::set<std::string> seen;
-  for (const ckpt::Param& p : a.params) {
+  for (const scan::Param& p : a.params) {
     seen.insert(p.name);
     auto it = theirs.find(p.name);
     if (it == theirs.end()) {
       findings.add(fmt::format("{}: {} is not in {}", view.string(), p.name, other.string()));
       continue;
     }
-    const ckpt::Param& q = *it->second;
+    const scan::Param& q = *it->second;
     ++compared;
     if (p.dtype != q.dtype || p.shape != q.shape) {
       findings.add(fmt::format("{}: {}: {} {} here, {} {} in {}", view.string(), p.name, p.dtype,
@@ -348,14 +348,14 @@ void compare_files(const stdfs::path& view, const stdfs::path& other, Findings& 
       findings.add(fmt::format("{}: {} ({} {}): {}", view.string(), p.name, p.dtype,
                                fmt::format("[{}]", fmt::join(p.shape, ",")), diff));
   }
-  for (const ckpt::Param& q : b.params)
+  for (const scan::Param& q : b.params)
     if (!seen.contains(q.name))
       findings.add(fmt::format("{}: {} is only in {}", view.string(), q.name, other.string()));
   // The order of records is part of what a loader sees.
   if (findings.count == 0) {
     std::vector<std::string> order_a, order_b;
-    for (const ckpt::Param& p : a.params) order_a.push_back(p.name);
-    for (const ckpt::Param& q : b.params) order_b.push_back(q.name);
+    for (const scan::Param& p : a.params) order_a.push_back(p.name);
+    for (const scan::Param& q : b.params) order_b.push_back(q.name);
     if (order_a != order_b)
       findings.add(fmt::format("{}: same parameters as {}, in another order", view.string(),
                                other.string()));

@@ -165,7 +165,7 @@ std::vector<index::IndexedSource> index_files(const std::optional<std::filesyste
   progress.also_count("tensors");
   progress.only_if_slow();
   progress.start_items(paths.size());
-  const index::OnFile on_file = [&progress](const ckpt::FileScan& scan) {
+  const index::OnFile on_file = [&progress](const scan::FileScan& scan) {
     progress.add_also(scan.params.size());
     progress.item_done();
   };
@@ -384,7 +384,7 @@ std::unique_ptr<fs::Tree> build_unified_tree(const ViewArgs& args,
   // The map must agree with the files, or a parameter would silently come from nowhere.
   std::map<std::string, std::set<std::string_view>> held;
   for (const index::IndexedSource& part : parts)
-    for (const ckpt::Param& p : part.scan.params)
+    for (const scan::Param& p : part.scan.params)
       held[part.file.path.filename().string()].insert(p.name);
   for (const auto& [name, file] : unified.weight_map)
     if (!held[file].count(name))

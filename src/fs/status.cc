@@ -55,18 +55,6 @@ std::string iso_time(int64_t ns) {
   return fmt::format("{}.{:09}Z", buf, ns % 1'000'000'000);
 }
 
-const char* format_name(ckpt::SourceFormat format) {
-  switch (format) {
-    case ckpt::SourceFormat::Ckpt:
-      return "ckpt";
-    case ckpt::SourceFormat::Safetensors:
-      return "safetensors";
-    case ckpt::SourceFormat::TorchZip:
-      return "torch";
-  }
-  return "unknown";
-}
-
 struct MappedRun {
   plan::Run run;
   uint64_t at = 0;
@@ -244,15 +232,15 @@ FilePlan describe_file(const Tree& tree, uint64_t ino) {
     }
   } else if (file_name.ends_with(".ckpt")) {
     out.format = "ckpt";
-    ckpt::FileScan scan = ckpt::scan_checkpoint_bytes(read, out.size, name);
-    for (ckpt::Param& p : scan.params) {
+    scan::FileScan scan = ckpt::scan_checkpoint_bytes(read, out.size, name);
+    for (scan::Param& p : scan.params) {
       RecordPlan& r = out.records.emplace_back();
       r.name = std::move(p.name);
       r.dtype = std::move(p.dtype);
       r.shape = std::move(p.shape);
       // A map tensor is copied as whole records; it has no content of its own.
-      const ckpt::Extents& ranges = p.kind == ckpt::EntryKind::MapTensor ? p.records : p.content;
-      for (const ckpt::Extent& x : ranges) r.ranges.emplace_back(x.offset, x.length);
+      const scan::Extents& ranges = p.kind == scan::EntryKind::MapTensor ? p.records : p.content;
+      for (const scan::Extent& x : ranges) r.ranges.emplace_back(x.offset, x.length);
     }
   } else {
     out.format = "other";

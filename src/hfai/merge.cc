@@ -38,11 +38,11 @@ struct Set {
   std::vector<json> trees;
 
   std::string file(size_t r) const { return parts[r].file.path.string(); }
-  const ckpt::Param& param(size_t r, const json& ref) const {
+  const scan::Param& param(size_t r, const json& ref) const {
     return parts[r].scan.params.at(ref["$tensor"].get<size_t>());
   }
   Tensor view(size_t r, const json& ref, std::string name) const {
-    const ckpt::Param& p = param(r, ref);
+    const scan::Param& p = param(r, ref);
     return {std::move(name),
             std::string(p.dtype),
             p.element_size,
@@ -75,7 +75,7 @@ Tensor concat(const Set& set, const std::string& what, const std::string& name, 
   t.shape = c.shape;
   for (size_t i = 0; i < n; ++i) {
     const auto& [r, ref] = c.pieces[i];
-    const ckpt::Param& p = set.param(r, ref);
+    const scan::Param& p = set.param(r, ref);
     if (i == 0) {
       t.code = p.dtype;
       t.element_size = p.element_size;
@@ -307,7 +307,7 @@ Merged merge(const std::vector<index::IndexedSource>& parts) {
   Set set{parts, {}};
   const size_t n = parts.size();
   for (size_t r = 0; r < n; ++r) {
-    if (parts[r].scan.format != ckpt::SourceFormat::TorchZip)
+    if (parts[r].scan.format != scan::SourceFormat::TorchZip)
       fail("{}: not a torch.save file", set.file(r));
     set.trees.push_back(json::parse(parts[r].scan.tree));
     const json& t = set.trees.back();

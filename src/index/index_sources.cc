@@ -8,6 +8,7 @@
 #include <system_error>
 #include <thread>
 
+#include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/error.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/index/structure.h"
@@ -62,7 +63,7 @@ size_t parallel_in_order(size_t count, std::exception_ptr& error, const Work& wo
 
 // A torch.save file is told by its first bytes (whatever its name: .pt, .pth, .bin); a
 // safetensors file by its name, as MindSpore tells it.
-ckpt::FileScan scan_source(int fd, const std::string& name) {
+scan::FileScan scan_source(int fd, const std::string& name) {
   return naming_out_of_memory(name, "scanning it", [&] {
     char head[4] = {};
     const ssize_t got = ::pread(fd, head, sizeof head, 0);
@@ -113,7 +114,7 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
     const std::string name = absolute_name(s.file.path);
     std::string why;
     StructureDigest built;
-    std::optional<ckpt::FileScan> scan =
+    std::optional<scan::FileScan> scan =
         naming_out_of_memory(name, "reading its scan from the index", [&] {
           return store.lookup_path(name, s.file.fingerprint.size, s.file.fingerprint.mtime_ns, why,
                                    built);
@@ -144,7 +145,7 @@ BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const 
   parallel_in_order(paths.size(), error, [&](size_t i) {
     const source::SourceFile file = source::SourceFile::open(paths[i]);
     const std::string name = file.path.string();
-    if (const std::optional<ckpt::FileScan> known =
+    if (const std::optional<scan::FileScan> known =
             store ? naming_out_of_memory(name, "reading its scan from the index",
                                          [&] { return store->lookup(file.fingerprint); })
                   : std::nullopt) {
@@ -152,7 +153,7 @@ BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const 
       ++hits;
       if (on_file) on_file(*known);
     } else {
-      const ckpt::FileScan scan = scan_source(file.fd.get(), name);
+      const scan::FileScan scan = scan_source(file.fd.get(), name);
       const StructureDigest structure = structure_digest(file.fd.get(), name, scan);
       if (source::fingerprint_of(file.fd.get(), name) != file.fingerprint)
         fail("{}: changed while being indexed; index it again once it is complete", name);
@@ -195,7 +196,7 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
   std::exception_ptr lookup_error;
   if (store != nullptr)
     parallel_in_order(sources.size(), lookup_error, [&](size_t i) {
-      std::optional<ckpt::FileScan> scan =
+      std::optional<scan::FileScan> scan =
           naming_out_of_memory(sources[i].file.path.string(), "reading its scan from the index",
                                [&] { return store->lookup(sources[i].file.fingerprint); });
       if (scan) {

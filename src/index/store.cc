@@ -111,14 +111,14 @@ class Wire {
     varint(n);
     for (Int v : values) varint(static_cast<uint64_t>(v));
   }
-  void extents(uint32_t field, const ckpt::Extents& values) {
+  void extents(uint32_t field, const scan::Extents& values) {
     if (values.empty()) return;
     size_t n = 0;
-    for (const ckpt::Extent& e : values)
+    for (const scan::Extent& e : values)
       n += ckpt::varint_size(e.offset) + ckpt::varint_size(e.length);
     tag(field, 2);
     varint(n);
-    for (const ckpt::Extent& e : values) {
+    for (const scan::Extent& e : values) {
       varint(e.offset);
       varint(e.length);
     }
@@ -128,7 +128,7 @@ class Wire {
   std::string& out_;
 };
 
-std::string encode(const std::string& path, const ckpt::FileScan& scan,
+std::string encode(const std::string& path, const scan::FileScan& scan,
                    const StructureDigest& structure) {
   std::string out;
   out.reserve(64 + path.size() + scan.tree.size() + scan.params.size() * 96);
@@ -139,7 +139,7 @@ std::string encode(const std::string& path, const ckpt::FileScan& scan,
   file.uint(4, scan.body_size);
   file.uint(5, scan.has_crc_trailer ? 1 : 0);
   std::string param;
-  for (const ckpt::Param& p : scan.params) {
+  for (const scan::Param& p : scan.params) {
     param.clear();
     Wire w(param);
     w.bytes(1, p.name);
@@ -272,19 +272,19 @@ class WireReader {
 };
 
 // Extents stored as flat (offset, length) pairs, packed.
-bool extents(WireReader& in, uint32_t type, ckpt::Extents& out) {
+bool extents(WireReader& in, uint32_t type, scan::Extents& out) {
   std::string_view packed;
   if (!in.text(type, packed)) return false;
   WireReader pairs(packed);
   while (!pairs.done()) {
-    ckpt::Extent e;
+    scan::Extent e;
     if (!pairs.varint(e.offset) || !pairs.varint(e.length)) return false;
     out.push_back(e);
   }
   return true;
 }
 
-bool decode_param(std::string_view bytes, ckpt::Param& p) {
+bool decode_param(std::string_view bytes, scan::Param& p) {
   WireReader in(bytes);
   for (uint32_t field = 0, type = 0; !in.done();) {
     if (!in.tag(field, type)) return false;
@@ -308,8 +308,8 @@ bool decode_param(std::string_view bytes, ckpt::Param& p) {
         p.dims_zero = v != 0;
         break;
       case 5:
-        ok = in.number(type, v) && v <= static_cast<uint64_t>(ckpt::EntryKind::Opaque);
-        p.kind = static_cast<ckpt::EntryKind>(v);
+        ok = in.number(type, v) && v <= static_cast<uint64_t>(scan::EntryKind::Opaque);
+        p.kind = static_cast<scan::EntryKind>(v);
         break;
       case 6:
         ok = in.number(type, v) && v <= std::numeric_limits<uint32_t>::max();
@@ -342,15 +342,15 @@ bool decode_param(std::string_view bytes, ckpt::Param& p) {
 
 }  // namespace
 
-std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file_size,
+std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file_size,
                                            std::string* why, StructureDigest* structure) {
-  const auto bad = [&](std::string what) -> std::optional<ckpt::FileScan> {
+  const auto bad = [&](std::string what) -> std::optional<scan::FileScan> {
     if (why) *why = std::move(what);
     return std::nullopt;
   };
   const std::optional<std::string_view> bytes = checked_message(entry);
   if (!bytes) return bad("its checksum does not match");
-  ckpt::FileScan scan;
+  scan::FileScan scan;
   uint64_t version = 0, format = 0;
   StructureDigest digest;
   WireReader in(*bytes);
@@ -400,10 +400,10 @@ std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file
   }
   if (version != kFormatVersion) return bad("it is of another format version");
   if (scan.file_size != file_size) return bad("it is of a file of another size");
-  if (format > static_cast<uint32_t>(ckpt::SourceFormat::TorchZip))
+  if (format > static_cast<uint32_t>(scan::SourceFormat::TorchZip))
     return bad("it names an unknown source format");
-  scan.format = static_cast<ckpt::SourceFormat>(format);
-  if (std::string what = ckpt::check_scan(scan, file_size); !what.empty()) return bad(what);
+  scan.format = static_cast<scan::SourceFormat>(format);
+  if (std::string what = scan::check_scan(scan, file_size); !what.empty()) return bad(what);
   if (digest.bytes > file_size) return bad("it counts more structure bytes than the file has");
   if (structure) *structure = digest;
   return scan;
@@ -571,7 +571,7 @@ Store Store::open_shipped(const fs::path& dir) {
 
 bool Store::read_only() const { return impl_->read_only; }
 
-std::optional<ckpt::FileScan> Store::lookup_path(const std::string& path, uint64_t size,
+std::optional<scan::FileScan> Store::lookup_path(const std::string& path, uint64_t size,
                                                  int64_t mtime_ns, std::string& why,
                                                  StructureDigest& structure) const {
   std::string bytes;
@@ -598,7 +598,7 @@ std::optional<ckpt::FileScan> Store::lookup_path(const std::string& path, uint64
                       stored.size, stored.mtime_ns, size, mtime_ns);
     return std::nullopt;
   }
-  std::optional<ckpt::FileScan> scan = decode_entry(bytes, size, &why, &structure);
+  std::optional<scan::FileScan> scan = decode_entry(bytes, size, &why, &structure);
   if (!scan) why = "holds an unusable entry for it (" + why + ")";
   return scan;
 }
@@ -755,7 +755,7 @@ Store& Store::operator=(Store&&) noexcept = default;
 
 const fs::path& Store::dir() const { return impl_->env.dir(); }
 
-std::optional<ckpt::FileScan> Store::lookup(const source::Fingerprint& fingerprint) const {
+std::optional<scan::FileScan> Store::lookup(const source::Fingerprint& fingerprint) const {
   std::string bytes;
   {
     // Only the LMDB read takes turns; decoding a copy runs in parallel across callers.
@@ -766,7 +766,7 @@ std::optional<ckpt::FileScan> Store::lookup(const source::Fingerprint& fingerpri
     bytes.assign(*value);
   }
   std::string why;
-  std::optional<ckpt::FileScan> scan = decode_entry(bytes, fingerprint.size, &why);
+  std::optional<scan::FileScan> scan = decode_entry(bytes, fingerprint.size, &why);
   if (!scan)
     spdlog::warn("{}: an index entry is unusable ({}); scanning the file again", dir().string(),
                  why);

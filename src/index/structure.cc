@@ -17,16 +17,16 @@ constexpr size_t kBufferBytes = size_t{1} << 20;
 
 }  // namespace
 
-std::vector<ckpt::Extent> structure_extents(const ckpt::FileScan& scan) {
-  std::vector<ckpt::Extent> content;
-  for (const ckpt::Param& p : scan.params)
-    for (const ckpt::Extent& e : p.content)
+std::vector<scan::Extent> structure_extents(const scan::FileScan& scan) {
+  std::vector<scan::Extent> content;
+  for (const scan::Param& p : scan.params)
+    for (const scan::Extent& e : p.content)
       if (e.length > 0) content.push_back(e);
   std::sort(content.begin(), content.end(),
-            [](const ckpt::Extent& a, const ckpt::Extent& b) { return a.offset < b.offset; });
-  std::vector<ckpt::Extent> out;
+            [](const scan::Extent& a, const scan::Extent& b) { return a.offset < b.offset; });
+  std::vector<scan::Extent> out;
   uint64_t at = 0;  // everything before `at` is content or already emitted
-  for (const ckpt::Extent& e : content) {
+  for (const scan::Extent& e : content) {
     const uint64_t begin = std::min(e.offset, scan.file_size);
     const uint64_t end =
         std::min(begin + std::min(e.length, scan.file_size - begin), scan.file_size);
@@ -37,8 +37,8 @@ std::vector<ckpt::Extent> structure_extents(const ckpt::FileScan& scan) {
   return out;
 }
 
-StructureDigest structure_digest(int fd, const std::string& name, const ckpt::FileScan& scan) {
-  const std::vector<ckpt::Extent> parts = structure_extents(scan);
+StructureDigest structure_digest(int fd, const std::string& name, const scan::FileScan& scan) {
+  const std::vector<scan::Extent> parts = structure_extents(scan);
   StructureDigest digest;
   std::vector<uint8_t> buffer;
   for (size_t i = 0; i < parts.size();) {

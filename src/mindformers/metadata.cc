@@ -10,7 +10,7 @@
 #include <set>
 #include <system_error>
 
-#include "ckptfs/ckpt/dtype.h"
+#include "ckptfs/scan/dtype.h"
 #include "ckptfs/error.h"
 #include "ckptfs/strategy/layout.h"
 #include "ckptfs/util/json_int.h"
@@ -91,7 +91,7 @@ std::optional<std::string> dtype_name(std::string_view text) {
                     std::tolower(static_cast<unsigned char>(b));
            });
   };
-  for (const ckpt::DenseType& t : ckpt::kDenseTypes)
+  for (const scan::DenseType& t : scan::kDenseTypes)
     if (same(t.name)) return std::string(t.name);
   if (same("Int4")) return "Int4";
   return std::nullopt;
@@ -406,7 +406,7 @@ Iteration read_iteration(const fs::path& dir) {
 }
 
 void validate(const Iteration& it, const std::vector<index::IndexedSource>& scans) {
-  std::map<std::string, const ckpt::FileScan*> by_file;
+  std::map<std::string, const scan::FileScan*> by_file;
   for (size_t i = 0; i < it.files.size() && i < scans.size(); ++i)
     by_file[it.files[i].path.filename().string()] = &scans[i].scan;
   std::vector<std::string> failures;
@@ -431,7 +431,7 @@ void validate(const Iteration& it, const std::vector<index::IndexedSource>& scan
         if (scan == by_file.end()) continue;  // read_iteration already required it
         const auto& ps = scan->second->params;
         auto p = std::find_if(ps.begin(), ps.end(),
-                              [&](const ckpt::Param& q) { return q.name == meta.name; });
+                              [&](const scan::Param& q) { return q.name == meta.name; });
         if (p == ps.end())
           note(fmt::format("{}: parameter {} is missing, but {} says this file stores it", path,
                            meta.name, kMetadataFile));

@@ -12,7 +12,7 @@ namespace ckptfs::plan {
 
 namespace {
 
-bool c_contiguous(const ckpt::Param& p) {
+bool c_contiguous(const scan::Param& p) {
   int64_t expect = 1;
   for (size_t k = p.shape.size(); k-- > 0;) {
     if (p.shape[k] != 1 && p.strides[k] != expect) return false;
@@ -24,7 +24,7 @@ bool c_contiguous(const ckpt::Param& p) {
 void add_content(VirtualFile::Builder& builder, const std::vector<index::IndexedSource>& sources,
                  const hfai::Tensor& t) {
   for (const hfai::Part& part : t.parts) {
-    const ckpt::Param& p = sources[part.source].scan.params[part.param];
+    const scan::Param& p = sources[part.source].scan.params[part.param];
     const uint64_t start = p.content[0].offset + p.storage_offset * p.element_size;
     if (p.nbytes() == 0) continue;
     if (c_contiguous(p)) {
@@ -70,7 +70,7 @@ std::shared_ptr<const StridedContent> whole(const std::vector<index::IndexedSour
   auto content = std::make_shared<StridedContent>();
   content->element_size = t.element_size;
   content->shape = t.shape;
-  const ckpt::Param& first = sources[t.parts[0].source].scan.params[t.parts[0].param];
+  const scan::Param& first = sources[t.parts[0].source].scan.params[t.parts[0].param];
   if (t.parts.size() == 1 && first.shape == t.shape) {
     content->source = t.parts[0].source;
     content->base = first.content[0].offset;
@@ -85,7 +85,7 @@ std::shared_ptr<const StridedContent> whole(const std::vector<index::IndexedSour
   auto pieces = std::make_shared<std::vector<StoragePiece>>();
   uint64_t start = 0;
   for (const hfai::Part& part : t.parts) {
-    const ckpt::Param& p = sources[part.source].scan.params[part.param];
+    const scan::Param& p = sources[part.source].scan.params[part.param];
     const uint64_t n = p.nbytes();
     pieces->push_back(
         {start, part.source, p.content[0].offset + p.storage_offset * p.element_size, n});

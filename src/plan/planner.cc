@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "ckptfs/ckpt/encoder.h"
+#include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/error.h"
 #include "ckptfs/plan/read_map.h"
 #include "ckptfs/plan/source_fit.h"
@@ -72,13 +73,13 @@ class SourceSet {
         file.path = sources[i].file.path.string();
       }
       const size_t base = file.order.size();
-      for (const ckpt::Param& p : sources[i].scan.params) {
+      for (const scan::Param& p : sources[i].scan.params) {
         file.order.push_back(&p);
         file.sources.push_back(static_cast<uint32_t>(i));
       }
       file.ids.resize(file.order.size());
       for (size_t k = base; k < file.order.size(); ++k) {
-        const ckpt::Param& p = *file.order[k];
+        const scan::Param& p = *file.order[k];
         if (first_part && prev && k < prev->order.size() && prev->order[k]->name == p.name) {
           file.ids[k] = prev->ids[k];
           continue;
@@ -108,17 +109,17 @@ class SourceSet {
   size_t names() const { return any_.size(); }
 
   // Some copy of the parameter, for facts every copy shares (its tensor rank).
-  const ckpt::Param* find_any(uint32_t id) const { return id < any_.size() ? any_[id] : nullptr; }
+  const scan::Param* find_any(uint32_t id) const { return id < any_.size() ? any_[id] : nullptr; }
 
   struct File {
     uint32_t index = 0;  // the source (first part) that names this file in messages
     std::string path;
-    std::vector<const ckpt::Param*> order;
+    std::vector<const scan::Param*> order;
     std::vector<uint32_t> sources;          // the source holding order[k]
     std::vector<uint32_t> ids;              // of order[k]
-    std::vector<const ckpt::Param*> by_id;  // null where the file lacks the name
+    std::vector<const scan::Param*> by_id;  // null where the file lacks the name
     std::vector<uint32_t> source_by_id;
-    const ckpt::Param* find(uint32_t id) const { return id < by_id.size() ? by_id[id] : nullptr; }
+    const scan::Param* find(uint32_t id) const { return id < by_id.size() ? by_id[id] : nullptr; }
     // The source a found name is read from.
     uint32_t source_of(uint32_t id) const { return source_by_id[id]; }
   };
@@ -138,7 +139,7 @@ class SourceSet {
  private:
   std::map<int64_t, File> by_rank_;
   std::unordered_map<std::string_view, uint32_t> ids_;
-  std::vector<const ckpt::Param*> any_;  // by id: the first copy seen
+  std::vector<const scan::Param*> any_;  // by id: the first copy seen
 };
 
 }  // namespace
@@ -258,10 +259,10 @@ struct ParamFacts {
 struct Entry {
   std::string_view name;
   std::string_view dtype;
-  ckpt::EntryKind kind = ckpt::EntryKind::Tensor;
+  scan::EntryKind kind = scan::EntryKind::Tensor;
   std::vector<int64_t> shape;                   // empty for a scalar
   std::shared_ptr<const TensorContent> tensor;  // set when resharded
-  const ckpt::Param* copy = nullptr;            // set when passed through
+  const scan::Param* copy = nullptr;            // set when passed through
   uint32_t source = 0;                          //   and the file it is read from
   std::shared_ptr<const StridedContent> view;   // set for a full checkpoint's strided tensor
   uint64_t nbytes() const {
@@ -271,7 +272,7 @@ struct Entry {
 
 // A parameter as the planner walks it: one copy, and its name's id in the SourceSet.
 struct ParamRef {
-  const ckpt::Param* param = nullptr;
+  const scan::Param* param = nullptr;
   uint32_t id = SourceSet::kNoId;
 };
 
@@ -339,12 +340,12 @@ class Planner {
     std::vector<ParamRef> passthrough;
     size_t resharded = 0;
     for (const ParamRef& ref : first_appearance(load_order)) {
-      const ckpt::Param& p = *ref.param;
+      const scan::Param& p = *ref.param;
       switch (role_of(maps, ref.id, p.name)) {
         case TargetMaps::Role::Drop:
           break;
         case TargetMaps::Role::Reshard:
-          if (p.kind == ckpt::EntryKind::Tensor) {
+          if (p.kind == scan::EntryKind::Tensor) {
             entries.push_back(resharded_entry(maps, ref, t));
             ++resharded;
           } else {
@@ -394,12 +395,12 @@ class Planner {
 
   // A copy of the name for facts all copies share: `f`'s, else the first loaded file's holding
   // it, else any (a deduplicated save keeps a block in only one file of a group).
-  const ckpt::Param* copy_of(uint32_t id, const SourceSet::File* f,
+  const scan::Param* copy_of(uint32_t id, const SourceSet::File* f,
                              const std::vector<int64_t>& load_order) const {
-    if (const ckpt::Param* p = f->find(id)) return p;
+    if (const scan::Param* p = f->find(id)) return p;
     for (int64_t g : load_order)
       if (const SourceSet::File* other = files_.file(g))
-        if (const ckpt::Param* p = other->find(id)) return p;
+        if (const scan::Param* p = other->find(id)) return p;
     return files_.find_any(id);
   }
 
@@ -470,7 +471,7 @@ class Planner {
       const uint32_t id = files_.id_of(name);
       if (role_of(maps, id, name) != TargetMaps::Role::Reshard) continue;
       // The checkpoint's own tensor rank, so a map of the wrong length is blamed on its file.
-      const ckpt::Param* copy = files_.find_any(id);
+      const scan::Param* copy = files_.find_any(id);
       const size_t rank =
           copy ? copy->shape.size() : param.stages.begin()->second.tensor_map.size();
       const LayoutMemo::Pair& pair = layouts_of(maps, id, name, rank);
@@ -525,7 +526,7 @@ class Planner {
 
   const ParamFacts& facts_for(const TargetMaps& maps, const ParamRef& ref, uint32_t stage,
                               const Layout& src_layout) {
-    const ckpt::Param& p = *ref.param;
+    const scan::Param& p = *ref.param;
     auto [it, inserted] = facts_.try_emplace(ref.id);
     if (!inserted) return it->second;
     ParamFacts& facts = it->second;
@@ -538,7 +539,7 @@ class Planner {
     const std::vector<int64_t> slice = src_layout.slice_shape(facts.global_shape, p.name);
     const int64_t first = int64_t{stage} * maps.src_devices();
     files_.for_files(first, first + maps.src_devices(), [&](const SourceSet::File& f) {
-      const ckpt::Param* copy = f.find(ref.id);
+      const scan::Param* copy = f.find(ref.id);
       if (!copy) return;
       if (copy->shape != slice || copy->dtype != p.dtype || copy->kind != p.kind)
         fail(
@@ -550,7 +551,7 @@ class Planner {
   }
 
   Entry resharded_entry(const TargetMaps& maps, const ParamRef& ref, int64_t t) {
-    const ckpt::Param& p = *ref.param;
+    const scan::Param& p = *ref.param;
     const size_t rank = p.shape.size();
     const LayoutMemo::Pair& pair = layouts_of(maps, ref.id, p.name, rank);
     const Layout& src = *pair.src;
@@ -581,7 +582,7 @@ class Planner {
       content->target_shape = {1};
       content->block_shape = {1};
     }
-    Entry entry{p.name, facts.dtype, ckpt::EntryKind::Tensor, {}, content, nullptr, 0, nullptr};
+    Entry entry{p.name, facts.dtype, scan::EntryKind::Tensor, {}, content, nullptr, 0, nullptr};
     entry.shape = scalar ? std::vector<int64_t>{} : content->target_shape;
     if (content->nbytes() == 0) return entry;
 
@@ -639,7 +640,7 @@ class Planner {
     // The block of source rank `local`, if its file is there and holds the parameter.
     auto usable = [&](int64_t local) -> SourceBlock {
       const SourceSet::File* f = files_.file(stage * maps.src_devices() + local);
-      const ckpt::Param* p = f ? f->find(ref.id) : nullptr;
+      const scan::Param* p = f ? f->find(ref.id) : nullptr;
       return p ? SourceBlock{f->source_of(ref.id), p} : SourceBlock{};
     };
     for (int64_t local : candidates)
@@ -668,7 +669,7 @@ class Planner {
 
   // Strings, map tensors and opaque types (Int4, ...) have no element grid to cut: they are
   // copied, which is only right when neither side splits them.
-  static void require_unsplit(const TargetMaps& maps, const ckpt::Param& p) {
+  static void require_unsplit(const TargetMaps& maps, const scan::Param& p) {
     const size_t rank = p.shape.size();
     for (const Layout& layout : {maps.src_layout(p.name, rank), maps.dst_layout(p.name, rank)})
       for (int64_t split : layout.splits())
@@ -695,7 +696,7 @@ class Planner {
     // Files that say where each entry is (MindFormers' metadata) store a shared one once.
     if (!from && located_) from = lowest_holder(false);
     if (!from) missing_passthrough(maps, ref, load_order, local, t);
-    const ckpt::Param& q = *from->find(ref.id);
+    const scan::Param& q = *from->find(ref.id);
     return Entry{q.name, q.dtype, q.kind, q.shape, nullptr, &q, from->source_of(ref.id), nullptr};
   }
 
@@ -724,8 +725,8 @@ class Planner {
   // `local` and that contains it: where a deduplicated save put what `local`'s file lacks.
   const SourceSet::File* identical_block_holder(const TargetMaps& maps, const ParamRef& ref,
                                                 int64_t local) const {
-    const ckpt::Param& p = *ref.param;
-    if (!src_ || !src_->find(p.name) || p.kind != ckpt::EntryKind::Tensor) return nullptr;
+    const scan::Param& p = *ref.param;
+    if (!src_ || !src_->find(p.name) || p.kind != scan::EntryKind::Tensor) return nullptr;
     const Layout layout = maps.src_layout(p.name, p.shape.size());
     const std::vector<int64_t> block = layout.block_of(local);
     for (uint32_t st : maps.src_stages(p.name))
@@ -776,7 +777,7 @@ void add_content(VirtualFile::Builder& builder, const Entry& e, uint64_t begin, 
     return;
   }
   uint64_t pos = 0;
-  for (const ckpt::Extent& x : e.copy->content) {
+  for (const scan::Extent& x : e.copy->content) {
     const uint64_t lo = std::max(begin, pos), hi = std::min(end, pos + x.length);
     if (lo < hi) builder.add_source_range(e.source, x.offset + (lo - pos), hi - lo);
     pos += x.length;
@@ -790,17 +791,17 @@ VirtualFile ckpt_view(const std::vector<Entry>& entries,
   VirtualFile::Builder builder;
   builder.reserve(2 * (entries.size() + trailing.size()));  // a header and its content each
   for (const Entry& e : entries) {
-    if (e.copy && e.kind == ckpt::EntryKind::MapTensor) {
-      for (const ckpt::Extent& r : e.copy->records)
+    if (e.copy && e.kind == scan::EntryKind::MapTensor) {
+      for (const scan::Extent& r : e.copy->records)
         builder.add_source_range(e.source, r.offset, r.length);
       continue;
     }
     const uint64_t nbytes = e.nbytes();
     // MindSpore writes no record for an empty tensor.
-    if (e.kind == ckpt::EntryKind::Tensor && nbytes == 0) continue;
+    if (e.kind == scan::EntryKind::Tensor && nbytes == 0) continue;
     // Strings keep dims [0] (their only form); scalars lose it (≥2.3).
     const std::vector<int64_t> dims =
-        e.kind == ckpt::EntryKind::String ? std::vector<int64_t>{0} : e.shape;
+        e.kind == scan::EntryKind::String ? std::vector<int64_t>{0} : e.shape;
     uint64_t begin = 0;
     do {
       const uint64_t end = std::min(nbytes, begin + ckpt::kRecordChunkBytes);
@@ -827,7 +828,7 @@ VirtualFile safetensors_view(const std::vector<Entry>& entries, std::set<std::st
   std::vector<safetensors::HeaderEntry> header;
   std::vector<const Entry*> from;
   for (const Entry& e : entries) {
-    const bool dense = e.kind == ckpt::EntryKind::Tensor || e.kind == ckpt::EntryKind::Opaque;
+    const bool dense = e.kind == scan::EntryKind::Tensor || e.kind == scan::EntryKind::Opaque;
     const std::optional<safetensors::Dtype> d =
         dense ? safetensors::dtype_by_mindspore(e.dtype) : std::nullopt;
     // The header's own key: a .ckpt parameter of that name has no place in it.
@@ -874,7 +875,7 @@ bool safetensors_rules(const Sources& sources) {
     if (source.scan.format != first.scan.format)
       fail("{} and {}: the sources mix .ckpt and .safetensors checkpoints; keep one format",
            first.file.path.string(), source.file.path.string());
-  return first.scan.format == ckpt::SourceFormat::Safetensors;
+  return first.scan.format == scan::SourceFormat::Safetensors;
 }
 
 // MindSpore's loader rules (ckpt::loaded_params), file after file. A file listing the same names
@@ -883,7 +884,7 @@ bool safetensors_rules(const Sources& sources) {
 // scans must stay where they are while rules are applied.
 class LoaderRules {
  public:
-  void apply(ckpt::FileScan& scan) {
+  void apply(scan::FileScan& scan) {
     if (as_saved_ && ckpt::same_names(*as_saved_, scan.params)) return;
     if (ckpt::loads_as_saved(scan.params))
       as_saved_ = &scan.params;
@@ -892,7 +893,7 @@ class LoaderRules {
   }
 
  private:
-  const std::vector<ckpt::Param>* as_saved_ = nullptr;
+  const std::vector<scan::Param>* as_saved_ = nullptr;
 };
 
 Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strategy* dst,
@@ -1038,8 +1039,8 @@ strategy::Strategy whole_strategy(const std::vector<index::IndexedSource>& sourc
   strategy::Strategy out;
   out.origin = "the unsharded destination";
   for (const index::IndexedSource& source : sources)
-    for (const ckpt::Param& p : source.scan.params) {
-      if (p.kind != ckpt::EntryKind::Tensor) continue;
+    for (const scan::Param& p : source.scan.params) {
+      if (p.kind != scan::EntryKind::Tensor) continue;
       strategy::ParamLayout layout;
       layout.dev_matrix = {1};
       layout.tensor_map.assign(p.shape.size(), strategy::DimAxes{});  // no dimension split
@@ -1099,7 +1100,7 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
     const TargetMaps maps(nullptr, &dst, t);
     std::vector<Entry> entries, passthrough;
     for (const FullTensor& full : tensors) {
-      Entry e{full.name, full.dtype,  ckpt::EntryKind::Tensor, full.shape, nullptr, nullptr,
+      Entry e{full.name, full.dtype,  scan::EntryKind::Tensor, full.shape, nullptr, nullptr,
               0,         full.content};
       switch (maps.role(full.name)) {
         case TargetMaps::Role::Drop:

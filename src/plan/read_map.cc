@@ -11,7 +11,7 @@ namespace {
 // Emits block bytes [pos, pos + length) of `param`, whose content may span several records.
 void emit_block_bytes(const SourceBlock& block, uint64_t pos, uint64_t length,
                       std::vector<Run>& out) {
-  for (const ckpt::Extent& extent : block.param->content) {
+  for (const scan::Extent& extent : block.param->content) {
     if (length == 0) return;
     if (pos >= extent.length) {
       pos -= extent.length;

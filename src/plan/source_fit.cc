@@ -6,6 +6,7 @@
 #include <string_view>
 #include <unordered_set>
 
+#include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/error.h"
 
 namespace ckptfs::plan {
@@ -97,15 +98,15 @@ void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sourc
   std::vector<std::unordered_set<std::string_view>> held(src.num_stages);
   // A mount of some target ranks loads only their sources: stages without one are not read.
   std::vector<bool> present(src.num_stages);
-  std::vector<const std::vector<ckpt::Param>*> last(src.num_stages);  // the stage's last file
+  std::vector<const std::vector<scan::Param>*> last(src.num_stages);  // the stage's last file
   for (const auto& [rank, source] : sources) {
     const int64_t stage = rank / src.devices_per_stage;
     if (stage < 0 || stage >= static_cast<int64_t>(held.size())) continue;
     present[stage] = true;
-    const std::vector<ckpt::Param>*& prev = last[static_cast<size_t>(stage)];
+    const std::vector<scan::Param>*& prev = last[static_cast<size_t>(stage)];
     if (prev && ckpt::same_names(*prev, source.scan.params)) continue;  // nothing new
     prev = &source.scan.params;
-    for (const ckpt::Param& p : source.scan.params) held[stage].insert(p.name);
+    for (const scan::Param& p : source.scan.params) held[stage].insert(p.name);
   }
   for (uint32_t stage = 0; stage < src.num_stages; ++stage) {
     if (!present[stage]) continue;

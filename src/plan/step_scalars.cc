@@ -22,9 +22,9 @@ constexpr std::string_view kCounters[] = {"global_step", "epoch_num", "step_num"
 constexpr uint64_t kMaxCounterBytes = 16;
 constexpr size_t kMaxRanksNamed = 4;
 
-std::string content_of(const index::IndexedSource& source, const ckpt::Param& p) {
+std::string content_of(const index::IndexedSource& source, const scan::Param& p) {
   std::string bytes;
-  for (const ckpt::Extent& x : p.content) {
+  for (const scan::Extent& x : p.content) {
     const size_t at = bytes.size();
     bytes.resize(at + x.length);
     const ssize_t got =
@@ -57,14 +57,14 @@ std::string shown(std::string_view dtype, const std::string& bytes) {
 void check_step_scalars(const std::map<int64_t, index::IndexedSource>& sources) {
   // Each file's first entry of each counter, found in one pass over its names.
   constexpr size_t kCount = std::size(kCounters);
-  std::vector<std::array<const ckpt::Param*, kCount>> found;
+  std::vector<std::array<const scan::Param*, kCount>> found;
   found.reserve(sources.size());
   for (const auto& [rank, source] : sources) {
-    std::array<const ckpt::Param*, kCount>& first = found.emplace_back();
+    std::array<const scan::Param*, kCount>& first = found.emplace_back();
     first.fill(nullptr);
-    for (const ckpt::Param& p : source.scan.params)
+    for (const scan::Param& p : source.scan.params)
       for (size_t c = 0; c < kCount; ++c)
-        if (!first[c] && p.name == kCounters[c] && p.kind == ckpt::EntryKind::Tensor &&
+        if (!first[c] && p.name == kCounters[c] && p.kind == scan::EntryKind::Tensor &&
             p.nbytes() <= kMaxCounterBytes)
           first[c] = &p;
   }
@@ -75,7 +75,7 @@ void check_step_scalars(const std::map<int64_t, index::IndexedSource>& sources) 
     std::vector<std::string> first_file;
     size_t file = 0;
     for (const auto& [rank, source] : sources) {
-      if (const ckpt::Param* p = found[file++][c]) {
+      if (const scan::Param* p = found[file++][c]) {
         const std::string value = shown(p->dtype, content_of(source, *p));
         auto it = std::find_if(values.begin(), values.end(),
                                [&](const auto& v) { return v.first == value; });

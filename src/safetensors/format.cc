@@ -10,7 +10,7 @@
 #include <numeric>
 #include <utility>
 
-#include "ckptfs/ckpt/dtype.h"
+#include "ckptfs/scan/dtype.h"
 
 namespace ckptfs::safetensors {
 
@@ -36,7 +36,7 @@ constexpr std::array<std::pair<std::string_view, std::string_view>, 13> kCodes{
 
 Dtype dtype_at(size_t rank) {
   const auto& [code, mindspore] = kCodes[rank];
-  return {code, mindspore, ckpt::element_size(mindspore), static_cast<int>(rank)};
+  return {code, mindspore, scan::element_size(mindspore), static_cast<int>(rank)};
 }
 
 int rank_of(std::string_view code) {

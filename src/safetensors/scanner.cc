@@ -322,14 +322,14 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& name
   return h;
 }
 
-ckpt::FileScan scan_safetensors_fd(int fd, const std::string& display_name) {
+scan::FileScan scan_safetensors_fd(int fd, const std::string& display_name) {
   Header h = read_header(fd, display_name);
-  ckpt::FileScan scan;
-  scan.format = ckpt::SourceFormat::Safetensors;
+  scan::FileScan scan;
+  scan.format = scan::SourceFormat::Safetensors;
   scan.file_size = scan.body_size = h.file_size;
   scan.params.reserve(h.tensors.size());
   for (Tensor& t : h.tensors) {
-    ckpt::Param& p = scan.params.emplace_back();
+    scan::Param& p = scan.params.emplace_back();
     const Dtype d = *dtype_by_code(t.code);
     p.name = std::move(t.name);
     p.shape = std::move(t.shape);
@@ -338,7 +338,7 @@ ckpt::FileScan scan_safetensors_fd(int fd, const std::string& display_name) {
       // Packed 4-bit values have no element grid to cut: copied whole, as the type they are
       // stored as (MindSpore's transform, loading with safetensors' load_file, drops the
       // marker too).
-      p.kind = ckpt::EntryKind::Opaque;
+      p.kind = scan::EntryKind::Opaque;
     } else {
       p.element_size = d.size;
     }
@@ -347,7 +347,7 @@ ckpt::FileScan scan_safetensors_fd(int fd, const std::string& display_name) {
   return scan;
 }
 
-ckpt::FileScan scan_safetensors(const std::string& path) {
+scan::FileScan scan_safetensors(const std::string& path) {
   const UniqueFd fd = util::open_regular(path, "checkpoint file");
   return scan_safetensors_fd(fd.get(), path);
 }

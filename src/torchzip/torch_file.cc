@@ -33,7 +33,7 @@ bool looks_like_torch(std::string_view head) {
          head.substr(0, 3) == std::string_view("\x80\x02\x8A", 3);
 }
 
-ckpt::FileScan scan_torch_fd(int fd, const std::string& name) {
+scan::FileScan scan_torch_fd(int fd, const std::string& name) {
   const ZipArchive zip = read_zip(fd, name);
   for (const ZipRecord& r : zip.records)
     if (r.name == "constants.pkl" || r.name.rfind("code/", 0) == 0)
@@ -74,18 +74,18 @@ ckpt::FileScan scan_torch_fd(int fd, const std::string& name) {
         return it == storages.end() ? std::nullopt : std::optional<uint64_t>(it->second->size);
       });
 
-  ckpt::FileScan scan;
-  scan.format = ckpt::SourceFormat::TorchZip;
+  scan::FileScan scan;
+  scan.format = scan::SourceFormat::TorchZip;
   scan.file_size = scan.body_size = zip.file_size;
   scan.tree = object.tree.dump();
   scan.params.reserve(object.tensors.size());
   for (const PickledTensor& t : object.tensors) {
     const ZipRecord& r = *storages.at(t.storage_key);
-    ckpt::Param& p = scan.params.emplace_back();
+    scan::Param& p = scan.params.emplace_back();
     p.name = t.path;
     p.dtype = std::string(t.dtype->code);
     p.shape = t.shape;
-    p.kind = ckpt::EntryKind::Tensor;
+    p.kind = scan::EntryKind::Tensor;
     p.element_size = t.dtype->element_size;
     p.content = {{r.data_offset, r.size}};
     p.view = true;
@@ -95,7 +95,7 @@ ckpt::FileScan scan_torch_fd(int fd, const std::string& name) {
   return scan;
 }
 
-ckpt::FileScan scan_torch(const std::string& path) {
+scan::FileScan scan_torch(const std::string& path) {
   const UniqueFd fd = util::open_regular(path, "checkpoint file");
   return scan_torch_fd(fd.get(), path);
 }

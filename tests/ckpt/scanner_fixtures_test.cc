@@ -22,6 +22,11 @@
 namespace ckptfs::ckpt {
 namespace {
 
+using scan::EntryKind;
+using scan::Extent;
+using scan::FileScan;
+using scan::Param;
+
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using testsupport::read_file;

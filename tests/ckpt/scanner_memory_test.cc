@@ -19,6 +19,10 @@
 namespace ckptfs::ckpt {
 namespace {
 
+using scan::Extent;
+using scan::FileScan;
+using scan::Param;
+
 using ::testing::ElementsAre;
 using testsupport::varint;
 

@@ -21,6 +21,11 @@
 namespace ckptfs::ckpt {
 namespace {
 
+using scan::EntryKind;
+using scan::Extent;
+using scan::FileScan;
+using scan::Param;
+
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 // bytes(), and a minimal protobuf writer for the cases the spec has no literal bytes for.

@@ -10,8 +10,8 @@
 namespace ckptfs {
 namespace {
 
-using ckpt::Extent;
-using ckpt::Extents;
+using scan::Extent;
+using scan::Extents;
 using ::testing::ElementsAre;
 
 TEST(SmallVector, OneExtentIsHeldInline) {

@@ -73,14 +73,14 @@ TEST_F(IndexSourcesTest, SpecRecordIsScannedThenServedFromTheIndex) {
     EXPECT_EQ(s.scan.body_size, 28u);
     EXPECT_FALSE(s.scan.has_crc_trailer);
     ASSERT_EQ(s.scan.params.size(), 1u);
-    const ckpt::Param& w = s.scan.params[0];
+    const scan::Param& w = s.scan.params[0];
     EXPECT_EQ(w.name, "w");
     EXPECT_EQ(w.dtype, "Float32");
     EXPECT_EQ(w.shape, std::vector<int64_t>{2});
-    EXPECT_EQ(w.kind, ckpt::EntryKind::Tensor);
+    EXPECT_EQ(w.kind, scan::EntryKind::Tensor);
     EXPECT_EQ(w.element_size, 4u);
-    EXPECT_EQ(w.content, (ckpt::Extents{{20, 8}}));
-    EXPECT_EQ(w.records, (ckpt::Extents{{0, 28}}));
+    EXPECT_EQ(w.content, (scan::Extents{{20, 8}}));
+    EXPECT_EQ(w.records, (scan::Extents{{0, 28}}));
   }
   // Stored under the absolute path, with the file's fingerprint.
   const std::vector<Entry> entries = Store(root_ / "index").entries();
@@ -245,10 +245,10 @@ TEST(IndexTorchFiles, ScannedThenReadBackWithViewsAndTree) {
   const std::vector<IndexedSource> second = index_sources(store, {copy});
   ASSERT_FALSE(first[0].from_index);
   ASSERT_TRUE(second[0].from_index);
-  const ckpt::FileScan& a = first[0].scan;
-  const ckpt::FileScan& b = second[0].scan;
-  EXPECT_EQ(a.format, ckpt::SourceFormat::TorchZip);
-  EXPECT_EQ(b.format, ckpt::SourceFormat::TorchZip);
+  const scan::FileScan& a = first[0].scan;
+  const scan::FileScan& b = second[0].scan;
+  EXPECT_EQ(a.format, scan::SourceFormat::TorchZip);
+  EXPECT_EQ(b.format, scan::SourceFormat::TorchZip);
   EXPECT_EQ(a.tree, b.tree);
   EXPECT_NE(a.tree.find("\"__nshards__\",4"), std::string::npos);
   ASSERT_EQ(a.params.size(), b.params.size());

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using testsupport::unprivileged;
 
-void expect_same(const ckpt::FileScan& a, const ckpt::FileScan& b) {
+void expect_same(const scan::FileScan& a, const scan::FileScan& b) {
   EXPECT_EQ(a.format, b.format);
   EXPECT_EQ(a.file_size, b.file_size);
   EXPECT_EQ(a.body_size, b.body_size);
@@ -50,22 +50,22 @@ void expect_same(const ckpt::FileScan& a, const ckpt::FileScan& b) {
 }
 
 // Every field set, and values that need all the bits of their types.
-ckpt::FileScan full_scan() {
-  ckpt::FileScan scan;
+scan::FileScan full_scan() {
+  scan::FileScan scan;
   scan.file_size = (uint64_t{1} << 40) + 27;
   scan.body_size = uint64_t{1} << 40;
   scan.has_crc_trailer = true;
 
-  ckpt::Param& w = scan.params.emplace_back();
+  scan::Param& w = scan.params.emplace_back();
   w.name = "model.layers.0.attention.wq.weight";
   w.dtype = "BFloat16";
   w.shape = {16384, 32768};
-  w.kind = ckpt::EntryKind::Tensor;
+  w.kind = scan::EntryKind::Tensor;
   w.element_size = 2;
   w.content = {{100, 536870912}, {536871100, 536870912}};
   w.records = {{0, 536871012}, {536871012, 536871000}};
 
-  ckpt::Param& epoch = scan.params.emplace_back();
+  scan::Param& epoch = scan.params.emplace_back();
   epoch.name = "epoch_num";
   epoch.dtype = "Int64";
   epoch.dims_zero = true;
@@ -73,35 +73,35 @@ ckpt::FileScan full_scan() {
   epoch.content = {{1073742100, 8}};
   epoch.records = {{1073742080, 34}};
 
-  ckpt::Param& note = scan.params.emplace_back();
+  scan::Param& note = scan.params.emplace_back();
   note.name = "note";
   note.dtype = "str";
   note.shape = {};
   note.dims_zero = true;
-  note.kind = ckpt::EntryKind::String;
+  note.kind = scan::EntryKind::String;
   note.content = {{1073742200, 8}};
   note.records = {{1073742180, 27}};
 
-  ckpt::Param& map = scan.params.emplace_back();
+  scan::Param& map = scan.params.emplace_back();
   map.name = "embedding.table";
-  map.kind = ckpt::EntryKind::MapTensor;
+  map.kind = scan::EntryKind::MapTensor;
   map.records = {{(uint64_t{1} << 40) - 1000, 1000}};
 
-  ckpt::Param& opaque = scan.params.emplace_back();
+  scan::Param& opaque = scan.params.emplace_back();
   opaque.name = "quant.weight";
   opaque.dtype = "Int4";
   opaque.shape = {-1, 0, int64_t{1} << 62};
-  opaque.kind = ckpt::EntryKind::Opaque;
+  opaque.kind = scan::EntryKind::Opaque;
   opaque.content = {{(uint64_t{1} << 40) - 2005, 5}};
   opaque.records = {{(uint64_t{1} << 40) - 2040, 40}};
   return scan;
 }
 
-ckpt::FileScan small_scan(uint64_t file_size, size_t params) {
-  ckpt::FileScan scan;
+scan::FileScan small_scan(uint64_t file_size, size_t params) {
+  scan::FileScan scan;
   scan.file_size = scan.body_size = file_size;
   for (size_t i = 0; i < params; ++i) {
-    ckpt::Param& p = scan.params.emplace_back();
+    scan::Param& p = scan.params.emplace_back();
     p.name = fmt::format("p{}", i);
     p.dtype = "Float32";
     p.shape = {1};
@@ -150,12 +150,12 @@ class StoreTest : public ::testing::Test {
 };
 
 TEST_F(StoreTest, RoundTripKeepsEveryField) {
-  const ckpt::FileScan scan = full_scan();
+  const scan::FileScan scan = full_scan();
   Store store(dir_);
   EXPECT_FALSE(store.lookup(fp_).has_value());
   const Store::NewEntry item{"/src/rank_0/net.ckpt", fp_, &scan};
   store.insert(std::span(&item, 1));
-  const std::optional<ckpt::FileScan> got = store.lookup(fp_);
+  const std::optional<scan::FileScan> got = store.lookup(fp_);
   ASSERT_TRUE(got.has_value());
   expect_same(*got, scan);
 }
@@ -232,7 +232,7 @@ TEST(DecodeTargetTest, SummariesAMountCouldNotServeAreRefused) {
 }
 
 TEST_F(StoreTest, FingerprintOfAPathWithoutDecodingItsScan) {
-  const ckpt::FileScan scan = full_scan();
+  const scan::FileScan scan = full_scan();
   Store store(dir_);
   EXPECT_FALSE(store.fingerprint("/src/rank_0/net.ckpt").has_value());
   const Store::NewEntry item{"/src/rank_0/net.ckpt", fp_, &scan};
@@ -242,19 +242,19 @@ TEST_F(StoreTest, FingerprintOfAPathWithoutDecodingItsScan) {
 }
 
 TEST_F(StoreTest, RoundTripKeepsTheSourceFormat) {
-  ckpt::FileScan scan = full_scan();
-  scan.format = ckpt::SourceFormat::Safetensors;
+  scan::FileScan scan = full_scan();
+  scan.format = scan::SourceFormat::Safetensors;
   Store store(dir_);
   const Store::NewEntry item{"/src/rank_0/net.safetensors", fp_, &scan};
   store.insert(std::span(&item, 1));
-  const std::optional<ckpt::FileScan> got = store.lookup(fp_);
+  const std::optional<scan::FileScan> got = store.lookup(fp_);
   ASSERT_TRUE(got.has_value());
-  EXPECT_EQ(got->format, ckpt::SourceFormat::Safetensors);
+  EXPECT_EQ(got->format, scan::SourceFormat::Safetensors);
   expect_same(*got, scan);
 }
 
 TEST_F(StoreTest, AnyChangeOfTheFingerprintMisses) {
-  const ckpt::FileScan scan = full_scan();
+  const scan::FileScan scan = full_scan();
   Store store(dir_);
   const Store::NewEntry item{"/a.ckpt", fp_, &scan};
   store.insert(std::span(&item, 1));
@@ -271,7 +271,7 @@ TEST_F(StoreTest, AnyChangeOfTheFingerprintMisses) {
 }
 
 TEST_F(StoreTest, ScanOfAnotherSizeThanTheFingerprintIsNotTrusted) {
-  const ckpt::FileScan scan = small_scan(90, 3);
+  const scan::FileScan scan = small_scan(90, 3);
   Store store(dir_);
   const Store::NewEntry item{"/a.ckpt", fp_, &scan};  // fp_.size is not 90
   store.insert(std::span(&item, 1));
@@ -279,7 +279,7 @@ TEST_F(StoreTest, ScanOfAnotherSizeThanTheFingerprintIsNotTrusted) {
 }
 
 TEST_F(StoreTest, ReopenFindsWhatWasStored) {
-  const ckpt::FileScan scan = full_scan();
+  const scan::FileScan scan = full_scan();
   {
     Store store(dir_);
     const Store::NewEntry item{"/a.ckpt", fp_, &scan};
@@ -287,7 +287,7 @@ TEST_F(StoreTest, ReopenFindsWhatWasStored) {
   }
   EXPECT_TRUE(fs::exists(dir_ / "data.mdb"));
   Store store(dir_);
-  const std::optional<ckpt::FileScan> got = store.lookup(fp_);
+  const std::optional<scan::FileScan> got = store.lookup(fp_);
   ASSERT_TRUE(got.has_value());
   expect_same(*got, scan);
   Store moved = std::move(store);
@@ -295,7 +295,7 @@ TEST_F(StoreTest, ReopenFindsWhatWasStored) {
 }
 
 TEST_F(StoreTest, OtherFormatVersionReadsAsAbsent) {
-  const ckpt::FileScan scan = full_scan();
+  const scan::FileScan scan = full_scan();
   { Store(dir_).insert(std::vector<Store::NewEntry>{{"/a.ckpt", fp_, &scan}}); }
   rewrite(fp_, [](indexpb::ScannedFile& file) {
     EXPECT_EQ(file.format_version(), kFormatVersion);
@@ -310,7 +310,7 @@ TEST_F(StoreTest, OtherFormatVersionReadsAsAbsent) {
 }
 
 TEST_F(StoreTest, UndecodableEntryReadsAsAbsent) {
-  const ckpt::FileScan scan = full_scan();
+  const scan::FileScan scan = full_scan();
   { Store(dir_).insert(std::vector<Store::NewEntry>{{"/a.ckpt", fp_, &scan}}); }
   tamper(fp_, [](std::string& bytes) { bytes = "\xff\xff\xff garbage"; });
   Store store(dir_);
@@ -322,8 +322,8 @@ TEST_F(StoreTest, UndecodableEntryReadsAsAbsent) {
 // writes for the same message (its own field order, the optional view fields set, a field this
 // version does not know) must decode to the same scan.
 TEST_F(StoreTest, EntriesProtobufItselfWroteDecodeTheSame) {
-  ckpt::FileScan scan = full_scan();
-  ckpt::Param& strided = scan.params.emplace_back();
+  scan::FileScan scan = full_scan();
+  scan::Param& strided = scan.params.emplace_back();
   strided.name = "strided";
   strided.dtype = "Float32";
   strided.shape = {2, 3};
@@ -339,7 +339,7 @@ TEST_F(StoreTest, EntriesProtobufItselfWroteDecodeTheSame) {
     p.GetReflection()->MutableUnknownFields(&p)->AddVarint(111, 7);
     file.GetReflection()->MutableUnknownFields(&file)->AddLengthDelimited(112, "later");
   });
-  const std::optional<ckpt::FileScan> got = Store(dir_).lookup(fp_);
+  const std::optional<scan::FileScan> got = Store(dir_).lookup(fp_);
   ASSERT_TRUE(got.has_value());
   expect_same(*got, scan);
 }
@@ -347,7 +347,7 @@ TEST_F(StoreTest, EntriesProtobufItselfWroteDecodeTheSame) {
 // One flipped bit anywhere in an entry (here: in a content offset) must not become a view of
 // other bytes: the checksum refuses it, and the caller scans the file again.
 TEST_F(StoreTest, DamagedEntryReadsAsAbsent) {
-  const ckpt::FileScan scan = full_scan();
+  const scan::FileScan scan = full_scan();
   { Store(dir_).insert(std::vector<Store::NewEntry>{{"/a.ckpt", fp_, &scan}}); }
   std::string good;
   tamper(fp_, [&](std::string& bytes) { good = bytes; });
@@ -364,7 +364,7 @@ TEST_F(StoreTest, DamagedEntryReadsAsAbsent) {
 
 // Entries whose checksum holds but that no scan of the file could have produced.
 TEST_F(StoreTest, EntryInconsistentWithItsFileReadsAsAbsent) {
-  const ckpt::FileScan scan = full_scan();
+  const scan::FileScan scan = full_scan();
   const std::vector<std::pair<std::string, std::function<void(indexpb::ScannedFile&)>>> cases = {
       {"content past the file",
        [](indexpb::ScannedFile& f) { f.mutable_params(0)->set_content(0, uint64_t{1} << 41); }},
@@ -392,8 +392,8 @@ TEST_F(StoreTest, EntryInconsistentWithItsFileReadsAsAbsent) {
 }
 
 TEST_F(StoreTest, EntriesListPathFingerprintAndParamCount) {
-  const ckpt::FileScan a = small_scan(60, 2);
-  const ckpt::FileScan b = small_scan(150, 5);
+  const scan::FileScan a = small_scan(60, 2);
+  const scan::FileScan b = small_scan(150, 5);
   const source::Fingerprint fa{1, 10, 60, 5};
   const source::Fingerprint fb{1, 11, 150, 6};
   Store store(dir_);
@@ -412,8 +412,8 @@ TEST_F(StoreTest, EntriesListPathFingerprintAndParamCount) {
 }
 
 TEST_F(StoreTest, NewVersionOfAPathReplacesTheOldEntry) {
-  const ckpt::FileScan v1 = small_scan(60, 2);
-  const ckpt::FileScan v2 = small_scan(90, 3);
+  const scan::FileScan v1 = small_scan(60, 2);
+  const scan::FileScan v2 = small_scan(90, 3);
   const source::Fingerprint f1{1, 10, 60, 5};
   const source::Fingerprint f2{1, 10, 90, 7};
   const source::Fingerprint other{1, 12, 60, 5};
@@ -431,7 +431,7 @@ TEST_F(StoreTest, NewVersionOfAPathReplacesTheOldEntry) {
 }
 
 TEST_F(StoreTest, ClearRemovesEverything) {
-  const ckpt::FileScan a = small_scan(60, 2);
+  const scan::FileScan a = small_scan(60, 2);
   const source::Fingerprint fa{1, 10, 60, 5};
   const source::Fingerprint fb{1, 11, 60, 5};
   Store store(dir_);
@@ -455,19 +455,19 @@ TEST_F(StoreTest, EmptyInsertIsANoOp) {
 
 TEST_F(StoreTest, FullMapGrows) {
   // 20000 parameters are about 600 KiB stored, far past a 64 KiB map.
-  const ckpt::FileScan big = small_scan(600000, 20000);
+  const scan::FileScan big = small_scan(600000, 20000);
   const source::Fingerprint fp{1, 10, 600000, 5};
   {
     Store store(dir_, 64 << 10);
     store.insert(std::vector<Store::NewEntry>{{"/big.ckpt", fp, &big}});
-    const std::optional<ckpt::FileScan> got = store.lookup(fp);
+    const std::optional<scan::FileScan> got = store.lookup(fp);
     ASSERT_TRUE(got.has_value());
     expect_same(*got, big);
   }
   // A small map asked for again does not hide what is already there.
   Store store(dir_, 64 << 10);
   ASSERT_TRUE(store.lookup(fp).has_value());
-  const ckpt::FileScan more = small_scan(60000, 2000);
+  const scan::FileScan more = small_scan(60000, 2000);
   const source::Fingerprint fp2{1, 11, 60000, 5};
   store.insert(std::vector<Store::NewEntry>{{"/more.ckpt", fp2, &more}});
   EXPECT_EQ(store.lookup(fp2)->params.size(), 2000u);
@@ -543,7 +543,7 @@ class DamagedStoreTest : public StoreTest, public ::testing::WithParamInterface<
   // Enough entries for branch pages above the leaves.
   void fill() {
     Store store(dir_);
-    std::vector<ckpt::FileScan> scans;
+    std::vector<scan::FileScan> scans;
     for (int i = 0; i < 400; ++i) scans.push_back(small_scan(300, 3));
     std::vector<Store::NewEntry> items;
     for (int i = 0; i < 400; ++i) {
@@ -624,7 +624,7 @@ INSTANTIATE_TEST_SUITE_P(Pages, DamagedStoreTest,
 TEST_F(StoreTest, AnIntactStoreIsProbedOncePerVersion) {
   {
     Store store(dir_);
-    const ckpt::FileScan scan = full_scan();
+    const scan::FileScan scan = full_scan();
     const Store::NewEntry item{"/src/rank_0/net.ckpt", fp_, &scan};
     store.insert(std::span(&item, 1));
   }

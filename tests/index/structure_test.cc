@@ -18,10 +18,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-ckpt::FileScan scan_with(uint64_t file_size, std::vector<ckpt::Extents> contents) {
-  ckpt::FileScan scan;
+scan::FileScan scan_with(uint64_t file_size, std::vector<scan::Extents> contents) {
+  scan::FileScan scan;
   scan.file_size = scan.body_size = file_size;
-  for (ckpt::Extents& c : contents) scan.params.emplace_back().content = std::move(c);
+  for (scan::Extents& c : contents) scan.params.emplace_back().content = std::move(c);
   return scan;
 }
 
@@ -32,26 +32,26 @@ uint32_t crc_of(const std::string& bytes) {
 
 TEST(StructureExtents, AreTheBytesOutsideEveryContentInFileOrder) {
   // Contents listed out of order, one of two chunks, one empty.
-  const ckpt::FileScan scan = scan_with(100, {{{30, 4}}, {{10, 4}, {50, 0}}, {}});
-  EXPECT_EQ(structure_extents(scan), (std::vector<ckpt::Extent>{{0, 10}, {14, 16}, {34, 66}}));
+  const scan::FileScan scan = scan_with(100, {{{30, 4}}, {{10, 4}, {50, 0}}, {}});
+  EXPECT_EQ(structure_extents(scan), (std::vector<scan::Extent>{{0, 10}, {14, 16}, {34, 66}}));
 }
 
 TEST(StructureExtents, SharedAndOverlappingContentsMerge) {
   // Views of one storage share its extent; a content reaching the end of the file leaves no
   // tail.
-  const ckpt::FileScan scan =
+  const scan::FileScan scan =
       scan_with(64, {{{8, 20}}, {{8, 20}}, {{12, 4}}, {{20, 20}}, {{50, 14}}});
-  EXPECT_EQ(structure_extents(scan), (std::vector<ckpt::Extent>{{0, 8}, {40, 10}}));
+  EXPECT_EQ(structure_extents(scan), (std::vector<scan::Extent>{{0, 8}, {40, 10}}));
 }
 
 TEST(StructureExtents, AFileOfNoContentIsAllStructure) {
-  EXPECT_EQ(structure_extents(scan_with(7, {})), (std::vector<ckpt::Extent>{{0, 7}}));
+  EXPECT_EQ(structure_extents(scan_with(7, {})), (std::vector<scan::Extent>{{0, 7}}));
   EXPECT_TRUE(structure_extents(scan_with(0, {})).empty());
 }
 
 class StructureDigestTest : public ::testing::Test {
  protected:
-  StructureDigest digest_of(const std::string& bytes, const ckpt::FileScan& scan) {
+  StructureDigest digest_of(const std::string& bytes, const scan::FileScan& scan) {
     const auto path = testsupport::write_file(tmp_.path() / "f.bin", bytes);
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     return structure_digest(fd.get(), path.string(), scan);
@@ -62,7 +62,7 @@ class StructureDigestTest : public ::testing::Test {
 TEST_F(StructureDigestTest, CoversTheHeadersAndNotTheContents) {
   // "HEAD" + 8 content bytes + "MID" + 3 content bytes + "TAIL".
   const std::string file = "HEADccccccccMIDdddTAIL";
-  const ckpt::FileScan scan = scan_with(file.size(), {{{4, 8}}, {{15, 3}}});
+  const scan::FileScan scan = scan_with(file.size(), {{{4, 8}}, {{15, 3}}});
   const StructureDigest d = digest_of(file, scan);
   EXPECT_EQ(d.bytes, 11u);
   EXPECT_EQ(d.crc, crc_of("HEADMIDTAIL"));
@@ -75,7 +75,7 @@ TEST_F(StructureDigestTest, FarApartAndLongStructureIsReadWhole) {
   std::string file(8 << 20, 'c');
   file.replace(0, 5, "first");
   file.replace(3 << 20, 6, "second");
-  const ckpt::FileScan scan =
+  const scan::FileScan scan =
       scan_with(file.size(), {{{5, (3 << 20) - 5}}, {{(3 << 20) + 6, 100}}});
   const std::string structure =
       file.substr(0, 5) + file.substr(3 << 20, 6) + file.substr((3 << 20) + 106);
@@ -85,7 +85,7 @@ TEST_F(StructureDigestTest, FarApartAndLongStructureIsReadWhole) {
 }
 
 TEST_F(StructureDigestTest, AFileShorterThanItsScanIsAnErrorNamingIt) {
-  const ckpt::FileScan scan = scan_with(40, {{{4, 8}}});
+  const scan::FileScan scan = scan_with(40, {{{4, 8}}});
   try {
     digest_of("HEADcccc", scan);
     FAIL() << "no error";

@@ -134,11 +134,11 @@ TEST_P(PlannerAgainstGenerator, TargetsMatchTheSummariesAndTheExpectedBytes) {
 
     // Record for record, as a checkpoint reader sees the planned file.
     const stdfs::path written = testsupport::write_file(tmp_.path() / "planned.ckpt", bytes);
-    const ckpt::FileScan scan = ckpt::scan_checkpoint(written.string());
+    const scan::FileScan scan = ckpt::scan_checkpoint(written.string());
     const json& records = want.at("records");
     ASSERT_EQ(scan.params.size(), records.size());
     for (size_t i = 0; i < records.size(); ++i) {
-      const ckpt::Param& p = scan.params[i];
+      const scan::Param& p = scan.params[i];
       EXPECT_EQ(p.name, records[i].at("name").get<std::string>());
       EXPECT_EQ(p.dtype, records[i].at("dtype").get<std::string>()) << p.name;
       const auto dims = records[i].at("dims").get<std::vector<int64_t>>();

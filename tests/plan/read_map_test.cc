@@ -97,7 +97,7 @@ TEST_P(ReadMapTest, EveryWindowMatchesBruteForce) {
   file.append("junk-prefix");
   Shape block_shape(c.global.size());
   for (size_t j = 0; j < c.global.size(); ++j) block_shape[j] = c.global[j] / c.splits[j];
-  std::vector<std::unique_ptr<ckpt::Param>> params;
+  std::vector<std::unique_ptr<scan::Param>> params;
   for (int64_t b = 0; b < product(c.splits); ++b) {
     const Shape block = unflatten(b, c.splits);
     std::string bytes;
@@ -107,7 +107,7 @@ TEST_P(ReadMapTest, EveryWindowMatchesBruteForce) {
       bytes += global.substr(static_cast<size_t>(flatten(coord, c.global)) * c.element_size,
                              c.element_size);
     }
-    auto param = std::make_unique<ckpt::Param>();
+    auto param = std::make_unique<scan::Param>();
     if (b % 3 == 1 && bytes.size() > 3) {
       const size_t cut = bytes.size() / 3;
       param->content.push_back({file.append(bytes.substr(0, cut)), cut});

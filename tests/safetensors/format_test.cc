@@ -16,9 +16,9 @@ const std::string kReference =
     std::string(CKPTFS_SOURCE_DIR) + "/tests/data/safetensors/merged_model_t113.safetensors";
 
 TEST(Encoder, RebuildsTheReferenceWritersHeaderByteForByte) {
-  const ckpt::FileScan scan = scan_safetensors(kReference);
+  const scan::FileScan scan = scan_safetensors(kReference);
   std::vector<HeaderEntry> entries;
-  for (const ckpt::Param& p : scan.params)  // name order: the encoder must re-sort
+  for (const scan::Param& p : scan.params)  // name order: the encoder must re-sort
     entries.push_back({p.name, dtype_by_mindspore(p.dtype)->code, p.shape, p.nbytes()});
   sort_like_writer(entries);
   const std::vector<std::pair<std::string, std::string>> metadata{{"format", "pt"}};

@@ -66,8 +66,8 @@ TEST_F(ScannerTest, GoodFileGivesParamsInOffsetOrderWithAbsoluteExtents) {
                              R"("e":{"dtype":"F16","shape":[0,3],"data_offsets":[20,20]},)"
                              R"("q":{"dtype":"I8","shape":[4],"data_offsets":[8,12]}}  )";
   const std::string path = write(file_bytes(header, std::string(20, 'x')));
-  const ckpt::FileScan scan = scan_safetensors(path);
-  EXPECT_EQ(scan.format, ckpt::SourceFormat::Safetensors);
+  const scan::FileScan scan = scan_safetensors(path);
+  EXPECT_EQ(scan.format, scan::SourceFormat::Safetensors);
   EXPECT_EQ(scan.file_size, 8 + header.size() + 20);
   ASSERT_EQ(scan.params.size(), 4u);
   const uint64_t d = 8 + header.size();
@@ -76,13 +76,13 @@ TEST_F(ScannerTest, GoodFileGivesParamsInOffsetOrderWithAbsoluteExtents) {
   EXPECT_TRUE(scan.params[0].shape.empty());
   EXPECT_EQ(scan.params[1].name, "q");
   EXPECT_EQ(scan.params[1].dtype, "Int8");
-  EXPECT_EQ(scan.params[1].kind, ckpt::EntryKind::Opaque);
-  EXPECT_EQ(scan.params[1].content, (ckpt::Extents{{d + 8, 4}}));
+  EXPECT_EQ(scan.params[1].kind, scan::EntryKind::Opaque);
+  EXPECT_EQ(scan.params[1].content, (scan::Extents{{d + 8, 4}}));
   EXPECT_EQ(scan.params[2].name, "a");
   EXPECT_EQ(scan.params[2].dtype, "Float32");
   EXPECT_EQ(scan.params[2].element_size, 4u);
   EXPECT_EQ(scan.params[2].shape, (std::vector<int64_t>{2}));
-  EXPECT_EQ(scan.params[2].content, (ckpt::Extents{{d + 12, 8}}));
+  EXPECT_EQ(scan.params[2].content, (scan::Extents{{d + 12, 8}}));
   EXPECT_EQ(scan.params[3].name, "e");
   EXPECT_EQ(scan.params[3].nbytes(), 0u);
 

@@ -65,13 +65,13 @@ TEST(TorchFixtures, RecordsAndTensorsMatchFilesJson) {
       EXPECT_EQ(zip.records[i].size, r["size"].get<uint64_t>());
       EXPECT_EQ(zip.records[i].crc32, r["crc32"].get<uint32_t>());
     }
-    const ckpt::FileScan scan = scan_torch((kData / rel).string());
-    EXPECT_EQ(scan.format, ckpt::SourceFormat::TorchZip);
+    const scan::FileScan scan = scan_torch((kData / rel).string());
+    EXPECT_EQ(scan.format, scan::SourceFormat::TorchZip);
     const json& tensors = expected["tensors"];
     ASSERT_EQ(scan.params.size(), tensors.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
       const json& t = tensors[i];
-      const ckpt::Param& p = scan.params[i];
+      const scan::Param& p = scan.params[i];
       SCOPED_TRACE(p.name);
       EXPECT_EQ(p.name, t["name"].get<std::string>());
       EXPECT_EQ(p.dtype, t["dtype"].get<std::string>());
@@ -93,12 +93,12 @@ TEST(TorchFixtures, RecordsAndTensorsMatchFilesJson) {
 
 // Walks an expected tree and ours side by side; tensors compare by dtype, shape and size
 // (their bytes are compared through the mount, by the integration test).
-void expect_same_tree(const json& expected, const json& ours, const ckpt::FileScan& scan,
+void expect_same_tree(const json& expected, const json& ours, const scan::FileScan& scan,
                       const std::string& at) {
   SCOPED_TRACE(at);
   if (expected.is_object() && expected.contains("$tensor")) {
     ASSERT_TRUE(ours.is_object() && ours.contains("$tensor")) << ours.dump();
-    const ckpt::Param& p = scan.params.at(ours["$tensor"].get<size_t>());
+    const scan::Param& p = scan.params.at(ours["$tensor"].get<size_t>());
     const json& t = expected["$tensor"];
     EXPECT_EQ(p.dtype, t["dtype"].get<std::string>());
     EXPECT_EQ(p.shape, t["shape"].get<std::vector<int64_t>>());
@@ -130,7 +130,7 @@ TEST(TorchFixtures, PlainFilesUnpickleToTheExpectedTrees) {
       continue;
     const json expected = load_json(entry.path());
     SCOPED_TRACE(name);
-    const ckpt::FileScan scan =
+    const scan::FileScan scan =
         scan_torch((kData / expected["source"].get<std::string>()).string());
     expect_same_tree(expected["loaded"], json::parse(scan.tree), scan, "");
     ++checked;
@@ -160,11 +160,11 @@ TEST(TorchFixtures, CrcsAreNotChecked) {
   // bytes make the file unreadable.
   TempDir dir;
   std::string bytes = read_file(kData / "plain/tiny_t113.pt");
-  const ckpt::FileScan before = scan_torch((kData / "plain/tiny_t113.pt").string());
+  const scan::FileScan before = scan_torch((kData / "plain/tiny_t113.pt").string());
   bytes[0x212 + 16] ^= 0x55;  // CRC-32 of data.pkl in the central directory
   bytes[384] ^= 0x01;         // a byte of data/0
   write_file(dir.path() / "crc.pt", bytes);
-  const ckpt::FileScan after = scan_torch((dir.path() / "crc.pt").string());
+  const scan::FileScan after = scan_torch((dir.path() / "crc.pt").string());
   ASSERT_EQ(after.params.size(), before.params.size());
   EXPECT_EQ(after.params[1].content, before.params[1].content);
   EXPECT_EQ(after.tree, before.tree);
@@ -244,7 +244,7 @@ TEST(TorchBuilt, TensorOutsideItsStorageIsRefused) {
   // A transposed view that fits exactly is accepted.
   tt::write_torch(path, tt::dict_pickle({{"w", tt::tensor("0", 6, 0, {3, 2}, {1, 3})}}),
                   {{"0", storage}});
-  const ckpt::FileScan ok = scan_torch(path.string());
+  const scan::FileScan ok = scan_torch(path.string());
   ASSERT_EQ(ok.params.size(), 1u);
   EXPECT_EQ(ok.params[0].strides, (std::vector<int64_t>{1, 3}));
 }
@@ -258,7 +258,7 @@ TEST(TorchBuilt, Zip64OffsetsPastFourGiB) {
   tt::write_zip(path, {{"big/data.pkl", tt::dict_pickle({{"w", tt::tensor("0", 2, 0, {2}, {1})}})},
                        {"big/data/0", storage, uint64_t{5} << 30},
                        {"big/version", "3\n"}});
-  const ckpt::FileScan scan = scan_torch(path.string());
+  const scan::FileScan scan = scan_torch(path.string());
   ASSERT_EQ(scan.params.size(), 1u);
   const uint64_t data = scan.params[0].content[0].offset;
   EXPECT_GT(data, uint64_t{5} << 30);

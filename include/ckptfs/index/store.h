@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/scan/file_scan.h"
 #include "ckptfs/index/structure.h"
 #include "ckptfs/source/source_file.h"
 
@@ -38,15 +38,15 @@ inline constexpr char kTargetsFilesKey[] = "files";
 // write retried; an existing larger environment opens at its own size.
 inline constexpr size_t kDefaultMapSize = size_t{64} << 20;
 
-// Bumped whenever ckpt::FileScan or its stored form changes meaning: entries written with
+// Bumped whenever scan::FileScan or its stored form changes meaning: entries written with
 // another version read as absent, and the files are scanned again.
 inline constexpr uint32_t kFormatVersion = 5;
 
 // The scan stored in an index entry (a ScannedFile and its CRC-32) for a file of `file_size`
 // bytes, or nullopt with the reason in `why`: a damaged, foreign or stale entry, or one that
-// could not have come from scanning such a file (ckpt::check_scan), is never trusted. With
+// could not have come from scanning such a file (scan::check_scan), is never trusted. With
 // `structure`, also the digest of the file's structure bytes the entry was made from.
-std::optional<ckpt::FileScan> decode_entry(std::string_view entry, uint64_t file_size,
+std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file_size,
                                            std::string* why = nullptr,
                                            StructureDigest* structure = nullptr);
 
@@ -120,20 +120,20 @@ class Store {
   // and mtime (a shipped index is copied, so inode, device and ctime are not compared), with
   // the digest of the structure bytes it was made from in `structure` (for the caller to
   // compare with the file's). nullopt with the reason in `why` otherwise.
-  std::optional<ckpt::FileScan> lookup_path(const std::string& path, uint64_t size,
+  std::optional<scan::FileScan> lookup_path(const std::string& path, uint64_t size,
                                             int64_t mtime_ns, std::string& why,
                                             StructureDigest& structure) const;
 
   // The stored scan of the file with this fingerprint; nullopt if there is none, or it was
   // written with another kFormatVersion, or it does not decode.
-  std::optional<ckpt::FileScan> lookup(const source::Fingerprint& fingerprint) const;
+  std::optional<scan::FileScan> lookup(const source::Fingerprint& fingerprint) const;
   struct NewEntry {
     NewEntry(std::string path_, const source::Fingerprint& fingerprint_,
-             const ckpt::FileScan* scan_, const StructureDigest& structure_ = {})
+             const scan::FileScan* scan_, const StructureDigest& structure_ = {})
         : path(std::move(path_)), fingerprint(fingerprint_), scan(scan_), structure(structure_) {}
     std::string path;
     source::Fingerprint fingerprint;
-    const ckpt::FileScan* scan = nullptr;
+    const scan::FileScan* scan = nullptr;
     StructureDigest structure;  // of the file the scan was made from (structure_digest)
   };
   // All in one write transaction; the map grows as needed. The entries are encoded before the
@@ -183,14 +183,14 @@ bool remove_environment(const std::filesystem::path& dir);
 
 struct IndexedSource {
   source::SourceFile file;
-  ckpt::FileScan scan;
+  scan::FileScan scan;
   bool from_index = false;
   StructureDigest structure;  // set for scans made now (those taken from the index: unset)
 };
 
 // Called once per file whose scan is known (taken from the index or scanned), from the worker
 // threads, so that a caller can report progress.
-using OnFile = std::function<void(const ckpt::FileScan&)>;
+using OnFile = std::function<void(const scan::FileScan&)>;
 
 // Opens every path (*.safetensors files are read as safetensors, every other as .ckpt), takes scans
 // from the store where the fingerprint matches and scans the rest (header only, two files at a

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/scan/file_scan.h"
 
 namespace ckptfs::index {
 
@@ -24,10 +24,10 @@ struct StructureDigest {
 
 // The byte ranges of a file of scan.file_size bytes outside every parameter's content extents
 // (overlapping or shared extents, as views of one storage have, merged), ascending.
-std::vector<ckpt::Extent> structure_extents(const ckpt::FileScan& scan);
+std::vector<scan::Extent> structure_extents(const scan::FileScan& scan);
 
 // The digest of the bytes structure_extents(scan) names, read from `fd`. Throws Error naming
 // `name` if they cannot be read (the file is shorter than the scan says).
-StructureDigest structure_digest(int fd, const std::string& name, const ckpt::FileScan& scan);
+StructureDigest structure_digest(int fd, const std::string& name, const scan::FileScan& scan);
 
 }  // namespace ckptfs::index

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/scan/file_scan.h"
 #include "ckptfs/plan/virtual_file.h"
 
 namespace ckptfs::plan {
@@ -16,7 +16,7 @@ namespace ckptfs::plan {
 // content extents hold the block in C order, possibly cut into several records).
 struct SourceBlock {
   uint32_t source = 0;
-  const ckpt::Param* param = nullptr;
+  const scan::Param* param = nullptr;
 };
 
 struct TensorContent {

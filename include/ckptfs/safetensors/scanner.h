@@ -9,7 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/scan/file_scan.h"
+#include "ckptfs/util/pread.h"
 
 namespace ckptfs::safetensors {
 
@@ -46,8 +47,8 @@ Header read_header(const ReadExact& read, uint64_t size, const std::string& disp
 // order, the order MindSpore's transform loads them in (safetensors.numpy.load_file iterates
 // offset_keys() in the 0.7 release MindSpore is pinned to; 0.4 iterated sorted names); format is
 // SourceFormat::Safetensors.
-ckpt::FileScan scan_safetensors_fd(int fd, const std::string& display_name);
-ckpt::FileScan scan_safetensors(const std::string& path);
+scan::FileScan scan_safetensors_fd(int fd, const std::string& display_name);
+scan::FileScan scan_safetensors(const std::string& path);
 
 // True if the name ends in ".safetensors".
 bool is_safetensors_name(std::string_view name);

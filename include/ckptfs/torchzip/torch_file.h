@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/scan/file_scan.h"
 
 namespace ckptfs::torchzip {
 
@@ -23,7 +23,7 @@ bool looks_like_torch(std::string_view head);
 // container, a TorchScript archive, a missing or unsupported version record, big-endian
 // storages, a missing data.pkl, anything the pickle machine refuses, and tensors outside
 // their storage records.
-ckpt::FileScan scan_torch_fd(int fd, const std::string& display_name);
-ckpt::FileScan scan_torch(const std::string& path);
+scan::FileScan scan_torch_fd(int fd, const std::string& display_name);
+scan::FileScan scan_torch(const std::string& path);
 
 }  // namespace ckptfs::torchzip

@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-namespace ckptfs::ckpt {
+namespace ckptfs::scan {
 
 struct DenseType {
   std::string_view name;  // as MindSpore writes it: "Float32"
@@ -75,11 +75,11 @@ class Dtype {
 
 std::ostream& operator<<(std::ostream& out, const Dtype& dtype);
 
-}  // namespace ckptfs::ckpt
+}  // namespace ckptfs::scan
 
 template <>
-struct fmt::formatter<ckptfs::ckpt::Dtype> : fmt::formatter<std::string_view> {
-  auto format(const ckptfs::ckpt::Dtype& dtype, fmt::format_context& ctx) const {
+struct fmt::formatter<ckptfs::scan::Dtype> : fmt::formatter<std::string_view> {
+  auto format(const ckptfs::scan::Dtype& dtype, fmt::format_context& ctx) const {
     return fmt::formatter<std::string_view>::format(dtype.name(), ctx);
   }
 };

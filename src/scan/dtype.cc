@@ -1,8 +1,8 @@
-#include "ckptfs/ckpt/dtype.h"
+#include "ckptfs/scan/dtype.h"
 
 #include <ostream>
 
-namespace ckptfs::ckpt {
+namespace ckptfs::scan {
 
 namespace {
 
@@ -45,4 +45,4 @@ uint32_t Dtype::element_size() const {
 
 std::ostream& operator<<(std::ostream& out, const Dtype& dtype) { return out << dtype.name(); }
 
-}  // namespace ckptfs::ckpt
+}  // namespace ckptfs::scan

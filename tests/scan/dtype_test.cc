@@ -1,4 +1,4 @@
-#include "ckptfs/ckpt/dtype.h"
+#include "ckptfs/scan/dtype.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-namespace ckptfs::ckpt {
+namespace ckptfs::scan {
 namespace {
 
 TEST(Dtype, KnownNamesReadBackWithTheirElementSize) {
@@ -41,4 +41,4 @@ TEST(Dtype, AnyOtherNameIsKeptAsWritten) {
 }
 
 }  // namespace
-}  // namespace ckptfs::ckpt
+}  // namespace ckptfs::scan
