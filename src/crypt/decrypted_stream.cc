@@ -1,0 +1,121 @@
+#include "ckptfs/crypt/decrypted_stream.h"
+
+#include <openssl/crypto.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "ckptfs/crypt/block_cipher.h"
+#include "ckptfs/error.h"
+
+namespace ckptfs::crypt {
+
+// One cached block: an anonymous mapping left out of core dumps, wiped before it is unmapped.
+struct DecryptedStream::Slot {
+  explicit Slot(size_t capacity) : size(capacity) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    bytes = static_cast<uint8_t*>(p);
+    ::madvise(bytes, size, MADV_DONTDUMP);  // best effort: a kernel without it still works
+  }
+  ~Slot() {
+    OPENSSL_cleanse(bytes, size);
+    ::munmap(bytes, size);
+  }
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+
+  uint8_t* bytes = nullptr;
+  size_t size = 0;
+  std::optional<uint64_t> block;  // none: empty
+  size_t length = 0;              // plaintext bytes held
+  uint64_t used = 0;              // the tick of the last read (least recently used goes first)
+};
+
+DecryptedStream::DecryptedStream(ReadExact read, uint64_t file_size, std::string name, Key key,
+                                 StreamOptions options)
+    : source_(std::move(read)), name_(std::move(name)), key_(std::move(key)) {
+  framing_ = parse_framing(source_, file_size, name_);
+  if (options.mode && *options.mode != framing_.mode)
+    fail("{}: byte offset 0: the file is encrypted with {}, the key was given for {}", name_,
+         mode_name(framing_.mode), mode_name(*options.mode));
+  check_key_for_mode(framing_.mode, key_, name_);
+  const uint64_t last = framing_.block_count - 1;
+  full_plain_length_ = framing_.full_cipher_length;
+  last_plain_length_ = framing_.last_cipher_length;
+  if (framing_.mode != Mode::kAesGcm) {
+    if (last > 0) full_plain_length_ -= cbc_padding(source_, framing_, key_, 0, name_);
+    last_plain_length_ -= cbc_padding(source_, framing_, key_, last, name_);
+  }
+  plain_size_ = last * full_plain_length_ + last_plain_length_;
+  max_slots_ = static_cast<size_t>(
+      std::min<uint64_t>(std::max<size_t>(options.cache_blocks, 1), framing_.block_count));
+}
+
+DecryptedStream::~DecryptedStream() = default;
+
+uint32_t DecryptedStream::plain_length(uint64_t index) const {
+  return index + 1 == framing_.block_count ? last_plain_length_ : full_plain_length_;
+}
+
+void DecryptedStream::verify() const {
+  for (uint64_t i = 0; i < framing_.block_count; ++i)
+    verify_block(source_, framing_, key_, i, name_);
+}
+
+DecryptedStream::Slot& DecryptedStream::slot_for(uint64_t index) {
+  ++tick_;
+  for (const auto& slot : slots_)
+    if (slot->block == index) {
+      slot->used = tick_;
+      return *slot;
+    }
+  Slot* slot = nullptr;
+  if (slots_.size() < max_slots_) {
+    slots_.push_back(std::make_unique<Slot>(framing_.full_cipher_length));
+    slot = slots_.back().get();
+  } else {
+    slot = std::min_element(slots_.begin(), slots_.end(), [](const auto& a, const auto& b) {
+             return a->used < b->used;
+           })->get();
+  }
+  slot->block.reset();  // decrypt_block wipes what it wrote if it throws
+  const size_t length =
+      decrypt_block(source_, framing_, key_, index, std::span(slot->bytes, slot->size), name_);
+  if (length != plain_length(index))
+    fail(
+        "{}: block {} at byte offset {}: decrypts to {} bytes, {} expected from the padding "
+        "seen when the file was opened (damaged file?)",
+        name_, index, framing_.block(index).header_offset, length, plain_length(index));
+  slot->block = index;
+  slot->length = length;
+  slot->used = tick_;
+  return *slot;
+}
+
+void DecryptedStream::read(uint64_t offset, std::span<uint8_t> out) {
+  if (offset > plain_size_ || out.size() > plain_size_ - offset)
+    fail("{}: decrypted byte offset {}: reading {} bytes past the end of the {}-byte plaintext",
+         name_, offset, out.size(), plain_size_);
+  std::lock_guard lock(mutex_);
+  size_t done = 0;
+  while (done < out.size()) {
+    const uint64_t at = offset + done;
+    const uint64_t index =
+        full_plain_length_ == 0 ? 0 : std::min(at / full_plain_length_, framing_.block_count - 1);
+    const Slot& slot = slot_for(index);
+    const uint64_t within = at - plain_offset(index);
+    const size_t n = std::min<uint64_t>(out.size() - done, slot.length - within);
+    std::memcpy(out.data() + done, slot.bytes + within, n);
+    done += n;
+  }
+}
+
+ReadExact DecryptedStream::reader() {
+  return [this](uint64_t offset, std::span<uint8_t> out) { read(offset, out); };
+}
+
+}  // namespace ckptfs::crypt
