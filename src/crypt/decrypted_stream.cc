@@ -62,8 +62,23 @@ uint32_t DecryptedStream::plain_length(uint64_t index) const {
 }
 
 void DecryptedStream::verify() const {
-  for (uint64_t i = 0; i < framing_.block_count; ++i)
-    verify_block(source_, framing_, key_, i, name_);
+  for (uint64_t i = 0; i < framing_.block_count; ++i) {
+    if (framing_.mode == Mode::kAesGcm) {
+      verify_block(source_, framing_, key_, i, name_);
+      continue;
+    }
+    // A CBC block whose padding differs from the geometry learnt at open would fail at read time.
+    const BlockPlace place = framing_.block(i);
+    const uint32_t length = place.cipher_length - cbc_padding(source_, framing_, key_, i, name_);
+    if (length != plain_length(i)) refuse_length(place, length);
+  }
+}
+
+void DecryptedStream::refuse_length(const BlockPlace& place, size_t length) const {
+  fail(
+      "{}: block {} at byte offset {}: decrypts to {} bytes, {} expected from the padding seen "
+      "when the file was opened (damaged file?)",
+      name_, place.index, place.header_offset, length, plain_length(place.index));
 }
 
 DecryptedStream::Slot& DecryptedStream::slot_for(uint64_t index) {
@@ -85,11 +100,7 @@ DecryptedStream::Slot& DecryptedStream::slot_for(uint64_t index) {
   slot->block.reset();  // decrypt_block wipes what it wrote if it throws
   const size_t length =
       decrypt_block(source_, framing_, key_, index, std::span(slot->bytes, slot->size), name_);
-  if (length != plain_length(index))
-    fail(
-        "{}: block {} at byte offset {}: decrypts to {} bytes, {} expected from the padding "
-        "seen when the file was opened (damaged file?)",
-        name_, index, framing_.block(index).header_offset, length, plain_length(index));
+  if (length != plain_length(index)) refuse_length(framing_.block(index), length);
   slot->block = index;
   slot->length = length;
   slot->used = tick_;

@@ -3,7 +3,9 @@
 // in it what MindSpore saved (scripts/enc_fixture.py).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -152,6 +154,40 @@ TEST(Decrypt, FlippedGcmTagByteIsRefused) {
             file.name +
                 ": block 0 at byte offset 0: the AES-GCM tag does not match: wrong key or "
                 "damaged file");
+}
+
+TEST(Decrypt, CbcBlockWithAnotherValidPaddingIsRefusedByVerify) {
+  // Flipping the last byte of block 1's second-to-last ciphertext block turns its last plaintext
+  // byte 0x10 (a whole padding block) into 0x01: valid padding, one plaintext byte too many.
+  MemoryFile file = load("single/aes_cbc.ckpt");
+  file.bytes[4144 + 32 + 4112 - 17] ^= 0x11;
+  DecryptedStream stream = open(file, test_key(24));  // blocks 0 and 3 are intact
+  const std::string expected = file.name +
+                               ": block 1 at byte offset 4144: decrypts to 4111 bytes, 4096 "
+                               "expected from the padding seen when the file was opened (damaged "
+                               "file?)";
+  EXPECT_EQ(error_of([&] { stream.verify(); }), expected);
+  std::vector<uint8_t> out(10);
+  EXPECT_EQ(error_of([&] { stream.read(4096 + 5, out); }), expected);
+}
+
+TEST(Decrypt, ConcurrentReadersGetTheOraclesBytes) {
+  const std::string oracle = load("single/plain.ckpt").bytes;
+  const MemoryFile file = load("single/aes_gcm.ckpt");
+  DecryptedStream stream = open(file, test_key(32), {std::nullopt, 2});
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<uint8_t> out(1500);
+      for (int i = 0; i < 200; ++i) {
+        const uint64_t at = (static_cast<uint64_t>(t) * 7919 + i * 3001) % (oracle.size() - 1500);
+        stream.read(at, out);
+        if (std::string(out.begin(), out.end()) != oracle.substr(at, out.size())) ++wrong;
+      }
+    });
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 TEST(Decrypt, ModeAndKeyLengthMismatchesAreRefused) {

@@ -50,8 +50,9 @@ class DecryptedStream {
   uint64_t plain_offset(uint64_t index) const { return index * full_plain_length_; }
   uint32_t plain_length(uint64_t index) const;
 
-  // Checks every block (AES-GCM: its tag, through a 1 MiB buffer; CBC: its padding) without
-  // keeping plaintext: a wrong key or a tampered AES-GCM block is refused here, at index time.
+  // Checks every block (AES-GCM: its tag, through a 1 MiB buffer; CBC: its padding, and that
+  // it gives the plaintext length the first block's padding promised) without keeping
+  // plaintext: a wrong key or a tampered AES-GCM block is refused here, at index time.
   void verify() const;
 
   // Exactly out.size() plaintext bytes at `offset`, or Error naming the file (past the end, a
@@ -63,6 +64,7 @@ class DecryptedStream {
  private:
   struct Slot;
   Slot& slot_for(uint64_t index);  // with mutex_ held
+  [[noreturn]] void refuse_length(const BlockPlace& place, size_t length) const;
 
   ReadExact source_;
   std::string name_;
