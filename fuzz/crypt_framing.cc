@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     DecryptedStream stream(
         read, size, "input",
         Key(std::span(reinterpret_cast<const uint8_t*>(kKey.data()), key_length), "key"),
-        StreamOptions{std::nullopt, 2});
+        StreamOptions{std::nullopt, 2, 64});
     if (stream.size() > size) std::abort();
     try {
       stream.verify();

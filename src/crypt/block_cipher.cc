@@ -115,44 +115,55 @@ size_t decrypt_block(const ReadExact& read, const Framing& framing, const Key& k
   if (buf.size() < place.cipher_length)
     fail("{}: block {}: a {}-byte buffer for {} bytes of ciphertext", name, index, buf.size(),
          place.cipher_length);
+  if (framing.mode != Mode::kAesGcm)
+    return decrypt_cbc_range(read, framing, key, index, 0, buf.first(place.cipher_length), name);
   check_key_for_mode(framing.mode, key, name);
   const BlockHeader header = read_block_header(read, framing, place, name);
   const std::span<uint8_t> data = buf.first(place.cipher_length);
   read(place.cipher_offset, data);
   const Ctx ctx = start(framing, key, header.iv.data(), name, place);
   update(ctx.get(), data, name, place);
-  uint32_t padding = 0;
-  bool ok = finish(ctx.get(), framing, header);
-  if (ok && framing.mode != Mode::kAesGcm) {
-    padding = padding_of(data.last(16));
-    ok = padding != 0;
-  }
-  if (!ok) {
+  if (!finish(ctx.get(), framing, header)) {
     OPENSSL_cleanse(data.data(), data.size());
     refuse_block(name, framing, place);
   }
-  return place.cipher_length - padding;
+  return place.cipher_length;
+}
+
+size_t decrypt_cbc_range(const ReadExact& read, const Framing& framing, const Key& key,
+                         uint64_t index, uint32_t from, std::span<uint8_t> buf,
+                         const std::string& name) {
+  const BlockPlace place = framing.block(index);
+  if (framing.mode == Mode::kAesGcm || from % 16 != 0 || buf.size() % 16 != 0 || buf.empty() ||
+      from > place.cipher_length || buf.size() > place.cipher_length - from)
+    fail("{}: block {}: {} bytes at ciphertext offset {} is not a CBC range of the block", name,
+         index, buf.size(), from);
+  check_key_for_mode(framing.mode, key, name);
+  const BlockHeader header = read_block_header(read, framing, place, name);
+  // CBC: the plaintext of a 16-byte block is the decryption XOR the ciphertext block before it,
+  // so a range needs only the 16 bytes before it (the IV for the first).
+  std::array<uint8_t, 16> iv = header.iv;
+  if (from > 0) read(place.cipher_offset + from - 16, iv);
+  read(place.cipher_offset + from, buf);
+  const Ctx ctx = start(framing, key, iv.data(), name, place);
+  update(ctx.get(), buf, name, place);
+  if (!finish(ctx.get(), framing, header)) openssl_failed(name, place, "EVP_DecryptFinal_ex");
+  if (from + buf.size() < place.cipher_length) return buf.size();
+  const uint32_t padding = padding_of(buf.last(16));
+  if (padding == 0) {
+    OPENSSL_cleanse(buf.data(), buf.size());
+    refuse_block(name, framing, place);
+  }
+  return buf.size() - padding;
 }
 
 uint32_t cbc_padding(const ReadExact& read, const Framing& framing, const Key& key, uint64_t index,
                      const std::string& name) {
-  const BlockPlace place = framing.block(index);
-  check_key_for_mode(framing.mode, key, name);
-  const BlockHeader header = read_block_header(read, framing, place, name);
-  // The last ciphertext block and the one before it (the block's IV if there is none).
-  std::array<uint8_t, 32> tail{};
-  if (place.cipher_length >= 32) {
-    read(place.cipher_offset + place.cipher_length - 32, tail);
-  } else {
-    std::copy(header.iv.begin(), header.iv.end(), tail.begin());
-    read(place.cipher_offset, std::span(tail).last(16));
-  }
-  const Ctx ctx = start(framing, key, tail.data(), name, place);
-  update(ctx.get(), std::span(tail).last(16), name, place);
-  const uint32_t padding = padding_of(std::span(tail).last(16));
-  OPENSSL_cleanse(tail.data(), tail.size());
-  if (padding == 0) refuse_block(name, framing, place);
-  return padding;
+  std::array<uint8_t, 16> last{};
+  const uint32_t from = framing.block(index).cipher_length - 16;
+  const size_t kept = decrypt_cbc_range(read, framing, key, index, from, last, name);
+  OPENSSL_cleanse(last.data(), last.size());
+  return static_cast<uint32_t>(16 - kept);
 }
 
 void verify_block(const ReadExact& read, const Framing& framing, const Key& key, uint64_t index,

@@ -53,6 +53,17 @@ TEST(Decrypt, EachModeGivesMindSporesUnencryptedBytes) {
   }
 }
 
+TEST(Decrypt, CbcPagesGiveTheSameBytes) {
+  const std::string oracle = load("single/plain.ckpt").bytes;
+  for (const Fixture& fx : {kSingle[2], kSingle[3]})
+    for (uint32_t page : {16u, 48u, 1024u, 4096u}) {
+      SCOPED_TRACE(std::string(fx.file) + " page " + std::to_string(page));
+      const MemoryFile file = load(fx.file);
+      DecryptedStream stream = open(file, test_key(fx.key_length), {fx.mode, 3, page});
+      EXPECT_EQ(read_all(stream, 1000), oracle);
+    }
+}
+
 TEST(Decrypt, OneCachedBlockServesAnyOrder) {
   const std::string oracle = load("single/plain.ckpt").bytes;
   const MemoryFile file = load("single/aes_cbc.ckpt");

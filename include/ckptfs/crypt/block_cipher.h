@@ -28,6 +28,15 @@ void check_key_for_mode(Mode mode, const Key& key, const std::string& name);
 size_t decrypt_block(const ReadExact& read, const Framing& framing, const Key& key, uint64_t index,
                      std::span<uint8_t> buf, const std::string& name);
 
+// CBC only: decrypts ciphertext bytes [from, from + buf.size()) of block `index` in place into
+// `buf` (`from` and the size multiples of 16; CBC needs only the 16 ciphertext bytes before a
+// range, so any part of a block decrypts alone). Returns the plaintext bytes of the range: all
+// of them, less the padding when the range ends the block (Error as decrypt_block when that
+// padding is not valid PKCS#7).
+size_t decrypt_cbc_range(const ReadExact& read, const Framing& framing, const Key& key,
+                         uint64_t index, uint32_t from, std::span<uint8_t> buf,
+                         const std::string& name);
+
 // The CBC padding length of block `index` (1..16), from its last 16 bytes of ciphertext alone.
 // Throws Error like decrypt_block when the padding is not valid. A wrong key passes this check
 // about once in 256 blocks: CBC has no tag, so the caller's own checks on the plaintext matter.

@@ -1,15 +1,18 @@
-// The plaintext of an encrypted MindSpore checkpoint as a byte stream that decrypts only the
-// blocks a read touches, keeping the last few in a small cache. The plaintext is exactly the
+// The plaintext of an encrypted MindSpore checkpoint as a byte stream that decrypts only what a
+// read touches, keeping the last few pieces in a small cache: whole blocks in AES-GCM (the tag
+// covers the block, and every read checks it), 1 MiB pages in the CBC modes (a CBC range
+// decrypts alone). The plaintext is exactly the
 // bytes MindSpore would have written unencrypted, so ckpt::scan_checkpoint_bytes runs on
 // reader() unchanged.
 //
-// Memory: at most `cache_blocks` buffers of one block's ciphertext length (MindSpore's blocks
-// are 64 MiB: 256 MiB for the default 4), mapped with MADV_DONTDUMP so that no core dump holds
-// plaintext, and wiped (OPENSSL_cleanse) on destruction, as is the key.
+// Memory: at most `cache_pages` buffers of one page: in AES-GCM a block's ciphertext length
+// (MindSpore's blocks are 64 MiB: 256 MiB for the default 4), in CBC 1 MiB; mapped with
+// MADV_DONTDUMP so that no core dump holds plaintext, and wiped (OPENSSL_cleanse) on destruction,
+// as is the key.
 //
 // Thread-safety: read() and reader()'s function may be called from many threads at once; one
-// mutex guards the cache and is held while a missing block is decrypted (concurrent reads of one
-// file are served one block decryption at a time). verify() takes no lock and may run
+// mutex guards the cache and is held while a missing page is decrypted (concurrent reads of one
+// file are served one decryption at a time). verify() takes no lock and may run
 // concurrently with reads. `read` (the source file's bytes) must be safe to call concurrently.
 #pragma once
 
@@ -30,7 +33,9 @@ namespace ckptfs::crypt {
 
 struct StreamOptions {
   std::optional<Mode> mode;  // the mode the user named; none: whatever the file's magic says
-  size_t cache_blocks = 4;   // at least 1
+  size_t cache_pages = 4;    // at least 1
+  // CBC's page (rounded down to a multiple of 16, at least 16); tests make it small.
+  uint32_t cbc_page_length = 1u << 20;
 };
 
 class DecryptedStream {
@@ -63,7 +68,7 @@ class DecryptedStream {
 
  private:
   struct Slot;
-  Slot& slot_for(uint64_t index);  // with mutex_ held
+  Slot& slot_for(uint64_t index, uint32_t page);  // with mutex_ held
   [[noreturn]] void refuse_length(const BlockPlace& place, size_t length) const;
 
   ReadExact source_;
@@ -73,6 +78,7 @@ class DecryptedStream {
   uint32_t full_plain_length_ = 0;
   uint32_t last_plain_length_ = 0;
   uint64_t plain_size_ = 0;
+  uint32_t page_length_ = 0;  // the cache's unit, within a block
   std::mutex mutex_;
   size_t max_slots_ = 1;
   std::vector<std::unique_ptr<Slot>> slots_;
