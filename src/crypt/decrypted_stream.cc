@@ -115,8 +115,10 @@ DecryptedStream::Slot& DecryptedStream::slot_for(uint64_t index, uint32_t page) 
     const uint32_t n = std::min(page_length_, place.cipher_length - from);
     length =
         decrypt_cbc_range(source_, framing_, key_, index, from, std::span(slot->bytes, n), name_);
-    if (from + n == place.cipher_length && from + length != plain_length(index))
+    if (from + n == place.cipher_length && from + length != plain_length(index)) {
+      OPENSSL_cleanse(slot->bytes, n);
       refuse_length(place, from + length);
+    }
   }
   slot->page = wanted;
   slot->length = length;
