@@ -14,6 +14,7 @@ packages=(
   liblmdb-dev
   libspdlog-dev libfmt-dev
   libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libssl-dev  # libcrypto: encrypted checkpoints (AES, SM4)
   libjemalloc-dev
   python3 python3-numpy
 )

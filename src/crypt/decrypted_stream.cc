@@ -1,0 +1,153 @@
+#include "ckptfs/crypt/decrypted_stream.h"
+
+#include <openssl/crypto.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "ckptfs/crypt/block_cipher.h"
+#include "ckptfs/error.h"
+
+namespace ckptfs::crypt {
+
+// One cached page: an anonymous mapping left out of core dumps, wiped before it is unmapped.
+struct DecryptedStream::Slot {
+  explicit Slot(size_t capacity) : size(capacity) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    bytes = static_cast<uint8_t*>(p);
+    ::madvise(bytes, size, MADV_DONTDUMP);  // best effort: a kernel without it still works
+  }
+  ~Slot() {
+    OPENSSL_cleanse(bytes, size);
+    ::munmap(bytes, size);
+  }
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+
+  uint8_t* bytes = nullptr;
+  size_t size = 0;
+  std::optional<std::pair<uint64_t, uint32_t>> page;  // (block, page in it); none: empty
+  size_t length = 0;                                  // plaintext bytes held
+  uint64_t used = 0;  // the tick of the last read (least recently used goes first)
+};
+
+DecryptedStream::DecryptedStream(ReadExact read, uint64_t file_size, std::string name, Key key,
+                                 StreamOptions options)
+    : source_(std::move(read)), name_(std::move(name)), key_(std::move(key)) {
+  framing_ = parse_framing(source_, file_size, name_);
+  if (options.mode && *options.mode != framing_.mode)
+    fail("{}: byte offset 0: the file is encrypted with {}, the key was given for {}", name_,
+         mode_name(framing_.mode), mode_name(*options.mode));
+  check_key_for_mode(framing_.mode, key_, name_);
+  const uint64_t last = framing_.block_count - 1;
+  full_plain_length_ = framing_.full_cipher_length;
+  last_plain_length_ = framing_.last_cipher_length;
+  if (framing_.mode != Mode::kAesGcm) {
+    if (last > 0) full_plain_length_ -= cbc_padding(source_, framing_, key_, 0, name_);
+    last_plain_length_ -= cbc_padding(source_, framing_, key_, last, name_);
+  }
+  plain_size_ = last * full_plain_length_ + last_plain_length_;
+  // CBC decrypts any 16-byte-aligned part of a block alone, so its cache holds pages, not whole
+  // 64 MiB blocks: a read costs about its own length, which matters at SM4's ~90 MB/s.
+  page_length_ =
+      framing_.mode == Mode::kAesGcm
+          ? framing_.full_cipher_length
+          : std::min(std::max(options.cbc_page_length / 16 * 16, 16u), framing_.full_cipher_length);
+  max_slots_ = std::max<size_t>(options.cache_pages, 1);
+}
+
+DecryptedStream::~DecryptedStream() = default;
+
+uint32_t DecryptedStream::plain_length(uint64_t index) const {
+  return index + 1 == framing_.block_count ? last_plain_length_ : full_plain_length_;
+}
+
+void DecryptedStream::verify() const {
+  for (uint64_t i = 0; i < framing_.block_count; ++i) {
+    if (framing_.mode == Mode::kAesGcm) {
+      verify_block(source_, framing_, key_, i, name_);
+      continue;
+    }
+    // A CBC block whose padding differs from the geometry learnt at open would fail at read time.
+    const BlockPlace place = framing_.block(i);
+    const uint32_t length = place.cipher_length - cbc_padding(source_, framing_, key_, i, name_);
+    if (length != plain_length(i)) refuse_length(place, length);
+  }
+}
+
+void DecryptedStream::refuse_length(const BlockPlace& place, size_t length) const {
+  fail(
+      "{}: block {} at byte offset {}: decrypts to {} bytes, {} expected from the padding seen "
+      "when the file was opened (damaged file?)",
+      name_, place.index, place.header_offset, length, plain_length(place.index));
+}
+
+DecryptedStream::Slot& DecryptedStream::slot_for(uint64_t index, uint32_t page) {
+  ++tick_;
+  const std::pair<uint64_t, uint32_t> wanted{index, page};
+  for (const auto& slot : slots_)
+    if (slot->page == wanted) {
+      slot->used = tick_;
+      return *slot;
+    }
+  Slot* slot = nullptr;
+  if (slots_.size() < max_slots_) {
+    slots_.push_back(std::make_unique<Slot>(page_length_));
+    slot = slots_.back().get();
+  } else {
+    slot = std::min_element(slots_.begin(), slots_.end(), [](const auto& a, const auto& b) {
+             return a->used < b->used;
+           })->get();
+  }
+  slot->page.reset();  // the decryption functions wipe what they wrote if they throw
+  const BlockPlace place = framing_.block(index);
+  size_t length = 0;
+  if (framing_.mode == Mode::kAesGcm) {
+    length =
+        decrypt_block(source_, framing_, key_, index, std::span(slot->bytes, slot->size), name_);
+    if (length != plain_length(index)) refuse_length(place, length);
+  } else {
+    const uint32_t from = page * page_length_;
+    const uint32_t n = std::min(page_length_, place.cipher_length - from);
+    length =
+        decrypt_cbc_range(source_, framing_, key_, index, from, std::span(slot->bytes, n), name_);
+    if (from + n == place.cipher_length && from + length != plain_length(index)) {
+      OPENSSL_cleanse(slot->bytes, n);
+      refuse_length(place, from + length);
+    }
+  }
+  slot->page = wanted;
+  slot->length = length;
+  slot->used = tick_;
+  return *slot;
+}
+
+void DecryptedStream::read(uint64_t offset, std::span<uint8_t> out) {
+  if (offset > plain_size_ || out.size() > plain_size_ - offset)
+    fail("{}: decrypted byte offset {}: reading {} bytes past the end of the {}-byte plaintext",
+         name_, offset, out.size(), plain_size_);
+  std::lock_guard lock(mutex_);
+  size_t done = 0;
+  while (done < out.size()) {
+    const uint64_t at = offset + done;
+    const uint64_t index =
+        full_plain_length_ == 0 ? 0 : std::min(at / full_plain_length_, framing_.block_count - 1);
+    const uint64_t in_block = at - plain_offset(index);
+    const auto page = static_cast<uint32_t>(in_block / page_length_);
+    const Slot& slot = slot_for(index, page);
+    const uint64_t within = in_block - uint64_t{page} * page_length_;
+    const size_t n = std::min<uint64_t>(out.size() - done, slot.length - within);
+    std::memcpy(out.data() + done, slot.bytes + within, n);
+    done += n;
+  }
+}
+
+ReadExact DecryptedStream::reader() {
+  return [this](uint64_t offset, std::span<uint8_t> out) { read(offset, out); };
+}
+
+}  // namespace ckptfs::crypt
