@@ -34,12 +34,16 @@ Case JSON (see ckptfix/case.py; `show NAME` prints complete examples):
                  "shuffle_layouts": false, "src_strategy_file": "shared:fixtures/real/...",
                  "src_chunk_bytes": 536870912, "src_chunk_style": "bytes|elements",
                  "strategy_overrides": {"src": {"w": {"tensor_map": [0]}}},
-                 "materialize_limit": 67108864, "expected": true}}
+                 "materialize_limit": 67108864, "record_orders": {"3": "reversed"},
+                 "expected": true}}
   A parameter outside the src strategy (src null, source sharded) is saved whole in every rank
   file with rank-specific data; extras (per_rank) differ per rank too, so the passthrough
   source rank is observable (except the step counters global_step, epoch_num and step_num,
-  equal on every rank as training writes them). OUTDIR/case.json is the resolved case plus a "fixture" section
-  (paths, and per target: rank_list, records with role and passthrough source rank).
+  equal on every rank as training writes them). record_orders writes a rank's records in
+  another order ("reversed", "rotated:K", "moved:NAME:I" or the list of names; see
+  ckptfix/case.py); the expected files follow the file MindSpore loads first.
+  OUTDIR/case.json is the resolved case plus a "fixture" section (paths, and per target:
+  rank_list, records with role and passthrough source rank).
 
 As a module (sys.path.insert(0, "<repo>/scripts"); import ckpt_fixture):
     fx = ckpt_fixture.make_builtin("demo", outdir)   # or make(case_dict, outdir)

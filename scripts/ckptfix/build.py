@@ -100,15 +100,17 @@ MINDSPORE_METADATA = {"format": "ms"}
 DEDUP_METADATA = {"format": "ms", "remove_redundancy": "True"}
 
 
-def write_safetensors_source(path: str, records, dedup: bool = False) -> int:
-    """A MindSpore >= 2.7 save_checkpoint(..., format="safetensors") of `records`."""
+def write_safetensors_source(path: str, records, dedup: bool = False,
+                             keep_order: bool = False) -> int:
+    """A MindSpore >= 2.7 save_checkpoint(..., format="safetensors") of `records` (keep_order:
+    in their order instead of the reference writer's)."""
     entries = []
     for r in records:
         if r.tensor_type not in stio.CODE_OF:
             raise CaseError(f"{r.name}: a {r.tensor_type} entry cannot be saved as safetensors")
         shape = [] if r.is_scalar else list(r.dims)
         entries.append(stio.Entry(r.name, r.tensor_type, shape, r.nbytes, r.chunks))
-    return stio.write(path, entries, DEDUP_METADATA if dedup else MINDSPORE_METADATA)
+    return stio.write(path, entries, DEDUP_METADATA if dedup else MINDSPORE_METADATA, keep_order)
 
 
 def source_file_name(case: Case) -> str:
@@ -122,9 +124,9 @@ def _write_sources(case: Case, plan: SourcePlan, src_dir: str) -> Dict[int, str]
     opts = case.options
     safetensors = opts.source_format == "safetensors"
 
-    def write_one(path, records):
+    def write_one(path, records, keep_order=False):
         if safetensors:
-            write_safetensors_source(path, records, opts.remove_redundancy)
+            write_safetensors_source(path, records, opts.remove_redundancy, keep_order)
         else:
             write_checkpoint(path, records, opts.crc, opts.src_chunk_bytes, opts.src_chunk_style)
 
@@ -139,7 +141,7 @@ def _write_sources(case: Case, plan: SourcePlan, src_dir: str) -> Dict[int, str]
             blobs = os.path.join(src_dir, "blobs")
             os.makedirs(blobs, exist_ok=True)
             target = os.path.join(blobs, f"rank{g}" + os.path.splitext(real)[1])
-        write_one(target, plan.written_records(g))
+        write_one(target, plan.written_records(g), str(g) in opts.record_orders)
         if target != real:
             os.symlink(os.path.relpath(target, rank_dir), real)
         for decoy, bank in zip(opts.decoys, decoy_banks):

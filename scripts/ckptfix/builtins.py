@@ -400,6 +400,23 @@ def bench(size_gib: float = 1.0, src_devices: int = 8, dst_devices: int = 4) -> 
                 TRAINING_EXTRAS, materialize_limit=1 << 20)
 
 
+def record_order() -> dict:
+    """The files of one save list their records in different orders (written by different code
+    paths or versions of a training script); every parameter is split over the first device
+    axis, so target 0 loads ranks [2, 0] and target 1 ranks [3, 1]."""
+    params = [param("a", "Float32", [8, 4], lay([2, 2], [1, -1]), lay([2], [0, -1])),
+              param("b", "Float16", [4, 8], lay([2, 2], [-1, 1]), lay([2], [-1, 0])),
+              param("c", "Float32", [8], lay([2, 2], [1]), lay([2], [0]))]
+    extras = [extra("learning_rate", "Float32", 0.01), extra("rank_state", "Int32", 5),
+              extra("epoch_num", "Int64", 3), extra("step_num", "Int64", 30)]
+    return case("record_order",
+                "4 ranks (dev [2,2]) -> 2 ranks (dev [2]) whose files disagree on the record "
+                "order: rank_3 reversed, rank_2 rotated by 2, rank_1 with c moved first; each "
+                "target takes the order of the file MindSpore loads first (rank_2, rank_3)",
+                side(4), side(2), params, extras, seed=7,
+                record_orders={"3": "reversed", "2": "rotated:2", "1": "moved:c:0"})
+
+
 BUILTINS: Dict[str, Callable[..., dict]] = {
     "demo": lambda **kw: demo(),
     "8to4_dtypes": lambda **kw: dtypes_8to4(),
@@ -419,6 +436,7 @@ BUILTINS: Dict[str, Callable[..., dict]] = {
     "4to6": lambda **kw: four_to_six(),
     "src_chunks": lambda **kw: src_chunks("bytes"),
     "src_chunks_old": lambda **kw: src_chunks("elements"),
+    "record_order": lambda **kw: record_order(),
     "llama13b_to1": lambda shared=None, **kw: llama13b(None, shared),
     "llama13b_to4": lambda shared=None, **kw: llama13b(4, shared),
     "bench": lambda size_gib=1.0, src_devices=8, dst_devices=4, **kw:
@@ -438,7 +456,7 @@ def as_safetensors(d: dict) -> dict:
 # Safetensors-source twins of the layouts (strings cannot be saved as safetensors).
 SAFETENSORS_TWINS = ["demo", "8to4_dtypes", "8to1_merge", "1to8_split", "opt_src", "opt_dst",
                      "pipeline_src_dir", "pipeline_src_merged", "pipeline_dst", "json", "multiaxis",
-                     "rankdirs", "4to6",
+                     "rankdirs", "4to6", "record_order",
                      "llama13b_to4"]
 for _name in SAFETENSORS_TWINS:
     BUILTINS["st_" + _name] = (lambda n: lambda **kw: as_safetensors(BUILTINS[n](**kw)))(_name)

@@ -3,8 +3,8 @@
 For a pipeline source (S stages of N devices) and a one-stage destination (M devices),
 `transform_checkpoints` called once per source stage s with that stage's strategy file writes
 rank_<l>/checkpoint_<l>_part<s>.ckpt for l in 0..M-1: the transform (§4.3-4.4) of the stage's
-rank directories s*N .. s*N+N-1, taken as ranks 0..N-1, to target l, with the destination
-strategy restricted to the names the stage's strategy lists.
+rank directories s*N .. s*N+N-1, taken as ranks 0..N-1 and all loaded in ascending order, to
+target l, with the destination strategy restricted to the names the stage's strategy lists.
 """
 
 import os
@@ -32,6 +32,9 @@ class StagePlan:
     def records(self, rank: int):
         return self.plan.records(self.base + rank)
 
+    def file_order(self, rank: int):
+        return self.plan.file_order(self.base + rank)
+
     def record(self, rank: int, name: str):
         return self.plan.record(self.base + rank, name)
 
@@ -52,7 +55,9 @@ def write_expected(fx: Fixture, outdir: str) -> Dict[int, List[str]]:
         dst_map = StrategyMap(dst_params, case.dst.devices, 1)
         stage_plan = StagePlan(plan, stage, case.src.devices)
         for l in range(case.dst.devices):
-            target = plan_target(case, stage_plan, l, src_map, dst_map)
+            # The by-stage transform loads every file of the stage, in ascending rank order.
+            target = plan_target(case, stage_plan, l, src_map, dst_map,
+                                 load_order=stage_plan.ranks())
             name = f"checkpoint_{l}_part{stage}.ckpt"
             path = os.path.join(outdir, f"rank_{l}", name)
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -55,6 +55,25 @@ def format_json(value, indent: int = 0) -> str:
     return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
 
 
+def parse_record_order(how) -> tuple:
+    """Options.record_orders' `how` as ("reversed",), ("rotated", K), ("moved", NAME, I) or
+    ("names", [...])."""
+    if isinstance(how, list):
+        return ("names", list(how))
+    parts = str(how).split(":")
+    try:
+        if parts == ["reversed"]:
+            return ("reversed",)
+        if parts[0] == "rotated" and len(parts) == 2:
+            return ("rotated", int(parts[1]))
+        if parts[0] == "moved" and len(parts) == 3:
+            return ("moved", parts[1], int(parts[2]))
+    except ValueError:
+        pass
+    raise CaseError(f"record_orders: {how!r} is not reversed, rotated:K, moved:NAME:I or a list "
+                    "of names")
+
+
 @dataclass
 class LayoutSpec:
     dev_matrix: List[int]
@@ -204,6 +223,12 @@ class Options:
     # only one file of the ranks holding it (sources.dedup_savers); expected files stay the
     # transform of the save without deduplication.
     remove_redundancy: bool = False
+    # Source ranks whose file lists its records in another order than the case's (files written
+    # by different code paths or versions of a training script): {"<rank>": how}, how being
+    # "reversed", "rotated:K" (the first K records moved to the end), "moved:NAME:I" (NAME moved
+    # to index I) or the list of every record name in file order. Safetensors files so ordered
+    # keep that order in their data (and header), as a writer other than the reference one may.
+    record_orders: Dict[str, Union[str, List[str]]] = field(default_factory=dict)
     expected: bool = True
 
     @staticmethod
@@ -288,6 +313,11 @@ class Case:
                             "by the last two integers of the name)")
         if self.src is None and self.dst is None:
             raise CaseError("both sides unsharded: MindSpore drops every parameter")
+        ranks = 1 if self.src is None else self.src.ranks
+        for key, how in opts.record_orders.items():
+            if not str(key).isdigit() or int(key) >= ranks:
+                raise CaseError(f"record_orders: {key!r} is not a source rank (0..{ranks - 1})")
+            parse_record_order(how)
         return self
 
     def _resolve_side(self, which: str, check_shapes: bool) -> None:

@@ -15,7 +15,6 @@ rank 0.
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
-from . import stio
 from .case import Case
 from .layout import Layout
 from .ranklist import ParamLayout, StrategyMap, TargetMaps, rank_list_for_transform, target_maps
@@ -71,13 +70,12 @@ def target_ranks(case: Case) -> List[int]:
     return [0] if case.dst is None else list(range(case.dst.ranks))
 
 
-def load_order_names(plan: SourcePlan, rank_list: List[int], safetensors: bool = False) -> List[str]:
+def load_order_names(plan: SourcePlan, rank_list: List[int]) -> List[str]:
+    """L: first appearance over the loaded files, each in the order it lists its records (every
+    record, as the save without deduplication holds them)."""
     seen: Dict[str, None] = {}
     for g in rank_list:
-        records = plan.records(g)
-        if safetensors:  # the order the file was written in
-            records = stio.writer_order(records)
-        for rec in records:
+        for rec in plan.file_order(g):
             seen.setdefault(rec.name, None)
     return list(seen)
 
@@ -116,11 +114,15 @@ def _passthrough_record(plan: SourcePlan, rank_list, maps: TargetMaps, name: str
                           "passthrough", g)
 
 
-def plan_target(case: Case, plan: SourcePlan, t: int, src_map=None, dst_map=None) -> TargetPlan:
+def plan_target(case: Case, plan: SourcePlan, t: int, src_map=None, dst_map=None,
+                load_order: Optional[List[int]] = None) -> TargetPlan:
+    """`load_order`: the files MindSpore loads, in order, where that is not
+    rank_list_for_transform's list (the by-stage transform loads every file of the stage)."""
     src_map = src_map if src_map is not None else strategy_map(case, "src")
     dst_map = dst_map if dst_map is not None else strategy_map(case, "dst")
     shapes = {p.name: p.shape for p in case.params}
-    rank_list = rank_list_for_transform(src_map, dst_map, t, shapes)
+    rank_list = load_order if load_order is not None else \
+        rank_list_for_transform(src_map, dst_map, t, shapes)
     maps = target_maps(src_map, dst_map, t)
     missing = [g for g in rank_list if g not in plan.ranks()]
     if missing:
@@ -128,7 +130,7 @@ def plan_target(case: Case, plan: SourcePlan, t: int, src_map=None, dst_map=None
     safetensors = case.options.source_format == "safetensors"
     if safetensors and src_map is not None and src_map.stages > 1:
         return _plan_target_by_stage(case, plan, t, maps, rank_list)
-    names = [n for n in load_order_names(plan, rank_list, safetensors) if not maps.dropped(n)]
+    names = [n for n in load_order_names(plan, rank_list) if not maps.dropped(n)]
     resharded = [n for n in names if maps.resharded(n)]
     passthrough = [n for n in names if not maps.resharded(n)]
     if not resharded and not safetensors:
@@ -155,7 +157,7 @@ def _plan_target_by_stage(case: Case, plan: SourcePlan, t: int, maps: TargetMaps
         stage_ranks = [g for g in rank_list if g // maps.n_src == st]
         if not stage_ranks:
             continue
-        names = [n for n in load_order_names(plan, stage_ranks, True) if not maps.dropped(n)]
+        names = [n for n in load_order_names(plan, stage_ranks) if not maps.dropped(n)]
         resharded = [n for n in names if maps.resharded(n)]
         passthrough = [n for n in names if not maps.resharded(n)]
         t_local = maps.t_local if resharded else 0

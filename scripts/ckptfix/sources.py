@@ -7,8 +7,8 @@ copies of source records), so both agree on every byte by construction.
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List
 
-from . import ckptio, data
-from .case import Case, ParamSpec
+from . import ckptio, data, stio
+from .case import Case, CaseError, ParamSpec, parse_record_order
 
 
 @dataclass
@@ -92,6 +92,28 @@ def source_records(case: Case, rank: int, bank: TensorBank) -> List[SourceRecord
     return records
 
 
+def reordered(records: List[SourceRecord], how, rank: int) -> List[SourceRecord]:
+    """`records` in the file order Options.record_orders gives rank `rank`."""
+    form = parse_record_order(how)
+    names = [r.name for r in records]
+    if form[0] == "reversed":
+        order = names[::-1]
+    elif form[0] == "rotated":
+        k = form[1] % len(names)
+        order = names[k:] + names[:k]
+    elif form[0] == "moved":
+        if form[1] not in names:
+            raise CaseError(f"record_orders: rank {rank} has no record {form[1]!r}")
+        order = [n for n in names if n != form[1]]
+        order.insert(form[2], form[1])
+    else:
+        order = form[1]
+        if sorted(order) != sorted(names):
+            raise CaseError(f"record_orders: rank {rank} holds {names}, not {order}")
+    by_name = {r.name: r for r in records}
+    return [by_name[n] for n in order]
+
+
 def redundancy_groups(case: Case) -> Dict[str, List[tuple]]:
     """Per src-strategy parameter, its groups of global ranks holding identical blocks (the
     optimizer shard splits groups), members ascending, groups sorted (spec safetensors §3.2)."""
@@ -133,6 +155,8 @@ class SourcePlan:
         self.case = case
         self.bank = bank
         self._records = {g: source_records(case, g, bank) for g in source_ranks(case)}
+        for key, how in case.options.record_orders.items():
+            self._records[int(key)] = reordered(self._records[int(key)], how, int(key))
 
     def ranks(self) -> List[int]:
         return list(self._records)
@@ -148,6 +172,15 @@ class SourcePlan:
         savers = dedup_savers(self.case)
         return [r for r in self._records[rank]
                 if r.kind != "sliced" or rank in savers.get(r.name, ())]
+
+    def file_order(self, rank: int) -> List[SourceRecord]:
+        """Every record of rank `rank` in the order its file lists them: safetensors files in the
+        reference writer's order, unless record_orders gives the rank another one."""
+        records = self._records[rank]
+        if self.case.options.source_format == "safetensors" and \
+                str(rank) not in self.case.options.record_orders:
+            return stio.writer_order(records)
+        return records
 
     def record(self, rank: int, name: str):
         return next((r for r in self._records[rank] if r.name == name), None)

@@ -52,9 +52,11 @@ def header_bytes(entries: List[Entry], metadata: Optional[Dict[str, str]]) -> by
     return struct.pack("<Q", len(text)) + text
 
 
-def write(path: str, entries: List[Entry], metadata: Optional[Dict[str, str]]) -> int:
-    """Writes a file in the reference writer's layout; returns its size."""
-    ordered = writer_order(entries)
+def write(path: str, entries: List[Entry], metadata: Optional[Dict[str, str]],
+          keep_order: bool = False) -> int:
+    """Writes a file in the reference writer's layout (or, with keep_order, its data and header
+    in the order given, as another writer may); returns its size."""
+    ordered = list(entries) if keep_order else writer_order(entries)
     size = 0
     with open(path, "wb") as f:
         head = header_bytes(ordered, metadata)

@@ -372,8 +372,8 @@ class Planner {
   }
 
  private:
-  // L of spec §4.4: names in first-appearance order over the loaded files, each file read in its
-  // stage's order (stage_order); targets with the same load order share it.
+  // L of spec §4.4: names in first-appearance order over the loaded files, each file read in
+  // its name order (file_order); targets with the same load order share it.
   const std::vector<ParamRef>& first_appearance(const std::vector<int64_t>& load_order) {
     auto [it, inserted] = orders_.try_emplace(load_order);
     if (inserted) {
@@ -381,7 +381,7 @@ class Planner {
       for (int64_t g : load_order) {
         const SourceSet::File* f = files_.file(g);
         if (!f) continue;
-        for (uint32_t id : stage_order(stage_of(g))) {
+        for (uint32_t id : file_order(g, *f)) {
           if (seen[id]) continue;
           seen[id] = true;
           it->second.push_back({copy_of(id, f, load_order), id});
@@ -404,10 +404,24 @@ class Planner {
     return files_.find_any(id);
   }
 
-  // The name order of a stage's files. Without deduplication they all list the same names in
-  // the same order. A deduplicated file lacks some names, so the order is the one every file of
-  // the stage agrees with: a topological merge of their orders (files in rank order), where
-  // names the files leave unordered go by first appearance over the files in rank order.
+  // The order file g's names are read in for L. MindSpore reads each file in its own record
+  // order, so where files of a save list their records in different orders, the file it loads
+  // first decides (seen so with MindSpore 2.7.2). A deduplicated file lacks names that other
+  // files of its stage hold and no longer shows where the full save had them: it is read in the
+  // stage's common order instead (stage_order).
+  const std::vector<uint32_t>& file_order(int64_t g, const SourceSet::File& f) {
+    const std::vector<uint32_t>& common = stage_order(stage_of(g));
+    auto [it, inserted] = holds_stage_.try_emplace(g);
+    if (inserted)
+      it->second =
+          std::all_of(common.begin(), common.end(), [&](uint32_t id) { return f.find(id); });
+    return it->second ? f.ids : common;
+  }
+
+  // The common name order of a stage's files, which its deduplicated files are read in: the
+  // order every file of the stage agrees with, a topological merge of their orders (files in
+  // rank order), where names the files leave unordered go by first appearance over the files in
+  // rank order. Files that list the same names in the same order give that order.
   const std::vector<uint32_t>& stage_order(int64_t stage) {
     auto [it, inserted] = stage_orders_.try_emplace(stage);
     if (!inserted) return it->second;
@@ -502,6 +516,15 @@ class Planner {
     for (uint32_t st : stages)
       for (int64_t r : locals) ranks.push_back(static_cast<int64_t>(st) * maps.src_devices() + r);
     std::sort(ranks.rbegin(), ranks.rend());
+    if (by_stage_load_order_) return by_stage_load_order();
+    return ranks;
+  }
+
+  // The ranks with files of a one-stage (by-stage) planner, ascending.
+  std::vector<int64_t> by_stage_load_order() const {
+    std::vector<int64_t> ranks;
+    for (int64_t g = 0; g < src_->devices_per_stage; ++g)
+      if (files_.file(g)) ranks.push_back(g);
     return ranks;
   }
 
@@ -747,9 +770,14 @@ class Planner {
   // Some target ranks only, from the files they read: MindSpore's other replicas are not
   // required to be present (set_partial).
   bool partial_ = false;
+  // The by-stage transform's load order (set_by_stage_load_order).
+  bool by_stage_load_order_ = false;
 
  public:
   void set_partial() { partial_ = true; }
+  // MindSpore's by-stage transform loads every file of the stage, lowest rank first (§4.7), so
+  // its records follow the lowest rank's file where files disagree (seen with MindSpore 2.7.2).
+  void set_by_stage_load_order() { by_stage_load_order_ = true; }
 
  private:
   LayoutMemo own_layouts_;
@@ -757,6 +785,8 @@ class Planner {
   std::map<std::vector<int64_t>, std::vector<ParamRef>> orders_;  // by load order
   std::map<int64_t, std::vector<uint32_t>> stage_orders_;         // name ids, by stage
   std::unordered_map<uint32_t, ParamFacts> facts_;                // by name id
+  // By rank: whether its file holds every name of its stage (file_order).
+  std::map<int64_t, bool> holds_stage_;
   // By name id, for the target being planned (plan_target resets it: roles follow its stage).
   struct PerName {
     std::optional<TargetMaps::Role> role;
@@ -943,6 +973,7 @@ void plan_by_stage(Plan& plan, const strategy::Strategy* src, const strategy::St
     }
     Planner& planner =
         planners.emplace_back(plan, &src_s, &dst_s, safetensors_rules, ranks, located);
+    planner.set_by_stage_load_order();
     for (int64_t l = 0; l < dst->devices_per_stage; ++l) {
       by_stage_and_rank.push_back(planner.plan_target(l));
       if (views.on_planned) views.on_planned(by_stage_and_rank.size(), total);

@@ -177,13 +177,48 @@ INSTANTIATE_TEST_SUITE_P(Builtins, PlannerAgainstGenerator,
                                            "pipeline_src_merged", "pipeline_dst", "json",
                                            "json_pipeline", "crc_oldscalars", "multiaxis", "4to6",
                                            "src_chunks", "src_chunks_old", "llama13b_to4",
-                                           "st_demo", "st_opt_dst", "st_pipeline_dst"),
+                                           "record_order", "st_demo", "st_opt_dst",
+                                           "st_pipeline_dst", "st_record_order"),
                          [](const ::testing::TestParamInfo<const char*>& param) {
                            std::string name = param.param;
                            for (char& c : name)
                              if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
                            return name;
                          });
+
+// Files of one save that list the same records in different orders (the generator's
+// record_order case: rank_3 reversed, rank_2 rotated by two, rank_1 with c moved first). MindSpore
+// reads each file in its own order and keeps first appearance over the files it loads, highest
+// rank first: target 0 loads ranks 2 and 0 and so follows rank_2, target 1 loads ranks 3 and 1
+// and follows rank_3. Resharded parameters come first, then the per-rank entries.
+TEST(PlannerRecordOrder, EachTargetFollowsTheFileItLoadsFirst) {
+  TempDir tmp("planner-order");
+  const json fixture = make_fixture("record_order", tmp.path());
+  std::map<int64_t, index::IndexedSource> sources;
+  for (const auto& [rank, rel] : fixture.at("source_files").items()) {
+    const stdfs::path path = tmp.path() / rel.get<std::string>();
+    sources.emplace(std::stoll(rank), std::move(index::index_sources(nullptr, {path}).front()));
+  }
+  const std::optional<strategy::Strategy> src = strategy_of(fixture, "src_strategy", tmp.path());
+  const std::optional<strategy::Strategy> dst = strategy_of(fixture, "dst_strategy", tmp.path());
+  ViewOptions views;
+  views.safetensors = false;
+  const Plan plan = make_plan(std::move(sources), &*src, &*dst, views);
+
+  // rank_2: c learning_rate rank_state epoch_num step_num a b; rank_3: the case order reversed.
+  const std::vector<std::vector<std::string>> want = {
+      {"c", "a", "b", "learning_rate", "rank_state", "epoch_num", "step_num"},
+      {"c", "b", "a", "step_num", "epoch_num", "rank_state", "learning_rate"}};
+  ASSERT_EQ(plan.targets.size(), want.size());
+  for (size_t t = 0; t < want.size(); ++t) {
+    const stdfs::path written = testsupport::write_file(tmp.path() / "planned.ckpt",
+                                                        materialize(plan, plan.targets[t].file));
+    std::vector<std::string> names;
+    for (const scan::Param& p : ckpt::scan_checkpoint(written.string()).params)
+      names.push_back(p.name);
+    EXPECT_EQ(names, want[t]) << "target rank " << t;
+  }
+}
 
 }  // namespace
 }  // namespace ckptfs::plan
