@@ -15,6 +15,9 @@ parser of their own.
 * The written strategy as --src-strategy: the tensor-parallel files, materialized, mount merged
   back into the full tensors.
 * An hfai checkpoint (PyTorch, no strategy of its own): rules over its merged model, mounted.
+* A MindFormers metadata checkpoint and a unified_safetensors directory: the global shapes their
+  metadata or parts give; the metadata checkpoint mounted with the written strategy equals the
+  files its generator cuts from the same full tensors.
 * Refusals through the real binary: one line, nothing written.
 """
 
@@ -26,7 +29,10 @@ import numpy as np
 import itest
 import ckpt_fixture
 import test_hfai
+import test_mindformers
+import test_safetensors
 from ckptfix import ckptio
+from ckptfix import mindformers as mf
 from ckptfix.data import full_box
 from ckptfix.sources import TensorBank
 
@@ -263,6 +269,46 @@ def check_hfai(args):
         "(--replicate or another --split)"], proc.stderr
 
 
+def written_shapes(path):
+    """name -> tensor_shape of a written JSON strategy."""
+    with open(path) as f:
+        return {k: v["tensor_shape"] for k, v in json.load(f)["parallel_layout_item"].items()}
+
+
+def check_mindformers_metadata(args):
+    """metadata.json's global shapes; the mount with the written strategy is the generator's cut."""
+    work = os.path.join(args.work, "mindformers")
+    params = mf.demo_params()
+    tree = mf.write_tree(os.path.join(work, "src"), params, [2, 2])
+    strategy = os.path.join(work, "tp4.json")
+    itest.run([args.ckptfs, "strategy", "new", tree.root, "--devices", "4",
+               "--split", r"(adam_[mv]\.)?embed\.weight=0", "--split", r"(adam_[mv]\.)?layer\.w=1",
+               "-o", strategy])
+    # "scale" is a scalar: no layout.
+    assert written_shapes(strategy) == {p.name: p.shape for p in params if p.shape}
+    splits = {"embed.weight": [0, -1], "layer.w": [-1, 0]}
+    maps = {p.name: splits.get(p.name.split(".", 1)[1] if p.opt else p.name, [-1] * len(p.shape))
+            for p in params}
+    expected = os.path.join(work, "expected")
+    files = tree.expected(expected, dst=maps, dst_dev=[4])
+    with itest.mounted(args.ckptfs, tree.root, os.path.join(work, "mnt"), dst_strategy=strategy,
+                       index_dir=os.path.join(args.work, "index")) as mnt:
+        # The scalar, in no strategy, may come at another place of the .ckpt record order.
+        test_mindformers.compare_views(mnt, expected, files, ckpt_order=False)
+
+
+def check_unified(args):
+    """The parts' tensors and shapes; hyper_param.safetensors' entries get no layout."""
+    work = os.path.join(args.work, "unified")
+    fx = ckpt_fixture.make_builtin("st_1to8_split", os.path.join(work, "fixture"), expected=False)
+    udir = os.path.join(work, "unified")
+    test_safetensors.write_unified(fx, udir, True)
+    strategy = os.path.join(work, "s.json")
+    proc = itest.run([args.ckptfs, "strategy", "new", udir, "--devices", "2", "-o", strategy])
+    assert "8 tensors on 2 devices (0 split, 8 replicated)" in proc.stdout, proc.stdout
+    assert written_shapes(strategy) == {p.name: p.shape for p in fx.case.params}
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
@@ -274,6 +320,9 @@ def main():
                check_sharded_source, args)
     checks.run("an hfai checkpoint gets a strategy from rules over its merged model", check_hfai,
                args)
+    checks.run("a MindFormers metadata checkpoint gets its global shapes from metadata.json",
+               check_mindformers_metadata, args)
+    checks.run("a unified_safetensors directory gets its parts' shapes", check_unified, args)
     checks.finish()
 
 
