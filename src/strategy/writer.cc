@@ -80,6 +80,12 @@ std::vector<int64_t> split_counts(const ParamLayout& layout) {
   return out;
 }
 
+// read_strategy (and MindSpore) read "<digits>-<name>" as <name> of pipeline stage <digits>.
+bool reads_as_staged(std::string_view name) {
+  const size_t dash = name.find('-');
+  return dash != std::string_view::npos && dash > 0 && name.find_first_not_of("0123456789") == dash;
+}
+
 std::string node_name(const std::string& param) { return "StrategyNew_" + param; }
 
 void write_all(int fd, const std::string& bytes, const std::string& path) {
@@ -110,6 +116,11 @@ std::vector<NewLayout> decide_layouts(const std::vector<TensorShape>& tensors,
   out.reserve(tensors.size());
   for (const TensorShape& t : tensors) {
     if (!seen.insert(t.name).second) fail("tensor {} is listed twice", file_text(t.name));
+    if (reads_as_staged(t.name))
+      fail(
+          "tensor {}: a strategy file reads a name \"<digits>-<name>\" as <name> of that pipeline "
+          "stage, so no strategy can lay this tensor out",
+          file_text(t.name));
     NewLayout entry{t.name, t.shape, {}, -1};
     for (size_t i = 0; i < patterns.size() && entry.rule < 0; ++i)
       if (std::regex_match(t.name, patterns[i])) entry.rule = static_cast<int>(i);

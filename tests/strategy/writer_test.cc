@@ -130,6 +130,10 @@ TEST(DecideLayouts, RefusesBadOptions) {
   EXPECT_EQ(error_of(kModel, rules(kMaxRanks + 1, {})), "--devices 65537: expected 1 to 65536");
   EXPECT_EQ(error_of({}, rules(2, {})), "no tensor to write a layout for");
   EXPECT_EQ(error_of({{"w", {2}}, {"w", {2}}}, rules(2, {})), "tensor \"w\" is listed twice");
+  EXPECT_EQ(error_of({{"0-w", {2}}}, rules(2, {})),
+            "tensor \"0-w\": a strategy file reads a name \"<digits>-<name>\" as <name> of that "
+            "pipeline stage, so no strategy can lay this tensor out");
+  EXPECT_NO_THROW(decide_layouts({{"w-0", {2}}, {"0x-w", {2}}, {"-w", {2}}}, rules(2, {})));
   EXPECT_THROW(check_new_strategy(rules(2, {replicate("[")})), Error);
   EXPECT_NO_THROW(check_new_strategy(rules(2, {replicate(".*")})));
 }

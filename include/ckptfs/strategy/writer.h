@@ -52,7 +52,8 @@ struct NewLayout {
 // The layout of every tensor, in the order given: dev_matrix [N], a split dimension mapped to
 // device axis 0 (MindSpore's tensor_map value 0), every other dimension -1; no optimizer
 // sharding. Throws Error in one line: check_new_strategy's refusals, no tensor at all, two tensors
-// of one name, and, naming the tensor with its shape and the rule, a split dimension out of range
+// of one name, a name "<digits>-<rest>" (every reader takes it for <rest> of a pipeline stage,
+// spec §2.4), and, naming the tensor with its shape and the rule, a split dimension out of range
 // or one whose size does not divide by N (MindSpore's transform refuses those too, spec §5), or a
 // tensor no rule matches when unmatched ones are refused.
 std::vector<NewLayout> decide_layouts(const std::vector<TensorShape>& tensors,
