@@ -52,6 +52,13 @@ TEST_F(StrategyNew, RulesApplyInCommandLineOrderAcrossOptions) {
           " --devices 2 --split '.*weight=0' --replicate 'a\\..*' -o " + out_.string());
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(map_of(out_, "a.weight"), nlohmann::json::parse("[0,-1]"));
+  // Two values after one option are two rules, in that place.
+  r = run("strategy new " + shapes_.string() +
+          " --devices 2 --replicate 'a\\..*' 'b\\..*' --split '.*=0' -o " + out_.string());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(map_of(out_, "a.weight"), nlohmann::json::parse("[-1,-1]"));
+  EXPECT_EQ(map_of(out_, "b.weight"), nlohmann::json::parse("[-1,-1]"));
+  EXPECT_EQ(map_of(out_, "norm"), nlohmann::json::parse("[0]"));
 }
 
 TEST_F(StrategyNew, SummarySaysWhatEachRuleMatched) {
