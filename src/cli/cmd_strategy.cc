@@ -276,8 +276,9 @@ void add_strategy_command(CLI::App& app) {
       ->required();
   o->split_option = add->add_option("--split", o->splits,
                                     "REGEX=DIM: split the tensors whose whole name matches REGEX "
-                                    "(ECMAScript) along dimension DIM (negative: from the end) "
-                                    "into N equal blocks; repeatable")
+                                    "(a POSIX extended regular expression, as grep -E takes) "
+                                    "along dimension DIM (negative: from the end) into N equal "
+                                    "blocks; repeatable")
                         ->expected(1)
                         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   o->replicate_option = add->add_option("--replicate", o->replicates,

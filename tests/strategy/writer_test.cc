@@ -88,6 +88,23 @@ TEST(DecideLayouts, PatternsMatchWholeNames) {
   EXPECT_EQ(out[0].layout, expected(2, {-1, -1}, {8, 4}));
 }
 
+TEST(DecideLayouts, PatternsAreExtendedRegularExpressions) {
+  const auto out = decide_layouts(
+      kModel, rules(2, {split("layers\\.[[:digit:]]+\\.attention\\.w(q|o)\\.weight", 0)}));
+  EXPECT_EQ(out[0].rule, 0);
+  EXPECT_EQ(out[1].rule, 0);
+  EXPECT_EQ(out[2].rule, -1);
+}
+
+TEST(DecideLayouts, LongNamesAndNulBytesAreMatchedWhole) {
+  // A name is what a checkpoint file says; std::regex overflowed the stack on this one.
+  const std::string long_name(200'000, 'x');
+  const auto out = decide_layouts({{long_name, {4}}, {std::string("a\0b", 3), {4}}},
+                                  rules(2, {split("(x|y)*", 0), split("a", 0)}));
+  EXPECT_EQ(out[0].rule, 0);
+  EXPECT_EQ(out[1].rule, -1);  // "a" is not the whole of "a\0b"
+}
+
 TEST(DecideLayouts, NegativeDimensionCountsFromTheEnd) {
   const auto out = decide_layouts({{"w", {2, 3, 8}}}, rules(4, {split("w", -1)}));
   EXPECT_EQ(out[0].layout, expected(4, {-1, -1, 0}, {2, 3, 8}));

@@ -25,7 +25,8 @@ struct TensorShape {
 
 struct LayoutRule {
   std::string text;            // as the user wrote it, for messages: "--split 'wq.*=0'"
-  std::string pattern;         // ECMAScript regular expression matched against the WHOLE name
+  std::string pattern;         // POSIX extended regular expression (grep -E's) that must match
+                               // the WHOLE name
   std::optional<int64_t> dim;  // split along this dimension (negative: from the end); none:
                                // replicated
 };
