@@ -261,7 +261,8 @@ class S3Server:
         mountpoint = os.path.realpath(mountpoint)
         proc = subprocess.run(self.s3fs_cmd(bucket, mountpoint, use_cache, options),
                               capture_output=True, text=True, timeout=60)
-        self.mounts.append(mountpoint)
+        if mountpoint not in self.mounts:
+            self.mounts.append(mountpoint)
         if proc.returncode != 0:
             raise AssertionError(f"s3fs exited {proc.returncode}: {proc.stderr.strip()}")
         deadline = time.monotonic() + 30
