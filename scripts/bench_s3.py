@@ -1,0 +1,315 @@
+#!/usr/bin/python3
+"""ckptfs over object storage (issue 33): a checkpoint on a real S3 server (SeaweedFS on
+127.0.0.1, started and stopped here by tests/integration/s3harness.py) read through Debian's
+s3fs, all figures from one run. The data is the fixture generator's `bench` transformer (8
+ranks resharded 8 -> 4, --size-gib, 0.25 by default), every byte served checked against its
+expected files.
+
+Figures (medians over --runs paired runs; MB/s = 10^6 bytes/s; "GETs" are the server's ranged
+GETs, "fetched" the bytes it sent; s3fs is remounted before every run, so every read is cold):
+  mount     mount time, GETs and bytes fetched while mounting: with an empty index (a first
+            mount), with the index that mount filled (a remount after s3fs remounted, as after a
+            reboot or on another day), and with a shipped index (`index build --output`); and
+            per run, how many sources' scans came from the index (.ckptfs/sources.json; "lazy":
+            a shipped index plans on first open and lists none there)
+  cat       `cat` of the view's .ckpt files (one process) against `cat` of the sources through
+            the same s3fs, one process and one per source (in parallel); ratios per pair
+  ranks 0   a mount with --ranks 0 reading its one target: bytes fetched / target size
+  blocks    the plan of rank 0 (MOUNTPOINT/.ckptfs/plan/rank_0.json): bytes of the source
+            blocks its extents touch at 4 KiB, 64 KiB, 1 MiB and 8 MiB / bytes it needs
+
+    scripts/bench_s3.py [--size-gib 0.25] [--runs 3] [--work build/bench-s3]
+"""
+
+import argparse
+import contextlib
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+
+import numpy as np  # noqa: E402
+
+import ckpt_fixture  # noqa: E402
+import s3harness  # noqa: E402
+
+MIB = 1 << 20
+BUCKET = "ckpt"
+PREFIX = "train"
+BLOCKS = (4 << 10, 64 << 10, 1 << 20, 8 << 20)
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def is_mounted(path):
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+# -- the plan's block amplification ------------------------------------------------------------
+
+def touched_blocks(plan, block, size_of=os.path.getsize):
+    """(bytes of the distinct source blocks of `block` bytes the plan's extents touch, the last
+    block of a source cut at its end; bytes the extents copy). An extent copies `length` bytes
+    at `offset` of source `file` (an index into its plan file's `sources`), `count` times
+    `stride` apart."""
+    starts, ends, keys, paths = [], [], [], {}
+    need = 0
+    for f in plan["files"]:
+        for rec in f.get("records", []):
+            for e in rec.get("extents", []):
+                if "file" not in e:  # bytes held in the daemon's memory
+                    continue
+                path = f["sources"][e["file"]]
+                key = paths.setdefault(path, len(paths))
+                count = e.get("count", 1)
+                offs = e["offset"] + e.get("stride", 0) * np.arange(count, dtype=np.int64)
+                starts.append(offs // block)
+                ends.append((offs + e["length"] - 1) // block)
+                keys.append(np.full(count, key, dtype=np.int64))
+                need += e["length"] * count
+    if not starts:
+        return 0, 0
+    s, e, k = np.concatenate(starts), np.concatenate(ends), np.concatenate(keys)
+    total = 0
+    for path, key in paths.items():
+        sel = k == key
+        order = np.argsort(s[sel], kind="stable")
+        ss, ee = s[sel][order], e[sel][order]
+        reach = np.maximum.accumulate(ee)
+        # A new group of blocks starts where a run begins past every block before it.
+        new = np.ones(len(ss), dtype=bool)
+        new[1:] = ss[1:] > reach[:-1]
+        first = ss[new]
+        last = np.maximum.reduceat(ee, np.flatnonzero(new))
+        total += int(np.minimum((last + 1) * block, size_of(path)).sum() - (first * block).sum())
+    return total, need
+
+
+# -- the bench ---------------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, args, server):
+        self.args, self.server = args, server
+        self.work = os.path.realpath(args.work)
+        self.s3 = os.path.join(self.work, "s3")
+        self.mnt = os.path.join(self.work, "view")
+        self.failures = []
+
+    def fresh_s3fs(self):
+        """s3fs mounted anew: nothing of an earlier run is cached in it or in the kernel."""
+        s3harness.unmount_s3fs(self.s3)
+        self.server.mount_s3fs(BUCKET, self.s3)
+        return os.path.join(self.s3, PREFIX)
+
+    def mount_cmd(self, src, extra):
+        fx = self.fx
+        return [self.args.ckptfs, "mount", src, self.mnt, "--src-strategy", fx.src_strategy,
+                "--dst-strategy", fx.dst_strategy, "--view", "ckpt", "-q", *extra]
+
+    @contextlib.contextmanager
+    def mounted(self, src, extra):
+        os.makedirs(self.mnt, exist_ok=True)
+        try:
+            start = time.monotonic()
+            proc = subprocess.run(self.mount_cmd(src, extra), capture_output=True, text=True,
+                                  timeout=600)
+            took = time.monotonic() - start
+            if proc.returncode != 0:
+                raise SystemExit(f"bench_s3: mount failed: {proc.stderr.strip()}")
+            yield took
+        finally:
+            if is_mounted(self.mnt):
+                subprocess.run([self.args.ckptfs, "umount", self.mnt], capture_output=True,
+                               timeout=120)
+            if is_mounted(self.mnt):
+                subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True)
+
+    def cat(self, files, parallel=False):
+        """Seconds to cat `files` to /dev/null, in one process or one process per file."""
+        start = time.monotonic()
+        if parallel:
+            procs = [subprocess.Popen(["cat", f], stdout=subprocess.DEVNULL) for f in files]
+            rcs = [p.wait() for p in procs]
+        else:
+            rcs = [subprocess.run(["cat", *files], stdout=subprocess.DEVNULL).returncode]
+        took = time.monotonic() - start
+        if any(rcs):
+            raise SystemExit(f"bench_s3: cat {files[0]} ... failed")
+        return took
+
+    def view_files(self, ranks=None):
+        out = []
+        for t, path in sorted(self.fx.expected_files().items()):
+            if ranks is None or t in ranks:
+                out.append((os.path.join(self.mnt, f"rank_{t}", os.path.basename(path)), path))
+        return out
+
+    def check(self, label, ranks=None):
+        for got, want in self.view_files(ranks):
+            diff = ckpt_fixture.describe_difference(want, got)
+            if diff:
+                self.failures.append(f"{label}: {diff}")
+
+    def setup(self):
+        a = self.args
+        os.makedirs(self.work, exist_ok=True)
+        fixture = os.path.join(self.work, f"fixture-{a.size_gib:g}")
+        if os.path.isfile(os.path.join(fixture, "case.json")):
+            self.fx = ckpt_fixture.Fixture.load(fixture)
+        else:
+            log(f"generating the bench fixture, {a.size_gib:g} GiB, 8 -> 4")
+            shutil.rmtree(fixture, ignore_errors=True)
+            self.fx = ckpt_fixture.make_builtin("bench", fixture, size_gib=a.size_gib,
+                                                src_devices=8, dst_devices=4)
+        self.server.make_bucket(BUCKET)
+        start = time.monotonic()
+        self.src_bytes = self.server.upload_dir(self.fx.src_dir, BUCKET, PREFIX)
+        self.sources = sorted(glob.glob(os.path.join(self.fx.src_dir, "rank_*", "*.ckpt")))
+        self.target_bytes = sum(os.path.getsize(p) for p in self.fx.expected_files().values())
+        log(f"uploaded {self.src_bytes / MIB:.0f} MiB in {time.monotonic() - start:.1f} s; "
+            f"{len(self.sources)} sources, {len(self.fx.targets)} targets "
+            f"({self.target_bytes / MIB:.0f} MiB)")
+        self.shipped = os.path.join(self.work, "shipped")
+        shutil.rmtree(self.shipped, ignore_errors=True)
+        src = self.fresh_s3fs()
+        subprocess.run([a.ckptfs, "index", "build", src, "--output", self.shipped, "-q",
+                        "--src-strategy", self.fx.src_strategy, "--dst-strategy",
+                        self.fx.dst_strategy, "--view", "ckpt"], check=True)
+
+    def measure(self, fn):
+        before = self.server.counters()
+        value = fn()
+        return value, self.server.counters() - before
+
+    def mount_figures(self, runs):
+        rows = {"empty index": [], "index remount": [], "shipped index": []}
+        for r in range(runs):
+            idx = os.path.join(self.work, f"index-{r}")
+            shutil.rmtree(idx, ignore_errors=True)
+            for label, extra in (("empty index", ["--index-dir", idx]),
+                                 ("index remount", ["--index-dir", idx]),
+                                 ("shipped index", ["--index", self.shipped])):
+                src = self.fresh_s3fs()
+                before = self.server.counters()
+                with self.mounted(src, extra) as took:
+                    c = self.server.counters() - before
+                    with open(os.path.join(self.mnt, ".ckptfs", "sources.json")) as f:
+                        sources = json.load(f)["sources"]
+                hits = sum(1 for s in sources if s["from_index"])
+                rows[label].append((took, c["range_gets"], c["sent_bytes"], hits, len(sources)))
+            shutil.rmtree(idx, ignore_errors=True)
+        print("\nmount over s3fs (median of %d; fetched while mounting):" % runs)
+        for label, vals in rows.items():
+            print(f"  {label:15} {median([v[0] for v in vals]):6.3f} s  "
+                  f"{median([v[1] for v in vals]):6.0f} GETs  "
+                  f"{median([v[2] for v in vals]) / MIB:8.1f} MiB "
+                  f"({median([v[2] for v in vals]) / self.src_bytes:.2f}x the sources); "
+                  f"scans from the index per run: "
+                  f"{', '.join(f'{v[3]}/{v[4]}' if v[4] else 'lazy' for v in vals)}")
+        return rows
+
+    def cat_figures(self, runs):
+        view, seq, par = [], [], []
+        for r in range(runs):
+            src = self.fresh_s3fs()
+            with self.mounted(src, ["--index", self.shipped]):
+                files = [v for v, _ in self.view_files()]
+                t, c = self.measure(lambda: self.cat(files))
+                view.append((t, c))
+                if r == 0:
+                    self.check("cat of the view")
+            remote = [os.path.join(src, os.path.relpath(p, self.fx.src_dir)) for p in self.sources]
+            self.fresh_s3fs()
+            seq.append(self.measure(lambda: self.cat(remote)))
+            self.fresh_s3fs()
+            par.append(self.measure(lambda: self.cat(remote, parallel=True)))
+        print(f"\ncold cat through s3fs (median of {runs}; MB/s of the bytes each side reads):")
+        for label, vals, size in (("view .ckpt, 1 cat", view, self.target_bytes),
+                                  ("sources, 1 cat", seq, self.src_bytes),
+                                  ("sources, 8 cats", par, self.src_bytes)):
+            print(f"  {label:18} {size / 1e6 / median([v[0] for v in vals]):7.1f} MB/s  "
+                  f"{median([v[1]['range_gets'] for v in vals]):5.0f} GETs  "
+                  f"{median([v[1]['sent_bytes'] for v in vals]) / MIB:7.1f} MiB fetched")
+        for label, other, size in (("1 cat", seq, self.src_bytes), ("8 cats", par, self.src_bytes)):
+            ratios = [(self.target_bytes / v[0]) / (size / o[0]) for v, o in zip(view, other)]
+            print(f"  ratio view / sources ({label}): median {median(ratios):.2f} "
+                  f"(runs {', '.join(f'{x:.2f}' for x in ratios)})")
+
+    def ranks0_figures(self, runs):
+        target = self.fx.expected_files()[0]
+        size = os.path.getsize(target)
+        rows = []
+        for r in range(runs):
+            src = self.fresh_s3fs()
+            before = self.server.counters()
+            with self.mounted(src, ["--index", self.shipped, "--ranks", "0"]):
+                files = [v for v, _ in self.view_files({0})]
+                t = self.cat(files)
+                c = self.server.counters() - before
+                rows.append((t, c))
+                if r == 0:
+                    self.check("--ranks 0", {0})
+        # The plan from a mount of the local copy (the same files, so the same extents): a mount
+        # with a shipped index names its sources "?" in the plan files today.
+        idx = os.path.join(self.work, "index-plan")
+        shutil.rmtree(idx, ignore_errors=True)
+        with self.mounted(self.fx.src_dir, ["--index-dir", idx, "--ranks", "0"]):
+            with open(os.path.join(self.mnt, ".ckptfs", "plan", "rank_0.json")) as f:
+                plan = json.load(f)
+        shutil.rmtree(idx, ignore_errors=True)
+        fetched = median([c["sent_bytes"] for _, c in rows])
+        print(f"\n--ranks 0 (median of {runs}): target {size / MIB:.1f} MiB, fetched "
+              f"{fetched / MIB:.1f} MiB in {median([c['range_gets'] for _, c in rows]):.0f} "
+              f"GETs: {fetched / size:.2f}x; {size / 1e6 / median([t for t, _ in rows]):.1f} MB/s")
+        print("  blocks the plan of rank 0 touches in its sources / bytes it needs:")
+        for block in BLOCKS:
+            touched, need = touched_blocks(plan, block)
+            print(f"    {block // 1024:5} KiB blocks: {touched / MIB:7.1f} MiB / "
+                  f"{need / MIB:.1f} MiB = {touched / need:.2f}x")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-gib", type=float, default=0.25)
+    ap.add_argument("--runs", type=int, default=3, help="paired runs per figure (default 3)")
+    ap.add_argument("--work", default=os.path.join(REPO, "build", "bench-s3"))
+    ap.add_argument("--ckptfs", default=os.path.join(REPO, "build", "ckptfs"))
+    args = ap.parse_args(argv)
+    try:
+        s3harness.ensure_tools()
+    except s3harness.Unavailable as e:
+        raise SystemExit(f"bench_s3: {e}")
+    os.makedirs(args.work, exist_ok=True)
+    with s3harness.S3Server(os.path.join(os.path.realpath(args.work), "server")) as server:
+        bench = Bench(args, server)
+        try:
+            bench.setup()
+            log(f"S3 server {server.endpoint}; s3fs without use_cache")
+            bench.mount_figures(args.runs)
+            bench.cat_figures(args.runs)
+            bench.ranks0_figures(args.runs)
+        finally:
+            s3harness.unmount_s3fs(bench.s3)
+    for f in bench.failures:
+        print(f"MISMATCH {f}")
+    return 1 if bench.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Sources on object storage, read through an S3 filesystem (issue 33, step 1): a real S3 server
+(SeaweedFS, started on 127.0.0.1 by s3harness) holds the fixture's sources, Debian's s3fs mounts
+the bucket, and ckptfs mounts the s3fs directory with a reshard.
+
+* identical_over_s3fs: every file the mount over s3fs serves has the md5 of the same mount over
+  the local copy, and both equal the fixture generator's expected files.
+* index_over_s3fs: characterises the index over s3fs and prints the figures (mount time, ranged
+  GETs and bytes the server sent, how many sources' scans came from the index): a first mount,
+  a remount with nothing forgotten, a remount after the kernel dropped its dentries and inodes,
+  a remount after s3fs itself was remounted, and a mount with a shipped index. It asserts only
+  what holds today (the bytes stay identical, a mount with a shipped index fetches no source
+  data); with
+  --expect-index-hit (not passed by ctest) it also asserts the issue's goal, that every
+  remount with the default index takes its scans from the index and fetches no tensor data.
+
+Skipped (exit 77) only when the server or s3fs cannot be installed on this machine.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import itest
+import ckpt_fixture
+import s3harness
+
+EXPECT_INDEX_HIT = "--expect-index-hit" in sys.argv
+if EXPECT_INDEX_HIT:
+    sys.argv.remove("--expect-index-hit")
+
+BUCKET = "ckpt"
+PREFIX = "train"
+
+
+def md5s(root):
+    out = {}
+    for rel in itest.tree_files(root):
+        h = hashlib.md5()
+        with open(os.path.join(root, rel), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        out[rel] = h.hexdigest()
+    return out
+
+
+def from_index(mnt):
+    """(sources whose scan came from the index, sources) of a mount, from .ckptfs/sources.json."""
+    with open(os.path.join(mnt, ".ckptfs", "sources.json")) as f:
+        sources = json.load(f)["sources"]
+    return sum(1 for s in sources if s["from_index"]), len(sources)
+
+
+class Setup:
+    """The fixture, uploaded once, and the server; s3fs mounted at self.s3."""
+
+    def __init__(self, args, server):
+        self.args, self.server = args, server
+        self.fx = ckpt_fixture.make_builtin("demo", os.path.join(args.work, "fixture"),
+                                            shared=args.shared)
+        server.make_bucket(BUCKET)
+        self.uploaded = server.upload_dir(self.fx.src_dir, BUCKET, PREFIX)
+        self.s3 = os.path.join(args.work, "s3")
+        server.mount_s3fs(BUCKET, self.s3)
+        self.src = os.path.join(self.s3, PREFIX)
+        self._local = None
+
+    def mount(self, src, mnt, index_dir, extra=()):
+        return itest.mounted(self.args.ckptfs, src, os.path.join(self.args.work, mnt),
+                             src_strategy=self.fx.src_strategy, dst_strategy=self.fx.dst_strategy,
+                             index_dir=index_dir, extra_args=list(extra))
+
+    def local_md5s(self):
+        if self._local is None:
+            with self.mount(self.fx.src_dir, "local", os.path.join(self.args.work, "idx-local")) \
+                    as mnt:
+                self._local = md5s(mnt)
+        return self._local
+
+
+def identical_over_s3fs(setup):
+    local = setup.local_md5s()
+    assert local, "the local mount serves no file"
+    with setup.mount(setup.src, "view", os.path.join(setup.args.work, "idx-identical")) as mnt:
+        remote = md5s(mnt)
+        problems = ckpt_fixture.compare_tree(setup.fx, mnt)
+    assert remote == local, f"over s3fs {remote}\nlocal {local}"
+    assert not problems, problems
+
+
+def measured_mount(setup, label, index_dir, extra=(), figures=None):
+    """Mounts over s3fs, reads every file, and prints (and returns) what the mount cost."""
+    before = setup.server.counters()
+    start = time.monotonic()
+    with setup.mount(setup.src, "view", index_dir, extra) as mnt:
+        took = time.monotonic() - start
+        at_mount = setup.server.counters() - before
+        try:
+            served = md5s(mnt)
+        except OSError as e:
+            with open(os.path.join(mnt, ".ckptfs", "log")) as f:
+                raise AssertionError(f"{label}: {e}; the mount's log:\n{f.read()}") from None
+        reading = setup.server.counters() - before - at_mount
+        # After the reads: a mount with a shipped index plans (and lists its sources) on first open.
+        hits, sources = from_index(mnt)
+    assert served == setup.local_md5s(), f"{label}: served bytes differ from the local mount's"
+    row = {"label": label, "mount_s": took, "from_index": hits, "sources": sources,
+           "gets": at_mount["range_gets"], "kib": at_mount["sent_bytes"] / 1024}
+    print(f"  {label:38} mount {took:5.2f} s, {hits}/{sources} scans from the index, "
+          f"at mount: {at_mount.line()}; reading the view: {reading['range_gets']} range GETs, "
+          f"{reading['sent_bytes'] / 1024:.0f} KiB", flush=True)
+    if figures is not None:
+        figures.append(row)
+    return row
+
+
+def index_over_s3fs(setup):
+    args, server = setup.args, setup.server
+    idx = os.path.join(args.work, "idx-remount")
+    mib = setup.uploaded / (1 << 20)
+    print(f"  sources: {mib:.2f} MiB in {len(setup.fx.source_files)} files over s3fs", flush=True)
+    rows = []
+    first = measured_mount(setup, "first mount (empty index)", idx, figures=rows)
+    measured_mount(setup, "remount, nothing forgotten", idx, figures=rows)
+    s3harness.drop_caches(2)
+    measured_mount(setup, "remount after drop_caches (inodes)", idx, figures=rows)
+    s3harness.unmount_s3fs(os.path.realpath(setup.s3))
+    server.mount_s3fs(BUCKET, setup.s3)
+    measured_mount(setup, "remount after s3fs remount", idx, figures=rows)
+
+    # Absolute: a relative --index is opened from the daemon's cwd (/) when a rank is planned.
+    shipped = os.path.abspath(os.path.join(args.work, "shipped"))
+    itest.run([args.ckptfs, "index", "build", setup.src, "--output", shipped,
+               "--src-strategy", setup.fx.src_strategy, "--dst-strategy", setup.fx.dst_strategy])
+    s3harness.unmount_s3fs(os.path.realpath(setup.s3))
+    server.mount_s3fs(BUCKET, setup.s3)
+    with_index = measured_mount(setup, "mount --index (shipped), fresh s3fs",
+                                os.path.join(args.work, "idx-unused"),
+                                extra=["--index", shipped], figures=rows)
+
+    assert first["from_index"] == 0, first
+    assert first["gets"] > 0, f"the first mount fetched nothing from the server: {first}"
+    # A shipped index lists the view without reading a source (its sources.json stays empty
+    # today: ranks planned on first open are not listed there).
+    assert with_index["kib"] * 1024 < setup.uploaded / 10, with_index
+    remounts = rows[1:4]
+    rescans = [r["label"] for r in remounts if r["from_index"] < r["sources"]]
+    print(f"  default index: {len(rescans)} of {len(remounts)} remounts rescanned "
+          f"({'; '.join(rescans) or 'none'})", flush=True)
+    if EXPECT_INDEX_HIT:
+        assert not rescans, f"remounts that rescanned: {rescans}"
+        for r in remounts:
+            assert r["kib"] * 1024 < setup.uploaded / 10, \
+                f"{r['label']} fetched {r['kib']:.0f} KiB of {mib:.2f} MiB of sources"
+
+
+def main():
+    args = itest.parse_args()
+    try:
+        s3harness.ensure_tools()
+    except s3harness.Unavailable as e:
+        itest.skip(str(e))
+    checks = itest.Checks(args.only)
+    with s3harness.S3Server(args.work) as server:
+        setup = Setup(args, server)
+        checks.run("identical_over_s3fs", identical_over_s3fs, setup)
+        checks.run("index_over_s3fs", index_over_s3fs, setup)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
