@@ -1,0 +1,121 @@
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <nlohmann/json.hpp>
+
+#include "ckptfs/dcp/dcp.h"
+#include "ckptfs/error.h"
+#include "ckptfs/torchzip/torch_file.h"
+#include "ckptfs/util/open_path.h"
+#include "ckptfs/util/quote.h"
+#include "ckptfs/util/shape_text.h"
+
+namespace ckptfs::dcp {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// One item of the file being scanned: a tensor chunk or an object.
+struct Item {
+  const Tensor* tensor = nullptr;  // null: an object
+  const Chunk* chunk = nullptr;
+  const Object* object = nullptr;
+  const Storage* storage = nullptr;
+
+  std::string what() const {
+    return tensor ? fmt::format("tensor {} chunk at {}", file_text(tensor->fqn),
+                                shape_text(chunk->offsets))
+                  : fmt::format("object {}", file_text(object->fqn));
+  }
+};
+
+}  // namespace
+
+scan::FileScan scan_data_file(int fd, const std::string& name, const Metadata& md, uint32_t file) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) fail("{}: cannot stat: {}", name, errno_text(errno));
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+
+  std::vector<Item> items;
+  for (const Tensor& t : md.tensors)
+    for (const Chunk& c : t.chunks)
+      if (c.storage.file == file) items.push_back({&t, &c, nullptr, &c.storage});
+  for (const Object& o : md.objects)
+    if (o.storage.file == file) items.push_back({nullptr, nullptr, &o, &o.storage});
+  std::sort(items.begin(), items.end(),
+            [](const Item& a, const Item& b) { return a.storage->offset < b.storage->offset; });
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Storage& s = *items[i].storage;
+    if (s.offset > file_size || s.length > file_size - s.offset)
+      fail(
+          "{}: the item of {} (bytes [{}, +{}) per the metadata) lies past the end of the "
+          "{}-byte file: the file is truncated or not this checkpoint's",
+          name, items[i].what(), s.offset, s.length, file_size);
+    if (i > 0) {
+      const Storage& prev = *items[i - 1].storage;
+      if (prev.offset + prev.length > s.offset)
+        fail("{}: the items of {} and {} overlap (byte offsets {} and {}): the metadata is damaged",
+             name, items[i - 1].what(), items[i].what(), prev.offset, s.offset);
+    }
+  }
+
+  scan::FileScan scan;
+  scan.format = scan::SourceFormat::TorchZip;
+  scan.file_size = scan.body_size = file_size;
+  json chunks = json::array(), objects = json::array();
+  for (const Item& item : items) {
+    const Storage& s = *item.storage;
+    if (!item.tensor) {
+      objects.push_back({{"fqn", item.object->fqn}, {"offset", s.offset}, {"length", s.length}});
+      continue;
+    }
+    const Tensor& t = *item.tensor;
+    const Chunk& c = *item.chunk;
+    const std::string item_name =
+        fmt::format("{} (item of {} at byte offset {})", name, item.what(), s.offset);
+    scan::FileScan inner = torchzip::scan_torch_at(fd, item_name, s.offset, s.length);
+    if (inner.params.size() != 1 || !inner.params[0].name.empty())
+      fail("{}: the item of {} holds {} tensors, not one tensor: the metadata is damaged", name,
+           item.what(), inner.params.size());
+    scan::Param& p = inner.params[0];
+    if (p.dtype != t.code)
+      fail("{}: the item of {} holds a {} tensor where the metadata says {}", name, item.what(),
+           p.dtype, t.code);
+    if (p.shape != c.sizes)
+      fail("{}: the item of {} holds a tensor of shape {} where the chunk's is {}", name,
+           item.what(), shape_text(p.shape), shape_text(c.sizes));
+    // FileSystemWriter saves each chunk with minimal storage (it clones otherwise): a record of
+    // another size is not what DCP wrote.
+    const unsigned __int128 need = static_cast<unsigned __int128>(c.elements()) * t.element_size;
+    if (p.content[0].length != need)
+      fail(
+          "{}: the item of {} has a data/0 record of {} bytes where the chunk's {} elements of {} "
+          "take {}",
+          name, item.what(), p.content[0].length, c.elements(), t.code,
+          static_cast<uint64_t>(need));
+    p.name = t.fqn;
+    scan.params.push_back(std::move(p));
+    chunks.push_back({{"fqn", t.fqn}, {"offsets", c.offsets}, {"shape", t.shape}});
+  }
+  scan.tree = json{{"metadata", {{"bytes", md.bytes}, {"digest", md.digest}}},
+                   {"chunks", std::move(chunks)},
+                   {"objects", std::move(objects)}}
+                  .dump();
+  return scan;
+}
+
+Checkpoint read_checkpoint(const fs::path& dir) {
+  Checkpoint ckpt;
+  ckpt.metadata = read_metadata(dir);
+  for (uint32_t i = 0; i < ckpt.metadata.files.size(); ++i) {
+    const fs::path path = dir / ckpt.metadata.files[i];
+    const UniqueFd fd = util::open_regular(path, "DCP data file");
+    ckpt.scans.push_back(scan_data_file(fd.get(), path.string(), ckpt.metadata, i));
+  }
+  return ckpt;
+}
+
+}  // namespace ckptfs::dcp
