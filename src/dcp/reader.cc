@@ -107,6 +107,32 @@ scan::FileScan scan_data_file(int fd, const std::string& name, const Metadata& m
   return scan;
 }
 
+bool claims_data_file(std::string_view name, std::string_view head) {
+  return name.ends_with(kDataSuffix) &&
+         (head.empty() || head.starts_with(std::string_view("PK\x03\x04", 4)));
+}
+
+scan::FileScan scan_data_file_beside(int fd, const std::string& name) {
+  const fs::path path(name);
+  const Metadata md = read_metadata(path.parent_path());
+  const std::string file = path.filename().string();
+  const auto it = std::lower_bound(md.files.begin(), md.files.end(), file);
+  if (it == md.files.end() || *it != file)
+    fail("{}: no item of the checkpoint's {} is in this file", name, kMetadataName);
+  return scan_data_file(fd, name, md, static_cast<uint32_t>(it - md.files.begin()));
+}
+
+std::optional<fs::path> detect(const fs::path& dir) {
+  if (is_dcp_dir(dir)) return dir;
+  std::error_code ec;
+  if (fs::is_regular_file(dir / "__0.metadata", ec))
+    fail(
+        "{}: a rank-local DCP checkpoint (__<rank>.metadata files, saved without collectives): "
+        "ckptfs reads only checkpoints with one global .metadata",
+        dir.string());
+  return std::nullopt;
+}
+
 Checkpoint read_checkpoint(const fs::path& dir) {
   Checkpoint ckpt;
   ckpt.metadata = read_metadata(dir);

@@ -159,6 +159,29 @@ TEST(DcpRealFiles, ObjectsAreListedNotRead) {
   EXPECT_EQ(listed, names);
 }
 
+// The registry-shaped entry points: a data file scanned alone (its .metadata found beside it)
+// gives the same scan as the whole-directory reader; detection.
+TEST(DcpRealFiles, DataFileScannedAloneAsInTheDirectory) {
+  const fs::path dir = kData / "tp";
+  const Checkpoint ckpt = read_checkpoint(dir);
+  for (size_t i = 0; i < ckpt.metadata.files.size(); ++i) {
+    const fs::path path = dir / ckpt.metadata.files[i];
+    const std::string head = slurp(path).substr(0, 4);
+    EXPECT_TRUE(claims_data_file(path.string(), head));
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    const scan::FileScan alone = scan_data_file_beside(fd, path.string());
+    ::close(fd);
+    EXPECT_EQ(alone.tree, ckpt.scans[i].tree);
+    ASSERT_EQ(alone.params.size(), ckpt.scans[i].params.size());
+    for (size_t k = 0; k < alone.params.size(); ++k)
+      EXPECT_EQ(alone.params[k].content[0], ckpt.scans[i].params[k].content[0]);
+  }
+  EXPECT_FALSE(claims_data_file((dir / ".metadata").string(), "\x80\x04"));
+  EXPECT_EQ(detect(dir), dir);
+  EXPECT_EQ(detect(kData), std::nullopt);
+}
+
 // A damaged copy: bad/<kind>/.metadata with fsdp's data files (or its own).
 std::string refusal(const std::string& kind) {
   const fs::path dir = fs::path(::testing::TempDir()) / ("dcp_" + kind);

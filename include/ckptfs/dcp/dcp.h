@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -90,6 +91,19 @@ bool is_dcp_dir(const std::filesystem::path& dir);
 // chunk's elements x dtype size.
 scan::FileScan scan_data_file(int fd, const std::string& name, const Metadata& metadata,
                               uint32_t file);
+
+// The shapes a source-family registry entry takes (detect; a reader's claims and scan):
+// True for a file named *.distcp (a data file holds whole archives, so it starts with a zip
+// local header, or is empty when a rank saved nothing).
+bool claims_data_file(std::string_view name, std::string_view head);
+// scan_data_file of the data file `name` (a path) with the .metadata beside it. The scan's tree
+// records that .metadata's size and digest: a scan kept in a cache must be taken again when
+// they differ from the current .metadata's.
+scan::FileScan scan_data_file_beside(int fd, const std::string& name);
+// `dir` if it is a DCP checkpoint (it holds .metadata), else nullopt. A directory holding only
+// rank-local __<rank>.metadata files (dcp.save(use_collectives=False)) is refused with one line:
+// reading those is not implemented.
+std::optional<std::filesystem::path> detect(const std::filesystem::path& dir);
 
 // A whole directory: its metadata and the scans of metadata.files, in that order.
 struct Checkpoint {
