@@ -137,13 +137,9 @@ Metadata parse_metadata(std::string_view bytes, const std::string& name) {
     if (!dtype.is_object() || !dtype.contains("$global"))
       t.bad("{} has a dtype that is not a torch dtype", what);
     const std::string dtype_name = dtype["$global"].get<std::string>();  // "torch.float32"
-    const torchzip::DtypeInfo* info = nullptr;
-    for (const char* code :
-         {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL", "C64", "C128",
-          "U16", "U32", "U64", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}) {
-      const torchzip::DtypeInfo* d = torchzip::dtype_by_code(code);
-      if (d && dtype_name == "torch." + std::string(d->torch_name)) info = d;
-    }
+    const torchzip::DtypeInfo* info = dtype_name.starts_with("torch.")
+                                          ? torchzip::dtype_by_torch_name(dtype_name.substr(6))
+                                          : nullptr;
     if (!info)
       fail("{}: tensor {} has dtype {}, which ckptfs does not read", name, file_text(fqn),
            file_text(dtype_name));

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "ckptfs/dcp/dcp.h"
@@ -31,6 +33,40 @@ struct Item {
                   : fmt::format("object {}", file_text(object->fqn));
   }
 };
+
+// The parsed .metadata of the directory last scanned file by file. The index scans a
+// checkpoint's data files one by one (a few threads at once) and each needs the whole metadata:
+// it is parsed once per directory, not once per file. Kept while the file's identity, size and
+// mtime stay the same.
+std::shared_ptr<const Metadata> metadata_beside(const fs::path& dir) {
+  struct Cached {
+    std::string path;
+    dev_t dev = 0;
+    ino_t ino = 0;
+    off_t size = 0;
+    timespec mtime{};
+    std::shared_ptr<const Metadata> metadata;
+    bool same(const std::string& p, const struct stat& st) const {
+      return metadata && p == path && st.st_dev == dev && st.st_ino == ino && st.st_size == size &&
+             st.st_mtim.tv_sec == mtime.tv_sec && st.st_mtim.tv_nsec == mtime.tv_nsec;
+    }
+  };
+  static std::mutex mu;
+  static Cached cached;
+  const std::string path = (dir / kMetadataName).string();
+  struct stat st {};
+  const bool known = ::stat(path.c_str(), &st) == 0;
+  if (known) {
+    std::lock_guard lock(mu);
+    if (cached.same(path, st)) return cached.metadata;
+  }
+  auto md = std::make_shared<const Metadata>(read_metadata(dir));
+  if (known) {
+    std::lock_guard lock(mu);
+    cached = {path, st.st_dev, st.st_ino, st.st_size, st.st_mtim, md};
+  }
+  return md;
+}
 
 }  // namespace
 
@@ -114,7 +150,8 @@ bool claims_data_file(std::string_view name, std::string_view head) {
 
 scan::FileScan scan_data_file_beside(int fd, const std::string& name) {
   const fs::path path(name);
-  const Metadata md = read_metadata(path.parent_path());
+  const std::shared_ptr<const Metadata> shared = metadata_beside(path.parent_path());
+  const Metadata& md = *shared;
   const std::string file = path.filename().string();
   const auto it = std::lower_bound(md.files.begin(), md.files.end(), file);
   if (it == md.files.end() || *it != file)

@@ -969,6 +969,12 @@ const DtypeInfo* dtype_by_code(std::string_view code) {
   return nullptr;
 }
 
+const DtypeInfo* dtype_by_torch_name(std::string_view torch_name) {
+  for (const DtypeInfo& d : kDtypes)
+    if (d.torch_name == torch_name) return &d;
+  return nullptr;
+}
+
 std::string python_float_hex(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v < 0 ? "-inf" : "inf";

@@ -182,6 +182,21 @@ TEST(DcpRealFiles, DataFileScannedAloneAsInTheDirectory) {
   EXPECT_EQ(detect(kData), std::nullopt);
 }
 
+// The .metadata kept between data files of one directory is read again once it changes.
+TEST(DcpRealFiles, ChangedMetadataIsReadAgain) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "dcp_changed";
+  fs::remove_all(dir);
+  fs::copy(kData / "fsdp", dir);
+  const std::string file = (dir / "__0_0.distcp").string();
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(scan_data_file_beside(fd, file).params.size(), 5u);
+  fs::copy_file(kData / "bad" / "past_end" / ".metadata", dir / ".metadata",
+                fs::copy_options::overwrite_existing);
+  EXPECT_THROW(scan_data_file_beside(fd, file), Error);
+  ::close(fd);
+}
+
 // A damaged copy: bad/<kind>/.metadata with fsdp's data files (or its own).
 std::string refusal(const std::string& kind) {
   const fs::path dir = fs::path(::testing::TempDir()) / ("dcp_" + kind);

@@ -98,7 +98,8 @@ scan::FileScan scan_data_file(int fd, const std::string& name, const Metadata& m
 bool claims_data_file(std::string_view name, std::string_view head);
 // scan_data_file of the data file `name` (a path) with the .metadata beside it. The scan's tree
 // records that .metadata's size and digest: a scan kept in a cache must be taken again when
-// they differ from the current .metadata's.
+// they differ from the current .metadata's. The parsed .metadata of the last directory is kept
+// (one, while its file is unchanged) for the next data file of the same directory; thread-safe.
 scan::FileScan scan_data_file_beside(int fd, const std::string& name);
 // `dir` if it is a DCP checkpoint (it holds .metadata), else nullopt. A directory holding only
 // rank-local __<rank>.metadata files (dcp.save(use_collectives=False)) is refused with one line:

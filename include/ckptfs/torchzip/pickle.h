@@ -27,6 +27,8 @@ struct DtypeInfo {
 };
 // The dtype with this safetensors code, or null.
 const DtypeInfo* dtype_by_code(std::string_view code);
+// The dtype torch names `torch_name` ("float32", as in the global torch.float32), or null.
+const DtypeInfo* dtype_by_torch_name(std::string_view torch_name);
 
 // One tensor occurrence in the unpickled object: a strided view into a storage record.
 struct PickledTensor {
