@@ -28,6 +28,7 @@ pickle, changed as named, and pickled again (the data files are fsdp's); `bad_si
   gap          a chunk of layers.0.w one row short
   bounds       the last chunk of layers.0.w moved past the tensor's end
   past_end     the item of layers.0.w's first chunk placed past its file's end
+  items_overlap  the item of layers.0.b's first chunk starting inside layers.0.w's
   foreign      planner_data holding an argparse.Namespace (a global outside the allow-list)
   bad_size     a chunk saved as a view of a larger storage (data/0 twice the chunk's bytes)
   compressed   an item with transform_descriptors ['stream.zstd/1'], as torch >= 2.7 writes
@@ -169,6 +170,9 @@ def make_bad(root):
     md = copy.deepcopy(base)
     md.storage_data[MetadataIndex("layers.0.w", torch.Size([0, 0]))].offset = 100000
     write("past_end", md)
+    md = copy.deepcopy(base)
+    md.storage_data[MetadataIndex("layers.0.b", torch.Size([0]))].offset = 1000
+    write("items_overlap", md)
     md = copy.deepcopy(base)
     md.planner_data = argparse.Namespace(lr=0.1)
     write("foreign", md)

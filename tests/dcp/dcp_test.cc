@@ -244,6 +244,13 @@ TEST(DcpRefusals, ItemPastTheFileEnd) {
             "truncated or not this checkpoint's");
 }
 
+TEST(DcpRefusals, ItemsOverlap) {
+  EXPECT_EQ(refusal("items_overlap"),
+            "/__0_0.distcp: the items of tensor \"layers.0.w\" chunk at [0,0] and tensor "
+            "\"layers.0.b\" chunk at [0] overlap (byte offsets 0 and 1000): the metadata is "
+            "damaged");
+}
+
 TEST(DcpRefusals, ForeignGlobal) {
   const std::string what = refusal("foreign");
   EXPECT_TRUE(what.starts_with("/.metadata: pickle byte offset ")) << what;
