@@ -159,7 +159,7 @@ scan::FileScan scan_data_file_beside(int fd, const std::string& name) {
   return scan_data_file(fd, name, md, static_cast<uint32_t>(it - md.files.begin()));
 }
 
-std::optional<fs::path> detect(const fs::path& dir) {
+std::optional<fs::path> detect(const fs::path& dir, const std::string&) {
   if (is_dcp_dir(dir)) return dir;
   std::error_code ec;
   if (fs::is_regular_file(dir / "__0.metadata", ec))
@@ -168,6 +168,12 @@ std::optional<fs::path> detect(const fs::path& dir) {
         "ckptfs reads only checkpoints with one global .metadata",
         dir.string());
   return std::nullopt;
+}
+
+std::vector<fs::path> index_files(const fs::path& dir) {
+  std::vector<fs::path> out;
+  for (const std::string& file : read_metadata(dir).files) out.push_back(dir / file);
+  return out;
 }
 
 Checkpoint read_checkpoint(const fs::path& dir) {

@@ -178,8 +178,27 @@ TEST(DcpRealFiles, DataFileScannedAloneAsInTheDirectory) {
       EXPECT_EQ(alone.params[k].content[0], ckpt.scans[i].params[k].content[0]);
   }
   EXPECT_FALSE(claims_data_file((dir / ".metadata").string(), "\x80\x04"));
-  EXPECT_EQ(detect(dir), dir);
-  EXPECT_EQ(detect(kData), std::nullopt);
+  EXPECT_EQ(detect(dir, ""), dir);
+  EXPECT_EQ(detect(kData, ""), std::nullopt);
+  std::vector<fs::path> files;
+  for (const std::string& f : ckpt.metadata.files) files.push_back(dir / f);
+  EXPECT_EQ(index_files(dir), files);
+}
+
+TEST(DcpRefusals, RankLocalMetadataOnly) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "dcp_rank_local";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(kData / "plain" / ".metadata", dir / "__0.metadata");
+  try {
+    detect(dir, "");
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              dir.string() +
+                  ": a rank-local DCP checkpoint (__<rank>.metadata files, saved without "
+                  "collectives): ckptfs reads only checkpoints with one global .metadata");
+  }
 }
 
 // The .metadata kept between data files of one directory is read again once it changes.

@@ -92,7 +92,8 @@ bool is_dcp_dir(const std::filesystem::path& dir);
 scan::FileScan scan_data_file(int fd, const std::string& name, const Metadata& metadata,
                               uint32_t file);
 
-// The shapes a source-family registry entry takes (detect; a reader's claims and scan):
+// The shapes of a source-family registry entry (family::Family's detect and index_files,
+// scan::FileReader's claims and scan):
 // True for a file named *.distcp (a data file holds whole archives, so it starts with a zip
 // local header, or is empty when a rank saved nothing).
 bool claims_data_file(std::string_view name, std::string_view head);
@@ -103,8 +104,12 @@ bool claims_data_file(std::string_view name, std::string_view head);
 scan::FileScan scan_data_file_beside(int fd, const std::string& name);
 // `dir` if it is a DCP checkpoint (it holds .metadata), else nullopt. A directory holding only
 // rank-local __<rank>.metadata files (dcp.save(use_collectives=False)) is refused with one line:
-// reading those is not implemented.
-std::optional<std::filesystem::path> detect(const std::filesystem::path& dir);
+// reading those is not implemented. `step` is not used: a DCP directory is one checkpoint.
+std::optional<std::filesystem::path> detect(const std::filesystem::path& dir,
+                                            const std::string& step);
+// The data files of the checkpoint at `dir`, as its .metadata names them (sorted): the files to
+// scan. Other files of the directory are not part of it.
+std::vector<std::filesystem::path> index_files(const std::filesystem::path& dir);
 
 // A whole directory: its metadata and the scans of metadata.files, in that order.
 struct Checkpoint {
