@@ -13,8 +13,8 @@
 #include <unordered_map>
 
 #include "ckptfs/error.h"
-#include "ckptfs/util/view_reach.h"
 #include "ckptfs/util/quote.h"
+#include "ckptfs/util/view_reach.h"
 
 namespace ckptfs::torchzip {
 
@@ -57,7 +57,8 @@ enum class Kind : uint8_t {
   Global,
   Storage,
   Tensor,
-  Device
+  Device,
+  Object  // DCP metadata only: an instance of an allowed class (objects_)
 };
 
 // What a global resolves to. Dtype and StorageClass carry an index into kDtypes.
@@ -75,7 +76,13 @@ enum class Fn : uint8_t {
   Dtype,
   TensorType,
   Device,
-  CodecsEncode
+  CodecsEncode,
+  // DCP metadata only (Allow::DcpMetadata): a dataclass made by NEWOBJ and filled by BUILD,
+  // and the three objects made by REDUCE (an enum member, a layout, a path).
+  DcpClass,
+  DcpEnum,
+  DcpLayout,
+  DcpPath
 };
 
 struct Global {
@@ -99,6 +106,19 @@ struct Container {
   std::unique_ptr<std::unordered_map<std::string, size_t>> index;
   bool ordered = false;  // made by collections.OrderedDict
 };
+
+// A DCP metadata object: its class, and its state (BUILD) or its REDUCE arguments.
+struct Object {
+  std::string cls;              // module.name
+  uint32_t state = UINT32_MAX;  // UINT32_MAX: no BUILD (yet)
+  uint32_t args = UINT32_MAX;   // a tuple, for objects made by REDUCE
+};
+
+// The globals DCP's .metadata pickle uses (torch 2.6, Python 3.11), by module.
+constexpr std::string_view kDcpMetadataModule = "torch.distributed.checkpoint.metadata";
+constexpr std::array<std::string_view, 7> kDcpMetadataClasses{
+    "Metadata",      "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+    "MetadataIndex", "TensorProperties",      "StorageMeta"};
 
 struct Value {
   Kind kind;
@@ -125,10 +145,12 @@ constexpr uint64_t kTreePairCost = 64;
 
 class Machine {
  public:
-  Machine(std::string_view data, const std::string& name, const RecordSize& record_size)
+  Machine(std::string_view data, const std::string& name, const RecordSize& record_size,
+          Allow allow)
       : data_(data),
         name_(name),
         record_size_(record_size),
+        allow_(allow),
         budget_(kMemoryFloor + kMemoryPerByte * data.size()) {
     // Every opcode makes at most one value: room for all of them costs address space only, and
     // spares the copies a doubling vector makes (three times its size while it moves).
@@ -155,8 +177,8 @@ class Machine {
  private:
   template <typename... Args>
   [[noreturn]] void error(fmt::format_string<Args...> format, Args&&... args) const {
-    fail("{}: data.pkl byte offset {}: {}", name_, op_at_,
-         fmt::format(format, std::forward<Args>(args)...));
+    fail("{}: {} byte offset {}: {}", name_, allow_ == Allow::TorchSave ? "data.pkl" : "pickle",
+         op_at_, fmt::format(format, std::forward<Args>(args)...));
   }
 
   // The largest number a message may quote (ckptfs/util/quote.h): the pickle's bytes and a
@@ -310,6 +332,8 @@ class Machine {
         return fmt::format("b{}:{}", str(id).size(), str(id));
       case Kind::Global:
         return "g" + globals_[x.payload].name;
+      case Kind::Object:  // frozen dataclasses (MetadataIndex): two equal ones stay two keys
+        return fmt::format("o{}", id);
       case Kind::Tuple:
       case Kind::Size: {
         auto it = key_cache_.find(id);
@@ -351,6 +375,27 @@ class Machine {
       globals_.push_back({fn, dtype, full});
       return make(Kind::Global, globals_.size() - 1);
     };
+    if (allow_ == Allow::DcpMetadata) {
+      if (module == kDcpMetadataModule) {
+        for (std::string_view cls : kDcpMetadataClasses)
+          if (name == cls) return make_global(Fn::DcpClass);
+        if (name == "_MEM_FORMAT_ENCODING") return make_global(Fn::DcpEnum);
+      }
+      if (module == "torch.distributed.checkpoint.filesystem" && name == "_StorageInfo")
+        return make_global(Fn::DcpClass);
+      if (module == "torch.serialization" && name == "_get_layout")
+        return make_global(Fn::DcpLayout);
+      if (module == "pathlib" && name == "PosixPath") return make_global(Fn::DcpPath);
+      if (module == "torch") {
+        if (name == "Size") return make_global(Fn::Size);
+        for (uint32_t i = 0; i < kDtypes.size(); ++i)
+          if (name == kDtypes[i].torch_name) return make_global(Fn::Dtype, i);
+      }
+      error(
+          "unsupported object {} (a DCP .metadata holds only DCP's metadata classes, "
+          "torch.Size, dtypes, a layout and a path; nothing is executed)",
+          file_text(full));
+    }
     if (module == "collections" && name == "OrderedDict") return make_global(Fn::OrderedDict);
     if (module == "torch._utils") {
       if (name == "_rebuild_tensor_v2") return make_global(Fn::RebuildV2);
@@ -553,9 +598,25 @@ class Machine {
         }
         return make_string(Kind::Bytes, std::move(bytes));
       }
+      case Fn::DcpEnum:
+        if (n != 1 || !is(a[0], Kind::Int)) return bad();
+        return make_object(g.name, args_id);
+      case Fn::DcpLayout:
+        if (n != 1 || !is(a[0], Kind::Str)) return bad();
+        return make_object(g.name, args_id);
+      case Fn::DcpPath:
+        for (uint32_t part : a)
+          if (!is(part, Kind::Str)) return bad();
+        return make_object(g.name, args_id);
       default:
         error("{} cannot be called", g.name);
     }
+  }
+
+  uint32_t make_object(const std::string& cls, uint32_t args) {
+    charge(sizeof(Object) + cls.size());
+    objects_.push_back({cls, UINT32_MAX, args});
+    return make(Kind::Object, objects_.size() - 1);
   }
 
   // --- the dispatch loop ---
@@ -678,9 +739,28 @@ class Machine {
         callable = call(callable, args);
         return;
       }
+      case 0x81: {  // NEWOBJ: cls.__new__(cls, *args), for DCP's dataclasses only
+        if (allow_ != Allow::DcpMetadata) break;
+        const uint32_t args = pop();
+        const uint32_t cls = pop();
+        if (!is(cls, Kind::Global) || as_global(cls).fn != Fn::DcpClass)
+          error("NEWOBJ of something that is not an allowed class");
+        if (!is(args, Kind::Tuple) || !box(args).items.empty())
+          error("NEWOBJ of {} with arguments", as_global(cls).name);
+        return push(make_object(as_global(cls).name, UINT32_MAX));
+      }
       case 'b': {
         const uint32_t state = pop();
         const uint32_t target = top();
+        if (allow_ == Allow::DcpMetadata) {
+          // A dataclass's __dict__ (or TensorProperties' tuple), set once.
+          if (!is(target, Kind::Object) || objects_[v(target).payload].args != UINT32_MAX ||
+              objects_[v(target).payload].state != UINT32_MAX ||
+              !(is(state, Kind::Dict) || is(state, Kind::Tuple)))
+            error("BUILD is only accepted once on an object of a DCP metadata class");
+          objects_[v(target).payload].state = state;
+          return;
+        }
         // state_dict()'s _metadata: an attribute of the OrderedDict, not an item.
         if (!is(target, Kind::Dict) || !box(target).ordered ||
             !(is(state, Kind::Dict) || is(state, Kind::None) || is(state, Kind::Tuple)))
@@ -688,8 +768,9 @@ class Machine {
         return;
       }
       default:
-        error("opcode 0x{:02X} is not accepted (nothing in a pickle is executed)", op);
+        break;
     }
+    error("opcode 0x{:02X} is not accepted (nothing in a pickle is executed)", op);
   }
 
   // Pickles number memo entries 0, 1, 2...: those live in a vector (4 bytes each, where a
@@ -783,6 +864,7 @@ class Machine {
         case Kind::Size:
         case Kind::Dict:
         case Kind::Tensor:
+        case Kind::Object:
           m.charge(kTreeContainerCost);
           break;
         default:
@@ -829,6 +911,13 @@ class Machine {
         }
         case Kind::Global:
           return {{"$global", m.as_global(id).name}};
+        case Kind::Object: {
+          const Object& o = m.objects_[x.payload];
+          nlohmann::json j = {{"$object", o.cls}};
+          if (o.state != UINT32_MAX) j["state"] = convert(o.state, depth + 1);
+          if (o.args != UINT32_MAX) j["args"] = items_json(o.args, depth, false);
+          return j;
+        }
         case Kind::Storage:
           m.error("a bare storage ({}) outside a tensor is not supported",
                   m.storages_[x.payload].key);
@@ -851,12 +940,14 @@ class Machine {
   std::string_view data_;
   const std::string& name_;
   const RecordSize& record_size_;
+  const Allow allow_;
   size_t pos_ = 0;
   size_t op_at_ = 0;
   std::vector<Value> values_;
   std::vector<std::string> strings_;
   std::deque<Container> containers_;  // a deque: references stay valid as it grows
   std::vector<Global> globals_;
+  std::vector<Object> objects_;
   std::vector<Storage> storages_;
   std::unordered_map<std::string, size_t> storage_ids_;
   std::vector<PickledTensor> tensors_;
@@ -878,6 +969,12 @@ const DtypeInfo* dtype_by_code(std::string_view code) {
   return nullptr;
 }
 
+const DtypeInfo* dtype_by_torch_name(std::string_view torch_name) {
+  for (const DtypeInfo& d : kDtypes)
+    if (d.torch_name == torch_name) return &d;
+  return nullptr;
+}
+
 std::string python_float_hex(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
@@ -893,8 +990,8 @@ std::string python_float_hex(double v) {
 }
 
 Unpickled unpickle(std::string_view data, const std::string& display_name,
-                   const RecordSize& record_size) {
-  return Machine(data, display_name, record_size).run();
+                   const RecordSize& record_size, Allow allow) {
+  return Machine(data, display_name, record_size, allow).run();
 }
 
 }  // namespace ckptfs::torchzip

@@ -33,8 +33,9 @@ bool looks_like_torch(std::string_view head) {
          head.substr(0, 3) == std::string_view("\x80\x02\x8A", 3);
 }
 
-scan::FileScan scan_torch_fd(int fd, const std::string& name) {
-  const ZipArchive zip = read_zip(fd, name);
+namespace {
+
+scan::FileScan scan_archive(int fd, const std::string& name, const ZipArchive& zip) {
   for (const ZipRecord& r : zip.records)
     if (r.name == "constants.pkl" || r.name.rfind("code/", 0) == 0)
       fail("{}: a TorchScript archive (record {}), not a torch.save state: save the state_dict",
@@ -93,6 +94,16 @@ scan::FileScan scan_torch_fd(int fd, const std::string& name) {
     p.strides = t.stride;
   }
   return scan;
+}
+
+}  // namespace
+
+scan::FileScan scan_torch_fd(int fd, const std::string& name) {
+  return scan_archive(fd, name, read_zip(fd, name));
+}
+
+scan::FileScan scan_torch_at(int fd, const std::string& name, uint64_t base, uint64_t size) {
+  return scan_archive(fd, name, read_zip_at(fd, name, base, size));
 }
 
 scan::FileScan scan_torch(const std::string& path) {

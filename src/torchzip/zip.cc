@@ -35,9 +35,10 @@ constexpr uint64_t kMaxDirectoryBytes = uint64_t{256} << 20;
 constexpr unsigned char kLegacyMagic[] = {0x80, 0x02, 0x8A, 0x0A, 0x6C, 0xFC, 0x9C,
                                           0x46, 0xF9, 0x20, 0x6A, 0xA8, 0x50, 0x19};
 
-[[noreturn]] void refuse_other_container(int fd, const std::string& name, uint64_t size) {
+[[noreturn]] void refuse_other_container(int fd, const std::string& name, uint64_t base,
+                                         uint64_t size) {
   std::string head(std::min<uint64_t>(size, 512), '\0');
-  read_exact(fd, name, 0, head.data(), head.size());
+  read_exact(fd, name, base, head.data(), head.size());
   if (head.size() >= sizeof kLegacyMagic &&
       std::memcmp(head.data(), kLegacyMagic, sizeof kLegacyMagic) == 0)
     fail(
@@ -49,7 +50,7 @@ constexpr unsigned char kLegacyMagic[] = {0x80, 0x02, 0x8A, 0x0A, 0x6C, 0xFC, 0x
          name);
   if (head.rfind("PYTORCH1", 0) == 0)
     fail("{}: a PYTORCH1 archive (preview-era PyTorch): re-save with a current PyTorch", name);
-  fail("{}: byte offset 0: not a torch.save zip file (no zip local header)", name);
+  fail("{}: byte offset {}: not a torch.save zip file (no zip local header)", name, base);
 }
 
 struct EndOfDirectory {
@@ -59,12 +60,14 @@ struct EndOfDirectory {
   uint64_t end_offset = 0;  // where the classic end record starts
 };
 
-EndOfDirectory find_end(int fd, const std::string& name, uint64_t size) {
+// Positions are relative to the archive's first byte, which is at `base` in the file (0 but
+// for an archive embedded in a larger file); messages give file offsets.
+EndOfDirectory find_end(int fd, const std::string& name, uint64_t base, uint64_t size) {
   if (size < kEndSize) fail("{}: {} bytes, too short for a zip file", name, size);
   // The end record is the last 22 bytes unless the archive has a comment (torch writes none).
   const uint64_t window = std::min(size, kEndSize + kMaxComment);
   std::string tail(window, '\0');
-  read_exact(fd, name, size - window, tail.data(), tail.size());
+  read_exact(fd, name, base + size - window, tail.data(), tail.size());
   uint64_t at = window - kEndSize;
   for (;; --at) {
     if (le32(tail.data() + at) == kEndSig && at + kEndSize + le16(tail.data() + at + 20) == window)
@@ -80,16 +83,16 @@ EndOfDirectory find_end(int fd, const std::string& name, uint64_t size) {
   end.offset = le32(e + 16);
   if (end.end_offset >= kLocatorSize) {
     char loc[kLocatorSize];
-    read_exact(fd, name, end.end_offset - kLocatorSize, loc, sizeof loc);
+    read_exact(fd, name, base + end.end_offset - kLocatorSize, loc, sizeof loc);
     if (le32(loc) == kZip64LocatorSig) {
       const uint64_t z = le64(loc + 8);
       if (z > end.end_offset - kLocatorSize || end.end_offset - kLocatorSize - z < kZip64EndSize)
         fail("{}: byte offset {}: the zip64 locator points at {}, outside the file", name,
-             end.end_offset - kLocatorSize, file_number(z, size));
+             base + end.end_offset - kLocatorSize, file_number(z, size));
       char rec[kZip64EndSize];
-      read_exact(fd, name, z, rec, sizeof rec);
+      read_exact(fd, name, base + z, rec, sizeof rec);
       if (le32(rec) != kZip64EndSig)
-        fail("{}: byte offset {}: no zip64 end-of-central-directory record there", name, z);
+        fail("{}: byte offset {}: no zip64 end-of-central-directory record there", name, base + z);
       end.entries = le64(rec + 32);
       end.size = le64(rec + 40);
       end.offset = le64(rec + 48);
@@ -142,20 +145,28 @@ const ZipRecord* ZipArchive::find(std::string_view name) const {
 ZipArchive read_zip(int fd, const std::string& name) {
   struct stat st;
   if (::fstat(fd, &st) != 0) fail("{}: cannot stat: {}", name, std::strerror(errno));
-  ZipArchive zip;
-  zip.file_size = static_cast<uint64_t>(st.st_size);
-  char sig[4] = {};
-  if (zip.file_size < 4) fail("{}: {} bytes, too short for a torch.save file", name, zip.file_size);
-  read_exact(fd, name, 0, sig, 4);
-  if (le32(sig) != kLocalSig) refuse_other_container(fd, name, zip.file_size);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size < 4) fail("{}: {} bytes, too short for a torch.save file", name, size);
+  return read_zip_at(fd, name, 0, size);
+}
 
-  const EndOfDirectory end = find_end(fd, name, zip.file_size);
+ZipArchive read_zip_at(int fd, const std::string& name, uint64_t base, uint64_t size) {
+  ZipArchive zip;
+  zip.file_size = size;
+  char sig[4] = {};
+  if (zip.file_size < 4)
+    fail("{}: byte offset {}: {} bytes, too short for a torch.save archive", name, base,
+         zip.file_size);
+  read_exact(fd, name, base, sig, 4);
+  if (le32(sig) != kLocalSig) refuse_other_container(fd, name, base, zip.file_size);
+
+  const EndOfDirectory end = find_end(fd, name, base, zip.file_size);
   std::string dir(end.size, '\0');
-  read_exact(fd, name, end.offset, dir.data(), dir.size());
+  read_exact(fd, name, base + end.offset, dir.data(), dir.size());
   zip.records.reserve(end.entries);
   uint64_t p = 0;
   for (uint64_t i = 0; i < end.entries; ++i) {
-    const uint64_t at = end.offset + p;
+    const uint64_t at = base + end.offset + p;
     if (dir.size() - p < 46 || le32(dir.data() + p) != kCentralSig)
       fail("{}: byte offset {}: zip central directory entry {} of {} is missing or damaged", name,
            at, i, end.entries);
@@ -191,15 +202,17 @@ ZipArchive read_zip(int fd, const std::string& name) {
     if (offset > zip.file_size || zip.file_size - offset < sizeof local)
       fail("{}: record {}: its local header is outside the file ({} bytes)", name, file_text(full),
            zip.file_size);
-    read_exact(fd, name, offset, local, sizeof local);
+    read_exact(fd, name, base + offset, local, sizeof local);
     if (le32(local) != kLocalSig)
-      fail("{}: byte offset {}: no local header for record {}", name, offset, file_text(full));
+      fail("{}: byte offset {}: no local header for record {}", name, base + offset,
+           file_text(full));
     const uint64_t data = offset + 30 + le16(local + 26) + le16(local + 28);
     if (data > end.offset || usize > end.offset - data)
       fail("{}: record {}: {} bytes at byte offset {} run past the central directory at {}", name,
-           file_text(full), file_number(usize, zip.file_size), file_number(data, zip.file_size),
-           end.offset);
-    zip.records.push_back({full.substr(zip.folder.size() + 1), offset, data, usize, crc});
+           file_text(full), file_number(usize, zip.file_size),
+           file_number(base + data, base + zip.file_size), base + end.offset);
+    zip.records.push_back(
+        {full.substr(zip.folder.size() + 1), base + offset, base + data, usize, crc});
   }
 
   // Readers disagree on which of two records of one name they take (the first, the last):

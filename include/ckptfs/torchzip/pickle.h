@@ -27,6 +27,8 @@ struct DtypeInfo {
 };
 // The dtype with this safetensors code, or null.
 const DtypeInfo* dtype_by_code(std::string_view code);
+// The dtype torch names `torch_name` ("float32", as in the global torch.float32), or null.
+const DtypeInfo* dtype_by_torch_name(std::string_view torch_name);
 
 // One tensor occurrence in the unpickled object: a strided view into a storage record.
 struct PickledTensor {
@@ -65,9 +67,20 @@ inline constexpr size_t kMaxDepth = 200;  // nesting of the result, and of dict 
 inline constexpr uint64_t kMemoryFloor = uint64_t{64} << 20;
 inline constexpr uint64_t kMemoryPerByte = 48;
 
-// Throws Error naming `display_name` and the byte offset in data.pkl for anything refused.
+// Which globals a pickle may use. TorchSave: torch.save's data.pkl (the list above; NEWOBJ is
+// refused). DcpMetadata: a DCP checkpoint's .metadata (torch-dcp-megatron.md §1.6, as torch 2.6
+// writes it), and nothing of torch.save's: DCP's seven metadata dataclasses and
+// filesystem._StorageInfo (made by NEWOBJ with no arguments, their state set once by BUILD),
+// metadata._MEM_FORMAT_ENCODING, torch.serialization._get_layout and pathlib.PosixPath (made by
+// REDUCE of ints or strings), torch.Size and dtypes by name. In the tree such an object is
+// {"$object": "module.Class", "state": <its __dict__ or tuple>} or {..., "args": [...]}; an
+// object used as a dict key stays one key per object (equal MetadataIndex keys are not merged:
+// the caller sees both).
+enum class Allow : uint8_t { TorchSave, DcpMetadata };
+
+// Throws Error naming `display_name` and the byte offset in the pickle for anything refused.
 Unpickled unpickle(std::string_view data, const std::string& display_name,
-                   const RecordSize& record_size);
+                   const RecordSize& record_size, Allow allow = Allow::TorchSave);
 
 // Python's float.hex() of `v` ("0x1.0624dd2f1a9fcp-10", "-0x0.0p+0", "inf", "nan").
 std::string python_float_hex(double v);

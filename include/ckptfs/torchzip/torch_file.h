@@ -24,6 +24,10 @@ bool looks_like_torch(std::string_view head);
 // storages, a missing data.pkl, anything the pickle machine refuses, and tensors outside
 // their storage records.
 scan::FileScan scan_torch_fd(int fd, const std::string& display_name);
+// The same for a torch.save archive of `size` bytes at file offset `base` of a larger file (a DCP
+// .distcp item), checked the same way; extents are absolute file offsets. The scan's file_size
+// and body_size are `size`.
+scan::FileScan scan_torch_at(int fd, const std::string& display_name, uint64_t base, uint64_t size);
 scan::FileScan scan_torch(const std::string& path);
 
 }  // namespace ckptfs::torchzip

@@ -37,5 +37,9 @@ inline constexpr uint64_t kMaxNameLength = 4096;
 // directory, a compressed record, a record outside the file or overlapping another, names
 // outside one top folder, two records of one name, and limits exceeded. Reads O(records) bytes.
 ZipArchive read_zip(int fd, const std::string& display_name);
+// The same for an archive embedded in a larger file (a DCP .distcp item): its `size` bytes start
+// at file offset `base`, and its own offsets count from there. ZipArchive::file_size is `size`;
+// record offsets are absolute file offsets, and so are the offsets messages give.
+ZipArchive read_zip_at(int fd, const std::string& display_name, uint64_t base, uint64_t size);
 
 }  // namespace ckptfs::torchzip
