@@ -1,6 +1,7 @@
 // Exact bytes of output records (spec §1.3, §1.10): fields in ascending order, dims unpacked,
 // ≥2.3 conventions. A record's tensor_content is its last field, so an output record is
 // header bytes followed directly by content bytes, and file sizes follow from metadata alone.
+// Thread-safe: pure functions of their arguments.
 #pragma once
 
 #include <cstdint>
