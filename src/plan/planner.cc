@@ -793,7 +793,7 @@ VirtualFile ckpt_view(const std::vector<Entry>& entries,
   for (const Entry& e : entries) {
     if (e.copy && e.kind == scan::EntryKind::MapTensor) {
       for (const scan::Extent& r : e.copy->records)
-        builder.add_source_range(e.source, r.offset, r.length);
+        builder.add_source_record(e.source, r.offset, r.length, std::string(e.name));
       continue;
     }
     const uint64_t nbytes = e.nbytes();
