@@ -45,4 +45,46 @@ std::string record_header(std::string_view tag, std::span<const int64_t> dims,
   return out;
 }
 
+std::optional<RecordHeader> parse_record_header(std::span<const uint8_t> bytes) {
+  size_t at = 0;
+  const auto varint = [&]() -> std::optional<uint64_t> {
+    size_t used = 0;
+    const std::optional<uint64_t> v = get_varint(bytes.subspan(at), used);
+    if (v) at += used;
+    return v;
+  };
+  const auto key = [&](char expected) {
+    if (at >= bytes.size() || bytes[at] != static_cast<uint8_t>(expected)) return false;
+    ++at;
+    return true;
+  };
+  // A length-delimited field's payload as text, if all of it is there.
+  const auto text = [&]() -> std::optional<std::string_view> {
+    const std::optional<uint64_t> n = varint();
+    if (!n || *n > bytes.size() - at) return std::nullopt;
+    std::string_view out(reinterpret_cast<const char*>(bytes.data() + at), static_cast<size_t>(*n));
+    at += static_cast<size_t>(*n);
+    return out;
+  };
+  RecordHeader h;
+  if (!key(kTag) || !varint() || !key(kTag)) return std::nullopt;
+  const std::optional<std::string_view> tag = text();
+  if (!tag || !key(kTensor) || !varint()) return std::nullopt;
+  h.tag = *tag;
+  while (key(kDims)) {
+    const std::optional<uint64_t> dim = varint();
+    if (!dim) return std::nullopt;
+    h.dims.push_back(static_cast<int64_t>(*dim));
+  }
+  if (!key(kTensor)) return std::nullopt;
+  const std::optional<std::string_view> type = text();
+  if (!type || !key(kContent)) return std::nullopt;
+  h.tensor_type = *type;
+  const std::optional<uint64_t> content = varint();
+  if (!content) return std::nullopt;
+  h.content_length = *content;
+  h.size = at;
+  return h;
+}
+
 }  // namespace ckptfs::ckpt

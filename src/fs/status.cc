@@ -12,12 +12,11 @@
 #include <span>
 #include <string>
 
-#include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/error.h"
+#include "ckptfs/plan/file_records.h"
 #include "ckptfs/safetensors/format.h"
 #include "ckptfs/safetensors/scanner.h"
 #include "ckptfs/source/discover.h"
-#include "ckptfs/util/pread.h"
 #include "ckptfs/util/shape_text.h"
 
 namespace ckptfs::fs {
@@ -208,42 +207,17 @@ void map_extents(const plan::VirtualFile& file, uint64_t offset, uint64_t length
 FilePlan describe_file(const Tree& tree, uint64_t ino) {
   const plan::TargetFile* target = tree.target(ino);
   if (target == nullptr) fail("inode {} is not a file", ino);
-  const std::string name = target->path();
+  plan::PlannedRecords planned = plan::planned_records(*target);
   FilePlan out;
+  out.format = planned.format;
   out.size = target->file.size();
-  const ReadExact read = [&](uint64_t offset, std::span<uint8_t> bytes) {
-    const ReadResult r = tree.read_into(
-        ino, offset, std::span<char>(reinterpret_cast<char*>(bytes.data()), bytes.size()));
-    if (!r.ok())
-      fail("{}: byte offset {}: read failed: {}", name, offset, std::strerror(r.error()));
-    if (r.bytes() != bytes.size())
-      fail("{}: byte offset {}: file ended early", name, offset + r.bytes());
-  };
-  const std::string file_name = target->file_name();
-  if (safetensors::is_safetensors_name(file_name)) {
-    out.format = "safetensors";
-    const safetensors::Header h = safetensors::read_header(read, out.size, name);
-    for (const safetensors::Tensor& t : h.tensors) {
-      RecordPlan& r = out.records.emplace_back();
-      r.name = t.name;
-      r.dtype = t.code;
-      r.shape = t.shape;
-      r.ranges.emplace_back(h.data_start() + t.begin, t.end - t.begin);
-    }
-  } else if (file_name.ends_with(".ckpt")) {
-    out.format = "ckpt";
-    scan::FileScan scan = ckpt::scan_checkpoint_bytes(read, out.size, name);
-    for (scan::Param& p : scan.params) {
-      RecordPlan& r = out.records.emplace_back();
-      r.name = std::move(p.name);
-      r.dtype = std::move(p.dtype);
-      r.shape = std::move(p.shape);
-      // A map tensor is copied as whole records; it has no content of its own.
-      const scan::Extents& ranges = p.kind == scan::EntryKind::MapTensor ? p.records : p.content;
-      for (const scan::Extent& x : ranges) r.ranges.emplace_back(x.offset, x.length);
-    }
-  } else {
-    out.format = "other";
+  out.records.reserve(planned.records.size());
+  for (plan::PlannedRecord& p : planned.records) {
+    RecordPlan& r = out.records.emplace_back();
+    r.name = std::move(p.name);
+    r.dtype = std::move(p.dtype);
+    r.shape = std::move(p.shape);
+    r.ranges = std::move(p.ranges);
   }
   for (RecordPlan& r : out.records)
     for (const auto& [offset, length] : r.ranges)

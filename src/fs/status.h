@@ -172,8 +172,9 @@ struct FilePlan {
   uint64_t size = 0;
   std::vector<RecordPlan> records;
 };
-// Walks the headers of file `ino` of `tree` (which must serve it itself, not through /steps)
-// through its own bytes and maps every record. Throws Error if the bytes cannot be read.
+// The records of file `ino` of `tree` (which must serve it itself, not through /steps) as
+// planning laid them out (plan/file_records.h: read from the plan, no source is read), each
+// mapped onto source extents. Throws Error if the file is not laid out as its format is.
 FilePlan describe_file(const Tree& tree, uint64_t ino);
 
 // Appends the extents of target bytes [offset, offset + length) of `file` to `out`, grouping

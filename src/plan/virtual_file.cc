@@ -48,6 +48,7 @@ struct VirtualFile::Impl {
   std::vector<std::shared_ptr<const TensorContent>> tensors;   // Piece::ref of a Tensor piece
   std::vector<std::shared_ptr<const StridedContent>> strided;  // Piece::ref of a Strided piece
   std::vector<uint32_t> sources;
+  std::vector<CopiedRecord> copied;
   uint64_t size = 0;
 
   // Sorted and deduplicated by finish(); runs of one source are common and are kept once here.
@@ -71,6 +72,8 @@ VirtualFile& VirtualFile::operator=(VirtualFile&&) noexcept = default;
 uint64_t VirtualFile::size() const { return impl_->size; }
 
 const std::vector<uint32_t>& VirtualFile::sources() const { return impl_->sources; }
+
+const std::vector<CopiedRecord>& VirtualFile::copied_records() const { return impl_->copied; }
 
 uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& out) const {
   const Impl& f = *impl_;
@@ -125,6 +128,12 @@ void VirtualFile::Builder::add_source_range(uint32_t source, uint64_t offset, ui
   impl_->add_source(source);
 }
 
+void VirtualFile::Builder::add_source_record(uint32_t source, uint64_t offset, uint64_t length,
+                                             std::string name) {
+  if (length > 0) impl_->copied.push_back({impl_->size, length, std::move(name)});
+  add_source_range(source, offset, length);
+}
+
 void VirtualFile::Builder::add_tensor(std::shared_ptr<const TensorContent> content, uint64_t begin,
                                       uint64_t end) {
   Piece piece;
@@ -172,6 +181,7 @@ VirtualFile VirtualFile::Builder::finish() {
   shrink_if_loose(impl_->pieces);
   shrink_if_loose(impl_->tensors);
   shrink_if_loose(impl_->strided);
+  shrink_if_loose(impl_->copied);
   VirtualFile file;
   file.impl_ = std::exchange(impl_, std::make_unique<Impl>());
   return file;

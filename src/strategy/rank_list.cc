@@ -154,12 +154,14 @@ void check_target(const Layout& src, const Layout& dst, int64_t t_local) {
 
 }  // namespace
 
-std::vector<int64_t> mindspore_needed(const Layout& src, const Layout& dst, int64_t t_local) {
+NeededAnswer mindspore_answer(const Layout& src, const Layout& dst, int64_t t_local) {
   check_target(src, dst, t_local);
   const int64_t devices = std::max(src.devices(), dst.devices());
   const int64_t fewer = std::min(src.devices(), dst.devices());
   if (devices % fewer != 0)
-    fail("device counts {} and {} are not multiples of each other", src.devices(), dst.devices());
+    return {{},
+            fmt::format("device counts {} and {} are not multiples of each other", src.devices(),
+                        dst.devices())};
   const Side s = padded(src, devices), d = padded(dst, devices);
 
   std::set<int64_t> products;
@@ -168,8 +170,10 @@ std::vector<int64_t> mindspore_needed(const Layout& src, const Layout& dst, int6
   const std::vector<int64_t> bounds(products.begin(), products.end());
   for (size_t k = 0; k + 1 < bounds.size(); ++k)
     if (bounds[k + 1] % bounds[k] != 0)
-      fail("device matrices [{}] and [{}] cannot be unified: {} does not divide {}",
-           fmt::join(src.axes(), ","), fmt::join(dst.axes(), ","), bounds[k], bounds[k + 1]);
+      return {{},
+              fmt::format("device matrices [{}] and [{}] cannot be unified: {} does not divide {}",
+                          fmt::join(src.axes(), ","), fmt::join(dst.axes(), ","), bounds[k],
+                          bounds[k + 1])};
 
   const auto src_records = records(s, bounds), dst_records = records(d, bounds);
   // Coordinates must match t_local on every axis the source does not gather; gathered axes
@@ -198,7 +202,13 @@ std::vector<int64_t> mindspore_needed(const Layout& src, const Layout& dst, int6
     }
     if (g == gathered.size()) break;
   }
-  return {ranks.begin(), ranks.end()};
+  return {{ranks.begin(), ranks.end()}, {}};
+}
+
+std::vector<int64_t> mindspore_needed(const Layout& src, const Layout& dst, int64_t t_local) {
+  NeededAnswer answer = mindspore_answer(src, dst, t_local);
+  if (!answer.found()) fail("{}", answer.no_answer);
+  return std::move(answer.ranks);
 }
 
 std::vector<int64_t> minimal_needed(const Layout& src, const Layout& dst, int64_t t_local) {

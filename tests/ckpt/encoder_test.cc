@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,26 @@ TEST(RecordHeader, SpecExampleFloat32Vector) {
                                       0x07, 'F',  'l',  'o',  'a', 't',  '3',  '2',  0x1A, 0x08});
   EXPECT_EQ(header, expected);
   EXPECT_EQ(header.size() + 8, 28u);
+}
+
+// The status tree reads the plan's record headers back: the spec's example bytes give their
+// fields, and any shorter prefix gives nothing (the caller then asks with more bytes).
+TEST(RecordHeader, ParsesTheSpecExampleBackAndRefusesItsPrefixes) {
+  const std::string header = bytes({0x0A, 0x1A, 0x0A, 0x01, 'w', 0x12, 0x15, 0x08, 0x02, 0x12,
+                                    0x07, 'F',  'l',  'o',  'a', 't',  '3',  '2',  0x1A, 0x08});
+  const std::string with_content = header + std::string(8, '\x7f');
+  const auto as_span = [](const std::string& s) {
+    return std::span(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  };
+  const std::optional<RecordHeader> h = parse_record_header(as_span(with_content));
+  ASSERT_TRUE(h.has_value());
+  EXPECT_EQ(h->tag, "w");
+  EXPECT_EQ(h->dims, std::vector<int64_t>{2});
+  EXPECT_EQ(h->tensor_type, "Float32");
+  EXPECT_EQ(h->content_length, 8u);
+  EXPECT_EQ(h->size, header.size());
+  for (size_t n = 0; n < header.size(); ++n)
+    EXPECT_FALSE(parse_record_header(as_span(header.substr(0, n)))) << n;
 }
 
 TEST(RecordHeader, SpecExampleScalarWithoutDims) {

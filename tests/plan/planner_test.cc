@@ -18,11 +18,14 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/index/store.h"
+#include "ckptfs/plan/file_records.h"
+#include "ckptfs/safetensors/scanner.h"
 #include "ckptfs/strategy/strategy.h"
 #include "ckptfs/util/fd.h"
 #include "support/test_support.h"
@@ -143,6 +146,46 @@ TEST_P(PlannerAgainstGenerator, TargetsMatchTheSummariesAndTheExpectedBytes) {
       EXPECT_EQ(p.dtype, records[i].at("dtype").get<std::string>()) << p.name;
       const auto dims = records[i].at("dims").get<std::vector<int64_t>>();
       EXPECT_EQ(p.dims_zero ? std::vector<int64_t>{0} : p.shape, dims) << p.name;
+    }
+  }
+}
+
+// The status tree lists each file's records from the plan (planned_records), never reading a
+// source: what it lists must be what a reader of the file's bytes finds, record for record.
+TEST_P(PlannerAgainstGenerator, PlannedRecordsAreWhatAReaderOfTheFileFinds) {
+  const Plan plan = this->plan(ViewOptions{});
+  ASSERT_FALSE(plan.targets.empty());
+  for (const TargetFile& target : plan.targets) {
+    SCOPED_TRACE(target.path());
+    const std::string bytes = materialize(plan, target.file);
+    const PlannedRecords planned = planned_records(target);
+    std::vector<PlannedRecord> read;
+    if (target.file_name().ends_with(".safetensors")) {
+      EXPECT_EQ(planned.format, "safetensors");
+      const ReadExact from_bytes = [&](uint64_t offset, std::span<uint8_t> out) {
+        ASSERT_LE(offset + out.size(), bytes.size());
+        std::copy_n(bytes.data() + offset, out.size(), out.data());
+      };
+      const safetensors::Header h =
+          safetensors::read_header(from_bytes, bytes.size(), target.path());
+      for (const safetensors::Tensor& t : h.tensors)
+        read.push_back({t.name, t.code, t.shape, {{h.data_start() + t.begin, t.end - t.begin}}});
+    } else {
+      EXPECT_EQ(planned.format, "ckpt");
+      const stdfs::path written = testsupport::write_file(tmp_.path() / "planned.ckpt", bytes);
+      for (const scan::Param& p : ckpt::scan_checkpoint(written.string()).params) {
+        PlannedRecord& r =
+            read.emplace_back(PlannedRecord{p.name, std::string(p.dtype.name()), p.shape, {}});
+        for (const scan::Extent& x : p.content) r.ranges.emplace_back(x.offset, x.length);
+      }
+    }
+    ASSERT_EQ(planned.records.size(), read.size());
+    for (size_t i = 0; i < read.size(); ++i) {
+      const PlannedRecord& got = planned.records[i];
+      EXPECT_EQ(got.name, read[i].name);
+      EXPECT_EQ(got.dtype, read[i].dtype) << got.name;
+      EXPECT_EQ(got.shape, read[i].shape) << got.name;
+      EXPECT_EQ(got.ranges, read[i].ranges) << got.name;
     }
   }
 }

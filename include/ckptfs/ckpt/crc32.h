@@ -1,4 +1,5 @@
 // The CRC trailer of spec §1.7: "crc_num" + a 10-byte big-endian CRC-32 (zlib polynomial).
+// Thread-safe: a pure function of its arguments.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,7 @@
 // Header-only walk of a MindSpore .ckpt file (spec §1). Tensor bytes are seeked over, never read
 // (unless a CRC check is asked for), so memory does not depend on file size.
+// Thread-safe: no shared state; each call holds its own window and parser, so files may be
+// scanned from many threads at once (the ReadExact given must itself allow its caller's use).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,5 @@
 // Protobuf base-128 varints, as the checkpoint and strategy wire formats use them.
+// Thread-safe: pure functions of their arguments.
 #pragma once
 
 #include <cstddef>

@@ -8,6 +8,11 @@
 // Memory: `jobs` buffers of kBufferBytes (4 MiB each) besides the tree, whatever the size of
 // the tensors or files; work is handed out in segments of kSegmentBytes, so one large file is
 // written by several workers at once.
+//
+// Thread-safety: materialize() may run while other threads read the same Tree (its read path is
+// thread-safe), but two calls must not write the same output directory. Its on_bytes and on_file
+// callbacks are called from several workers at once and must be thread-safe; on_start is called
+// once, on the calling thread, before any worker starts.
 #pragma once
 
 #include <cstddef>

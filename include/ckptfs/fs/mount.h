@@ -1,4 +1,9 @@
 // Serving a Tree through libfuse3's low-level API, read-only.
+//
+// Thread-safety: call mount() from one thread while no other thread of the process runs: it
+// installs process-wide signal handlers and (in the background) forks, and a forked child keeps
+// only the calling thread. The Tree is then served from libfuse's worker threads at once.
+// unmount, check_log_file and prepare_mountpoint keep no state and may be called from any thread.
 #pragma once
 
 #include <filesystem>

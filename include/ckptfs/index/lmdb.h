@@ -1,6 +1,9 @@
 // Minimal RAII over the LMDB C API, for the index. Every failure becomes an Error naming the
 // environment's directory, the operation and mdb_strerror's text; the two outcomes a caller
 // must act on (a full map, a key not found) are return values instead.
+//
+// Thread-safety is LMDB's: one Env may be used from many threads at once (begin a Txn each; the
+// index opens it MDB_NOTLS), but a Txn and its Cursors belong to one thread at a time.
 #pragma once
 
 #include <lmdb.h>

@@ -1,14 +1,16 @@
 // Content of one resharded tensor: the target box of a global tensor, and the source blocks
 // that tile it. map() turns a byte range of that content into source runs arithmetically, in C
 // order, with no per-element work and without touching tensor bytes.
+// Thread-safety: immutable once built (the planner shares them as shared_ptr<const>); map() and
+// the other const members may be called from many threads at once.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "ckptfs/scan/file_scan.h"
 #include "ckptfs/plan/virtual_file.h"
+#include "ckptfs/scan/file_scan.h"
 
 namespace ckptfs::plan {
 

@@ -24,6 +24,15 @@ struct TensorContent;
 // Content of one strided view of a source storage (torch.save tensors).
 struct StridedContent;
 
+// A record copied whole from a source (a map tensor's, in a .ckpt view): its header is among
+// the source's bytes, not the file's, so its place and name are kept beside the file to describe
+// it (file_records.h). Map tensors are few: most files keep none.
+struct CopiedRecord {
+  uint64_t at = 0;  // in the file
+  uint64_t length = 0;
+  std::string name;
+};
+
 class VirtualFile {
  public:
   VirtualFile();
@@ -37,6 +46,8 @@ class VirtualFile {
   uint64_t map(uint64_t offset, uint64_t length, std::vector<Run>& out) const;
   // Source indices this file reads from, sorted, unique.
   const std::vector<uint32_t>& sources() const;
+  // The records added by add_source_record, in file order.
+  const std::vector<CopiedRecord>& copied_records() const;
 
   class Builder;
 
@@ -56,6 +67,8 @@ class VirtualFile::Builder {
   void add_bytes(std::string bytes);
   // A verbatim byte range of a source file.
   void add_source_range(uint32_t source, uint64_t offset, uint64_t length);
+  // A whole record of a source, copied verbatim (a map tensor's), named `name`.
+  void add_source_record(uint32_t source, uint64_t offset, uint64_t length, std::string name);
   // Bytes [begin, end) of a resharded tensor's content.
   void add_tensor(std::shared_ptr<const TensorContent> content, uint64_t begin, uint64_t end);
   // Bytes [begin, end) of a strided view, in C order.

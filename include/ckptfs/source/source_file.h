@@ -1,5 +1,7 @@
 // An open source checkpoint and the identity it had when opened. The fingerprint keys the index
 // and tells whether the file changed underneath a mount.
+// Thread-safety: a SourceFile is built once and then only read: unchanged() and pread on `fd`
+// may be called from many threads at once; open() and fingerprint_of() keep no state.
 #pragma once
 
 #include <sys/stat.h>

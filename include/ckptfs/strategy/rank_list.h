@@ -54,6 +54,17 @@ class TargetMaps {
 // or the device matrices do not unify (§4.5 c).
 std::vector<int64_t> mindspore_needed(const Layout& src, const Layout& dst, int64_t t_local);
 
+// What MindSpore's planner answers for the pair: the ranks mindspore_needed returns, or why it
+// has none (the device counts are not multiples of each other, or the device matrices do not
+// unify), for a caller that then falls back to another rule. Still throws Error for a target
+// rank out of range or a tensor rank the layouts disagree on.
+struct NeededAnswer {
+  std::vector<int64_t> ranks;
+  std::string no_answer;  // empty: `ranks` is MindSpore's answer
+  bool found() const { return no_answer.empty(); }
+};
+NeededAnswer mindspore_answer(const Layout& src, const Layout& dst, int64_t t_local);
+
 // Local source ranks whose blocks intersect the target block, ascending. Every holder of such a
 // block is listed (replicas included), so this is not a subset of mindspore_needed; their
 // intersection is the set of replicas whose data a MindSpore-faithful reader touches.

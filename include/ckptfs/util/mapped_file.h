@@ -1,4 +1,6 @@
 // A read-only shared mapping of a whole file, unmapped on destruction.
+// Thread-safety: data() and size(), and reads of the mapped bytes, may run from many threads at
+// once; reset(), assignment and destruction must not race with them (nothing synchronizes).
 #pragma once
 
 #include <sys/mman.h>
