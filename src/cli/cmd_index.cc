@@ -19,7 +19,7 @@
 #include "ckptfs/source/unified.h"
 #include "ckptfs/util/open_path.h"
 #include "commands.h"
-#include "progress.h"
+#include "ckptfs/view/progress.h"
 #include "view.h"
 
 namespace ckptfs::cli {

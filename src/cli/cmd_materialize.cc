@@ -18,7 +18,7 @@
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/rank_set.h"
 #include "commands.h"
-#include "progress.h"
+#include "ckptfs/view/progress.h"
 #include "view.h"
 
 namespace ckptfs::cli {

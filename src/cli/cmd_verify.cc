@@ -34,7 +34,7 @@
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/pread.h"
 #include "commands.h"
-#include "progress.h"
+#include "ckptfs/view/progress.h"
 #include "view.h"
 
 namespace ckptfs::cli {

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "ckptfs/scan/file_scan.h"
+#include "ckptfs/scan/reader.h"
 
 namespace ckptfs::torchzip {
 
@@ -25,5 +26,8 @@ bool looks_like_torch(std::string_view head);
 // their storage records.
 scan::FileScan scan_torch_fd(int fd, const std::string& display_name);
 scan::FileScan scan_torch(const std::string& path);
+
+// This module as a scan::FileReader: takes a file by its first bytes (looks_like_torch).
+extern const scan::FileReader kReader;
 
 }  // namespace ckptfs::torchzip
