@@ -32,6 +32,10 @@ scan::FileScan scan_checkpoint_bytes(const ReadExact& read, uint64_t size,
 // scans it with scan_checkpoint_fd.
 extern const scan::FileReader kReader;
 
+// True if the open file `fd` is empty or begins as a checkpoint does (the tag of its first
+// record, 0x0A); a file that does not may be another protobuf (a strategy). Never throws.
+bool opens_like_checkpoint(int fd) noexcept;
+
 // The parameters as MindSpore's loader sees them (spec §1.5, §7): a later non-adjacent record
 // with an existing name replaces that entry in place; a "name.__param_key__<n>" entry is renamed
 // to "name" and moved to the end. Takes the scan by value: move it in to avoid copying.
