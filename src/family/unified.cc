@@ -45,8 +45,15 @@ plan::Plan view(const ViewInputs& in, ViewText& text) {
   return plan::make_unified_plan(std::move(parts), dst, in.views());
 }
 
+// Every part, as a view reads them.
+std::vector<std::filesystem::path> parts(const std::filesystem::path& found) {
+  const std::optional<source::UnifiedDir> unified = source::read_unified(found);
+  if (!unified) fail("{}: {} is gone", found.string(), source::kParamNameMap);
+  return unified->files;
+}
+
 }  // namespace
 
-const Family kUnified{"unified_safetensors", detect, index::mindspore_readers, view};
+const Family kUnified{"unified_safetensors", detect, index::mindspore_readers, view, parts};
 
 }  // namespace ckptfs::family

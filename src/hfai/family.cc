@@ -34,6 +34,6 @@ plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
 
 }  // namespace
 
-const family::Family kFamily{"hfai", detect, index::mindspore_readers, view};
+const family::Family kFamily{"hfai", detect, index::mindspore_readers, view, nullptr};
 
 }  // namespace ckptfs::hfai

@@ -52,6 +52,7 @@ plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
 
 }  // namespace
 
-const family::Family kFamily{"mindformers-metadata", detect, index::mindspore_readers, view};
+const family::Family kFamily{"mindformers-metadata", detect, index::mindspore_readers, view,
+                             nullptr};
 
 }  // namespace ckptfs::mindformers

@@ -8,7 +8,8 @@
 //            nothing above index/ knows a wire format);
 //   plan     the view I offer: the plan of my files for the parsed options (plan::Plan, which
 //            view/ turns into the tree). Null only for the rank-directory families, whose views
-//            (steps, lazy ranks, target summaries) the view module builds itself.
+//            (steps, lazy ranks, target summaries) the view module builds itself;
+//   index_files  the files `index build` scans for me.
 // A new family is one folder src/<family>/ (+ include/ckptfs/<family>/) defining its readers,
 // detection and plan and its entry (`extern const family::Family kFamily;`), one line in
 // view/families.cc, and its module line in CMakeLists.txt.
@@ -67,6 +68,9 @@ struct Family {
   scan::Readers (*readers)();
   // The view; null for the rank-directory families (see above).
   plan::Plan (*plan)(const ViewInputs& in, ViewText& text);
+  // The files `index build` scans for the checkpoint at `found`, in order; null: `index build`
+  // lists rank directories as for the rank-directory families (and refuses what has none).
+  std::vector<std::filesystem::path> (*index_files)(const std::filesystem::path& found);
 };
 
 }  // namespace ckptfs::family
