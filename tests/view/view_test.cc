@@ -172,6 +172,12 @@ TEST(Families, EachSampleDirectoryIsItsFamilys) {
   EXPECT_EQ(family_of(fixture / "src"), "mindspore-rank-dirs");
   EXPECT_EQ(family_of(tmp.path()), "mindspore-rank-dirs");
   EXPECT_EQ(detect(iteration, "latest").found, iteration);
+  // index build scans what the family names: a unified directory's parts.
+  const family::Family& unified_family = *detect(unified, "latest").family;
+  ASSERT_NE(unified_family.index_files, nullptr);
+  const std::vector<stdfs::path> parts = unified_family.index_files(unified);
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_EQ(parts[0].filename(), "part0.safetensors");
 
   // Every name is one family's, and the last takes every directory.
   std::set<std::string_view> names;
