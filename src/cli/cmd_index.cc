@@ -16,10 +16,10 @@
 #include "ckptfs/index/store.h"
 #include "ckptfs/source/discover.h"
 #include "ckptfs/source/step_choice.h"
-#include "ckptfs/source/unified.h"
 #include "ckptfs/util/open_path.h"
+#include "ckptfs/view/families.h"
+#include "ckptfs/view/progress.h"
 #include "commands.h"
-#include "progress.h"
 #include "view.h"
 
 namespace ckptfs::cli {
@@ -127,11 +127,11 @@ void clear(const IndexOptions& options) {
   fmt::print("removed {} entries from {}\n", removed, store->dir().string());
 }
 
-// The files a mount with the default --step would serve: every part of a unified_safetensors
-// directory, else each rank's chosen checkpoint.
-std::vector<stdfs::path> files_to_index(const IndexOptions& options) {
-  if (const std::optional<source::UnifiedDir> unified = source::read_unified(options.src_dir))
-    return unified->files;
+// The files a mount with the default --step would serve: those its family names (every part of
+// a unified_safetensors directory), else each rank's chosen checkpoint.
+std::vector<stdfs::path> files_to_index(const IndexOptions& options,
+                                        const view::Detected& detected) {
+  if (detected.family->index_files) return detected.family->index_files(detected.found);
   const source::Listing listing = source::list_sources(options.src_dir);
   const source::Choice choice = source::choose(
       listing, source::StepRequest::parse(options.view.step, options.view.allow_mixed_steps));
@@ -155,7 +155,9 @@ void build(IndexOptions& options) {
         "index build: --src-strategy and --dst-strategy store target summaries, which only a "
         "shipped index (--output DIR) holds");
   util::require_directory(options.src_dir, "source directory");
-  const std::vector<stdfs::path> paths = files_to_index(options);
+  // Which family the directory is says which files are scanned, and with which readers.
+  const view::Detected detected = view::detect(options.src_dir, options.view.step);
+  const std::vector<stdfs::path> paths = files_to_index(options, detected);
   const stdfs::path dir = options.output.empty() ? index_dir(options) : stdfs::path(options.output);
 
   const auto start = std::chrono::steady_clock::now();
@@ -172,11 +174,13 @@ void build(IndexOptions& options) {
   progress.also_count("tensors");
   progress.only_if_slow();
   progress.start_items(paths.size());
-  const index::BuildResult built =
-      index::build_index(store ? &*store : nullptr, paths, [&progress](const scan::FileScan& scan) {
+  const index::BuildResult built = index::build_index(
+      store ? &*store : nullptr, paths,
+      [&progress](const scan::FileScan& scan) {
         progress.add_also(scan.params.size());
         progress.item_done();
-      });
+      },
+      detected.family->readers());
   progress.finish();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -21,13 +21,14 @@
 #include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/error.h"
 #include "ckptfs/safetensors/scanner.h"
-#include "ckptfs/strategy/strategy.h"
+#include "ckptfs/strategy/probe.h"
 #include "ckptfs/torchzip/torch_file.h"
 #include "ckptfs/util/fd.h"
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/out_of_memory.h"
 #include "ckptfs/util/printable.h"
 #include "ckptfs/util/shape_text.h"
+#include "ckptfs/view/families.h"
 #include "commands.h"
 
 namespace ckptfs::cli {
@@ -241,11 +242,14 @@ void inspect_safetensors(const InspectOptions& options) {
              meta.empty() ? "none" : fmt::format("{}", fmt::join(meta, ", ")));
 }
 
-bool is_torch_file(const std::string& path) {
-  const UniqueFd fd = util::open_regular(path, "checkpoint file");
-  char head[4] = {};
-  return ::pread(fd.get(), head, sizeof head, 0) == static_cast<ssize_t>(sizeof head) &&
-         torchzip::looks_like_torch(std::string_view(head, 4));
+// A checkpoint the .ckpt reader refused may be a strategy file (protobuf too, and a common thing
+// to pass here by mistake): said so instead of the parser's complaint.
+scan::FileScan scan_ckpt(int fd, const InspectOptions& options) {
+  if (!ckpt::opens_like_checkpoint(fd) && strategy::looks_like_strategy(options.file))
+    fail("{}: a parallel strategy file, not a checkpoint; show it with: ckptfs strategy show {}",
+         options.file, options.file);
+  return ckpt::scan_checkpoint_fd(fd, options.file,
+                                  ckpt::ScanOptions{.verify_crc = options.verify_crc});
 }
 
 }  // namespace
@@ -271,33 +275,18 @@ void add_inspect_command(CLI::App& app) {
   command->callback([options] {
     // A file of millions of tiny records can need more memory than the process may have.
     naming_out_of_memory(options->file, "reading it", [&] {
-      if (is_torch_file(options->file)) {
-        print_torch(torchzip::scan_torch(options->file), options->json);
-        return;
+      const UniqueFd fd = util::open_regular(options->file, "checkpoint file");
+      switch (view::reader_for_file(fd.get(), options->file).format) {
+        case scan::SourceFormat::TorchZip:
+          print_torch(torchzip::scan_torch_fd(fd.get(), options->file), options->json);
+          return;
+        case scan::SourceFormat::Safetensors:
+          inspect_safetensors(*options);
+          return;
+        case scan::SourceFormat::Ckpt:
+          break;
       }
-      if (safetensors::is_safetensors_name(options->file)) {
-        inspect_safetensors(*options);
-        return;
-      }
-      scan::FileScan scan;
-      try {
-        scan = ckpt::scan_checkpoint(options->file,
-                                     ckpt::ScanOptions{.verify_crc = options->verify_crc});
-      } catch (const Error&) {
-        // A strategy file is protobuf too, and a common thing to pass here by mistake.
-        bool is_strategy = false;
-        try {
-          strategy::read_strategy(options->file);
-          is_strategy = true;
-        } catch (const Error&) {
-        }
-        if (is_strategy)
-          fail(
-              "{}: a parallel strategy file, not a checkpoint; show it with: ckptfs strategy "
-              "show {}",
-              options->file, options->file);
-        throw;
-      }
+      const scan::FileScan scan = scan_ckpt(fd.get(), *options);
       if (options->json)
         print_json(scan);
       else

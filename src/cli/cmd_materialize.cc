@@ -17,8 +17,8 @@
 #include "ckptfs/fs/tree.h"
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/rank_set.h"
+#include "ckptfs/view/progress.h"
 #include "commands.h"
-#include "progress.h"
 #include "view.h"
 
 namespace ckptfs::cli {

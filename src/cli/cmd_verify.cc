@@ -21,20 +21,20 @@
 #include <string>
 #include <vector>
 
-#include "ckptfs/scan/dtype.h"
-#include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/error.h"
-#include "ckptfs/safetensors/scanner.h"
+#include "ckptfs/index/readers.h"
+#include "ckptfs/scan/dtype.h"
+#include "ckptfs/scan/reader.h"
 #include "ckptfs/source/discover.h"
 #include "ckptfs/source/source_file.h"
 #include "ckptfs/source/step_choice.h"
-#include "ckptfs/source/unified.h"
 #include "ckptfs/strategy/rank_list.h"
 #include "ckptfs/strategy/strategy.h"
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/pread.h"
+#include "ckptfs/view/families.h"
+#include "ckptfs/view/progress.h"
 #include "commands.h"
-#include "progress.h"
 #include "view.h"
 
 namespace ckptfs::cli {
@@ -58,13 +58,11 @@ struct Findings {
   }
 };
 
-scan::FileScan scan_any(const stdfs::path& path, bool verify_crc) {
+// Read by the first of `readers` (its family's) that claims it.
+scan::FileScan scan_any(const stdfs::path& path, scan::Readers readers, bool verify_crc) {
   const source::SourceFile file = source::SourceFile::open(path);
-  if (safetensors::is_safetensors_name(path.string()))
-    return safetensors::scan_safetensors_fd(file.fd.get(), path.string());
-  ckpt::ScanOptions options;
-  options.verify_crc = verify_crc;
-  return ckpt::scan_checkpoint_fd(file.fd.get(), path.string(), options);
+  return scan::pick_reader(readers, file.fd.get(), path.string())
+      .scan(file.fd.get(), path.string(), scan::ReadOptions{.verify_crc = verify_crc});
 }
 
 // ---- verify SRC_DIR ----
@@ -72,11 +70,14 @@ scan::FileScan scan_any(const stdfs::path& path, bool verify_crc) {
 void verify_sources(const VerifyArgs& args) {
   Findings findings;
   std::map<int64_t, stdfs::path> files;
-  const bool unified = source::read_unified(args.view.src_dir).has_value();
+  // Only rank directories are listed and checked rank by rank here; another family's files are
+  // read in full by step 4.
+  const view::Detected detected = view::detect(args.view.src_dir, args.view.step);
+  const bool rank_dirs = view::is_rank_dirs(*detected.family);
   std::string src_strategy = args.view.src_strategy;
   std::map<int64_t, std::string> unusable;  // source::Listing's
   std::string checked;  // which checkpoints, as a mount says it: "epoch 10 step 100 on all ..."
-  if (!unified) {
+  if (rank_dirs) {
     const source::Listing listing = source::list_sources(args.view.src_dir);
     unusable = listing.unusable;
     source::Choice choice = source::choose(
@@ -99,7 +100,7 @@ void verify_sources(const VerifyArgs& args) {
     progress.start(total, files.size());
     for (const auto& [rank, path] : files) {
       try {
-        scan_any(path, /*verify_crc=*/true);
+        scan_any(path, detected.family->readers(), /*verify_crc=*/true);
       } catch (const Error& e) {
         findings.add(e.what());
       }
@@ -117,7 +118,7 @@ void verify_sources(const VerifyArgs& args) {
   } catch (const Error& e) {
     findings.add(e.what());
   }
-  if (src && !unified) {
+  if (src && rank_dirs) {
     std::set<int64_t> missing;
     const int64_t ranks = src->devices_per_stage * static_cast<int64_t>(src->num_stages);
     for (int64_t r = 0; r < ranks; ++r)
@@ -316,8 +317,9 @@ void compare_files(const stdfs::path& view, const stdfs::path& other, Findings& 
                    size_t& compared) {
   scan::FileScan a, b;
   try {
-    a = scan_any(view, false);
-    b = scan_any(other, false);
+    // A view's files are in MindSpore's formats, and so must the files it is compared with be.
+    a = scan_any(view, index::mindspore_readers(), false);
+    b = scan_any(other, index::mindspore_readers(), false);
   } catch (const Error& e) {
     findings.add(e.what());
     return;

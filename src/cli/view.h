@@ -1,16 +1,11 @@
-// The options that choose a view (sources, step, strategies, files shown, index) and the plan
-// they give. mount, materialize and verify all take them from here, so they always agree on
-// what a view is.
+// The options that choose a view, as every command working on one (mount, materialize, verify,
+// index build, ranks --src) takes them; the view itself is assembled by the view module.
 #pragma once
 
-#include <cstddef>
-#include <functional>
-#include <memory>
 #include <string>
-#include <vector>
 
-#include "ckptfs/fs/tree.h"
-#include "ckptfs/index/store.h"
+#include "ckptfs/view/progress.h"
+#include "ckptfs/view/view.h"
 
 namespace CLI {
 class App;
@@ -18,23 +13,12 @@ class App;
 
 namespace ckptfs::cli {
 
-struct ViewArgs {
-  std::string src_dir;
-  std::string src_strategy;
-  std::string dst_strategy;
-  std::string index_dir;
-  std::string shipped_index;  // --index: a shipped index, read-only; never written
-  std::string step = "latest";
-  bool allow_mixed_steps = false;
-  std::vector<std::string> views{"ckpt", "safetensors"};
-  std::string prefix = "checkpoint_";
-  bool by_stage = false;
-  std::string ranks;   // "--ranks 0-7,16"; empty: every target rank
-  bool quiet = false;  // no progress lines, no line saying which checkpoints were chosen
-  // materialize without --view: only the sources' format (plan::ViewOptions::source_format),
-  // so that the output is itself a source.
-  bool source_format = false;
-};
+using view::build_tree;
+using view::human_bytes;
+using view::Progress;
+using view::summarize_targets;
+using view::ViewArgs;
+using view::ViewNotes;
 
 // Adds the subcommand `name` of a command that works on a view (mount, materialize, verify) with
 // the SRC_DIR positional (first, so the caller's positionals follow it), --src-strategy,
@@ -42,34 +26,5 @@ struct ViewArgs {
 // --index-dir and -q/--quiet, filled into `args`.
 CLI::App* add_view_command(CLI::App& app, std::string name, std::string description,
                            ViewArgs& args);
-
-// What a command says about its view once it is sure to use it: said only then, so that a
-// refusal stays one line.
-struct ViewNotes {
-  std::string chosen;               // which checkpoints, in one line
-  std::string ignored;              // entries that are not checkpoints, in one line or ""
-  std::vector<std::string> detail;  // one debug line per ignored entry
-  std::vector<std::string> plan_warnings;
-  bool quiet = false;  // -q: `chosen` only at info level; warnings still shown
-  void say() const;
-};
-
-// Discovers, indexes and plans every target rank of the chosen step (or of a unified_safetensors
-// directory) and fills `notes`. With `steps`, the tree also offers "/steps" (every step, planned
-// when first looked up). Scanning and planning report progress on stderr when they take more
-// than a second (not with ViewArgs::quiet). Throws Error naming the file or parameter. The index is
-// only a cache: if its directory cannot be used, one warning is logged and the sources are scanned
-// without it.
-// With `steps` (a mount) and a shipped index (--index) holding target summaries of this very
-// view, the exposed ranks are listed from the summaries and each is planned on first open;
-// summaries of another view are ignored with a warning and the ranks planned now.
-std::unique_ptr<fs::Tree> build_tree(const ViewArgs& args, ViewNotes& notes, bool steps);
-
-// index build with strategies: plans every target rank of the view from the scans in `store`
-// (which must hold every chosen source) and stores each rank's summary (file names, exact sizes,
-// mtimes, the source ranks read) with the view they are for. Returns how many ranks.
-// `progress(done, total)` is called after each rank. Throws Error naming what is wrong.
-size_t summarize_targets(const ViewArgs& args, index::Store& store,
-                         const std::function<void(size_t, size_t)>& progress = {});
 
 }  // namespace ckptfs::cli

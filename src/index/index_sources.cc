@@ -8,12 +8,10 @@
 #include <system_error>
 #include <thread>
 
-#include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/error.h"
+#include "ckptfs/index/readers.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/index/structure.h"
-#include "ckptfs/safetensors/scanner.h"
-#include "ckptfs/torchzip/torch_file.h"
 #include "ckptfs/util/out_of_memory.h"
 
 namespace ckptfs::index {
@@ -61,30 +59,27 @@ size_t parallel_in_order(size_t count, std::exception_ptr& error, const Work& wo
   return error_at;
 }
 
-// A torch.save file is told by its first bytes (whatever its name: .pt, .pth, .bin); a
-// safetensors file by its name, as MindSpore tells it.
-scan::FileScan scan_source(int fd, const std::string& name) {
+// The reader is the first of `readers` (the caller's family's) that claims the file.
+scan::FileScan scan_source(int fd, const std::string& name, scan::Readers readers) {
   return naming_out_of_memory(name, "scanning it", [&] {
-    char head[4] = {};
-    const ssize_t got = ::pread(fd, head, sizeof head, 0);
+    char head[1] = {};
     // An empty protobuf is a valid checkpoint of no parameters, which planning would then
     // report as parameters missing from it: a 0-byte source is a save that never wrote.
-    if (got == 0) fail("{}: the checkpoint file is empty (0 bytes); save or copy it again", name);
-    if (got == sizeof head && torchzip::looks_like_torch(std::string_view(head, sizeof head)))
-      return torchzip::scan_torch_fd(fd, name);
-    return safetensors::is_safetensors_name(name) ? safetensors::scan_safetensors_fd(fd, name)
-                                                  : ckpt::scan_checkpoint_fd(fd, name);
+    if (::pread(fd, head, sizeof head, 0) == 0)
+      fail("{}: the checkpoint file is empty (0 bytes); save or copy it again", name);
+    return scan::pick_reader(readers.empty() ? mindspore_readers() : readers, fd, name)
+        .scan(fd, name, {});
   });
 }
 
 // Scans sources[i] for every i in `misses`; returns how many of `misses` (a prefix) were
 // scanned, with the first failure in `error`.
 size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>& misses,
-                  std::exception_ptr& error, const OnFile& on_file) {
+                  std::exception_ptr& error, const OnFile& on_file, scan::Readers readers) {
   return parallel_in_order(misses.size(), error, [&](size_t k) {
     IndexedSource& source = sources[misses[k]];
     const std::string name = source.file.path.string();
-    source.scan = scan_source(source.file.fd.get(), name);
+    source.scan = scan_source(source.file.fd.get(), name, readers);
     source.structure = structure_digest(source.file.fd.get(), name, source.scan);
     // A file still being written would leave a scan of a prefix in the index for good.
     if (source::fingerprint_of(source.file.fd.get(), name) != source.file.fingerprint) {
@@ -137,7 +132,8 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
   return sources;
 }
 
-BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const OnFile& on_file) {
+BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const OnFile& on_file,
+                        scan::Readers readers) {
   std::atomic<uint64_t> params{0};
   std::atomic<size_t> hits{0}, unrecorded{0};
   std::exception_ptr error;
@@ -153,7 +149,7 @@ BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const 
       ++hits;
       if (on_file) on_file(*known);
     } else {
-      const scan::FileScan scan = scan_source(file.fd.get(), name);
+      const scan::FileScan scan = scan_source(file.fd.get(), name, readers);
       const StructureDigest structure = structure_digest(file.fd.get(), name, scan);
       if (source::fingerprint_of(file.fd.get(), name) != file.fingerprint)
         fail("{}: changed while being indexed; index it again once it is complete", name);
@@ -185,12 +181,12 @@ BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const 
 }
 
 std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::path>& paths,
-                                         const OnFile& on_file) {
-  return index_sources(&store, paths, on_file);
+                                         const OnFile& on_file, scan::Readers readers) {
+  return index_sources(&store, paths, on_file, readers);
 }
 
 std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::path>& paths,
-                                         const OnFile& on_file) {
+                                         const OnFile& on_file, scan::Readers readers) {
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
   std::exception_ptr lookup_error;
@@ -213,7 +209,7 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
     spdlog::info("scanning {} of {} source files", misses.size(), sources.size());
   }
   std::exception_ptr error;
-  const size_t scanned = scan_files(sources, misses, error, on_file);
+  const size_t scanned = scan_files(sources, misses, error, on_file, readers);
 
   // Recorded even when a later file failed, so that the retry after fixing it is quick.
   std::vector<Store::NewEntry> items;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckptfs/scan/file_scan.h"
+#include "ckptfs/scan/reader.h"
 #include "ckptfs/util/pread.h"
 
 namespace ckptfs::ckpt {
@@ -28,6 +29,14 @@ scan::FileScan scan_checkpoint_fd(int fd, const std::string& display_name,
 scan::FileScan scan_checkpoint_bytes(const ReadExact& read, uint64_t size,
                                      const std::string& display_name,
                                      const ScanOptions& options = {});
+
+// This module as a scan::FileReader: takes every file (the last of a list, the fallback) and
+// scans it with scan_checkpoint_fd.
+extern const scan::FileReader kReader;
+
+// True if the open file `fd` is empty or begins as a checkpoint does (the tag of its first
+// record, 0x0A); a file that does not may be another protobuf (a strategy). Never throws.
+bool opens_like_checkpoint(int fd) noexcept;
 
 // The parameters as MindSpore's loader sees them (spec §1.5, §7): a later non-adjacent record
 // with an existing name replaces that entry in place; a "name.__param_key__<n>" entry is renamed

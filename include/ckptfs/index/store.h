@@ -14,8 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "ckptfs/scan/file_scan.h"
 #include "ckptfs/index/structure.h"
+#include "ckptfs/scan/file_scan.h"
+#include "ckptfs/scan/reader.h"
 #include "ckptfs/source/source_file.h"
 
 namespace ckptfs::index {
@@ -192,18 +193,19 @@ struct IndexedSource {
 // threads, so that a caller can report progress.
 using OnFile = std::function<void(const scan::FileScan&)>;
 
-// Opens every path (*.safetensors files are read as safetensors, every other as .ckpt), takes scans
+// Opens every path, takes scans
 // from the store where the fingerprint matches and scans the rest (header only, two files at a
-// time), then records the new scans in one transaction under the absolute paths. Results are in the
+// time, each with the first of `readers` that claims it; none given: index::mindspore_readers()),
+// then records the new scans in one transaction under the absolute paths. Results are in the
 // order of `paths`. A file that changes while it is scanned is an Error, as is any open or scan
 // failure; failing to record the new scans is only logged, since the index is a cache.
 std::vector<IndexedSource> index_sources(Store& store,
                                          const std::vector<std::filesystem::path>& paths,
-                                         const OnFile& on_file = {});
+                                         const OnFile& on_file = {}, scan::Readers readers = {});
 // The same without a persistent index (null `store`): every file is scanned.
 std::vector<IndexedSource> index_sources(Store* store,
                                          const std::vector<std::filesystem::path>& paths,
-                                         const OnFile& on_file = {});
+                                         const OnFile& on_file = {}, scan::Readers readers = {});
 
 struct BuildResult {
   size_t files = 0;
@@ -218,7 +220,7 @@ struct BuildResult {
 // it stay stored). A null `store` (an index that cannot be opened) scans every file and
 // records none (all counted as `unrecorded`).
 BuildResult build_index(Store* store, const std::vector<std::filesystem::path>& paths,
-                        const OnFile& on_file = {});
+                        const OnFile& on_file = {}, scan::Readers readers = {});
 
 // From a read-only shipped index only: every path must have an entry of its current size and
 // mtime, and its structure bytes (structure.h) must have the digest the entry holds, else

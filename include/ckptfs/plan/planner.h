@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "ckptfs/hfai/merge.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/plan/virtual_file.h"
 #include "ckptfs/strategy/strategy.h"
@@ -136,16 +135,5 @@ struct FullTensor {
 // dimension that does not divide.
 void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
                     const strategy::Strategy& dst, const ViewOptions& views);
-
-// A merged hfai checkpoint (hfai::merge of `parts`) as root files: model.safetensors,
-// optimizer.safetensors and others.safetensors (where they have tensors) in the reference
-// writer's layout with {"format":"pt"}, and extra.json for every other value. Throws Error for a
-// dtype safetensors cannot hold, naming the file and tensor.
-// With `dst`, the model is not a root file but cut for every target rank (add_full_views, in
-// hfai's merged order); the optimizer state stays merged at the root, since hfai keys it by
-// parameter index, which names no parameter. Without `dst`, views.ranks and views.by_stage are
-// refused (there is nothing to choose among).
-Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged& merged,
-                    const strategy::Strategy* dst = nullptr, const ViewOptions& views = {});
 
 }  // namespace ckptfs::plan

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckptfs/scan/file_scan.h"
+#include "ckptfs/scan/reader.h"
 #include "ckptfs/util/pread.h"
 
 namespace ckptfs::safetensors {
@@ -52,5 +53,8 @@ scan::FileScan scan_safetensors(const std::string& path);
 
 // True if the name ends in ".safetensors".
 bool is_safetensors_name(std::string_view name);
+
+// This module as a scan::FileReader: takes a file by its name (is_safetensors_name).
+extern const scan::FileReader kReader;
 
 }  // namespace ckptfs::safetensors

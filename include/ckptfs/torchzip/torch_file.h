@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "ckptfs/scan/file_scan.h"
+#include "ckptfs/scan/reader.h"
 
 namespace ckptfs::torchzip {
 
@@ -29,5 +30,8 @@ scan::FileScan scan_torch_fd(int fd, const std::string& display_name);
 // and body_size are `size`.
 scan::FileScan scan_torch_at(int fd, const std::string& display_name, uint64_t base, uint64_t size);
 scan::FileScan scan_torch(const std::string& path);
+
+// This module as a scan::FileReader: takes a file by its first bytes (looks_like_torch).
+extern const scan::FileReader kReader;
 
 }  // namespace ckptfs::torchzip

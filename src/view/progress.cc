@@ -1,4 +1,4 @@
-#include "progress.h"
+#include "ckptfs/view/progress.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-namespace ckptfs::cli {
+namespace ckptfs::view {
 
 std::string human_bytes(double bytes) {
   static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -157,4 +157,4 @@ void Progress::finish(const std::string& note) {
   std::fflush(stderr);
 }
 
-}  // namespace ckptfs::cli
+}  // namespace ckptfs::view

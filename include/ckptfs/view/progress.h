@@ -13,7 +13,7 @@
 #include <string>
 #include <thread>
 
-namespace ckptfs::cli {
+namespace ckptfs::view {
 
 class Progress {
  public:
@@ -71,4 +71,4 @@ class Progress {
 // "1.5 GiB", "380 KiB", "12 B".
 std::string human_bytes(double bytes);
 
-}  // namespace ckptfs::cli
+}  // namespace ckptfs::view

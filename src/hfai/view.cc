@@ -1,16 +1,25 @@
 // The views of a merged hfai checkpoint: safetensors files in the reference writer's layout with
 // {"format":"pt"}, each tensor read from its chunks or its strided record, and extra.json.
+#include "ckptfs/hfai/view.h"
+
 #include <algorithm>
 #include <memory>
 
 #include "ckptfs/error.h"
-#include "ckptfs/plan/planner.h"
 #include "ckptfs/plan/read_map.h"
 #include "ckptfs/safetensors/format.h"
 
-namespace ckptfs::plan {
+namespace ckptfs::hfai {
 
 namespace {
+
+using plan::FullTensor;
+using plan::Plan;
+using plan::StoragePiece;
+using plan::StridedContent;
+using plan::TargetFile;
+using plan::ViewOptions;
+using plan::VirtualFile;
 
 bool c_contiguous(const scan::Param& p) {
   int64_t expect = 1;
@@ -22,8 +31,8 @@ bool c_contiguous(const scan::Param& p) {
 }
 
 void add_content(VirtualFile::Builder& builder, const std::vector<index::IndexedSource>& sources,
-                 const hfai::Tensor& t) {
-  for (const hfai::Part& part : t.parts) {
+                 const Tensor& t) {
+  for (const Part& part : t.parts) {
     const scan::Param& p = sources[part.source].scan.params[part.param];
     const uint64_t start = p.content[0].offset + p.storage_offset * p.element_size;
     if (p.nbytes() == 0) continue;
@@ -43,9 +52,9 @@ void add_content(VirtualFile::Builder& builder, const std::vector<index::Indexed
 }
 
 VirtualFile safetensors_file(const std::vector<index::IndexedSource>& sources,
-                             const std::vector<hfai::Tensor>& tensors, const std::string& file) {
+                             const std::vector<Tensor>& tensors, const std::string& file) {
   std::vector<safetensors::HeaderEntry> header;
-  for (const hfai::Tensor& t : tensors) {
+  for (const Tensor& t : tensors) {
     const std::optional<safetensors::Dtype> d = safetensors::dtype_by_code(t.code);
     if (!d) fail("{}: tensor {} is of type {}, which {} cannot hold", file, t.name, t.code, file);
     uint64_t n = t.element_size;
@@ -66,7 +75,7 @@ VirtualFile safetensors_file(const std::vector<index::IndexedSource>& sources,
 
 // The whole tensor as one strided view: its record, or its chunks laid end to end.
 std::shared_ptr<const StridedContent> whole(const std::vector<index::IndexedSource>& sources,
-                                            const hfai::Tensor& t) {
+                                            const Tensor& t) {
   auto content = std::make_shared<StridedContent>();
   content->element_size = t.element_size;
   content->shape = t.shape;
@@ -78,13 +87,13 @@ std::shared_ptr<const StridedContent> whole(const std::vector<index::IndexedSour
     content->strides = first.strides;
     return content;
   }
-  // Chunks: 1-D and contiguous (hfai::merge checked), C order of the full shape.
+  // Chunks: 1-D and contiguous (merge checked), C order of the full shape.
   content->strides.assign(t.shape.size(), 1);
   for (size_t k = t.shape.size(); k-- > 1;)
     content->strides[k - 1] = content->strides[k] * t.shape[k];
   auto pieces = std::make_shared<std::vector<StoragePiece>>();
   uint64_t start = 0;
-  for (const hfai::Part& part : t.parts) {
+  for (const Part& part : t.parts) {
     const scan::Param& p = sources[part.source].scan.params[part.param];
     const uint64_t n = p.nbytes();
     pieces->push_back(
@@ -97,7 +106,7 @@ std::shared_ptr<const StridedContent> whole(const std::vector<index::IndexedSour
 
 }  // namespace
 
-Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged& merged,
+Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const Merged& merged,
                     const strategy::Strategy* dst, const ViewOptions& views) {
   Plan plan;
   plan.sources = std::move(parts);
@@ -108,17 +117,17 @@ Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged&
          views.by_stage ? "--by-stage" : "--ranks");
   if (dst) {
     std::vector<FullTensor> model;
-    for (const hfai::Tensor& t : merged.model) {
+    for (const Tensor& t : merged.model) {
       const std::optional<safetensors::Dtype> d = safetensors::dtype_by_code(t.code);
       if (!d)
         fail("tensor {} is of type {}, which a MindSpore checkpoint cannot hold", t.name, t.code);
       model.push_back({t.name, std::string(d->mindspore), t.shape, whole(plan.sources, t)});
     }
-    add_full_views(plan, model, *dst, views);
+    plan::add_full_views(plan, model, *dst, views);
   }
   auto add = [&](std::string name, VirtualFile file) {
     TargetFile t;
-    t.rank = kRootRank;
+    t.rank = plan::kRootRank;
     t.name = std::move(name);
     t.file = std::move(file);
     plan.targets.push_back(std::move(t));
@@ -136,4 +145,4 @@ Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const hfai::Merged&
   return plan;
 }
 
-}  // namespace ckptfs::plan
+}  // namespace ckptfs::hfai

@@ -1,0 +1,39 @@
+// The hfai family's entry: detection, readers and view (family/family.h).
+#include <fmt/format.h>
+
+#include "ckptfs/error.h"
+#include "ckptfs/hfai/view.h"
+#include "ckptfs/index/readers.h"
+
+namespace ckptfs::hfai {
+
+namespace {
+
+std::optional<std::filesystem::path> detect(const std::filesystem::path& dir, const std::string&) {
+  if (!is_hfai_dir(dir)) return std::nullopt;
+  return dir;
+}
+
+// The merged model, optimizer and values at the root, or with --dst-strategy the model cut per
+// target rank.
+plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
+  const std::string dir = in.src_dir.string();
+  if (!in.src_strategy.empty())
+    fail(
+        "{}: an hfai checkpoint records no parallel layout (its PART files merge into one full "
+        "model); omit --src-strategy",
+        dir);
+  const std::vector<std::filesystem::path> files = part_files(in.found);
+  text.chosen = fmt::format("{}: an hfai checkpoint of {} PART files", dir, files.size());
+  const strategy::Strategy* dst = in.dst();
+  plan::ViewOptions views = in.views();
+  std::vector<index::IndexedSource> parts = in.scan(files);
+  const Merged merged = merge(parts);
+  return make_hfai_plan(std::move(parts), merged, dst, views);
+}
+
+}  // namespace
+
+const family::Family kFamily{"hfai", detect, index::mindspore_readers, view, nullptr};
+
+}  // namespace ckptfs::hfai
