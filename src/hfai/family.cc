@@ -14,15 +14,19 @@ std::optional<std::filesystem::path> detect(const std::filesystem::path& dir, co
   return dir;
 }
 
-// The merged model, optimizer and values at the root, or with --dst-strategy the model cut per
-// target rank.
-plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
-  const std::string dir = in.src_dir.string();
+void refuse_src_strategy(const family::ViewInputs& in) {
   if (!in.src_strategy.empty())
     fail(
         "{}: an hfai checkpoint records no parallel layout (its PART files merge into one full "
         "model); omit --src-strategy",
-        dir);
+        in.src_dir.string());
+}
+
+// The merged model, optimizer and values at the root, or with --dst-strategy the model cut per
+// target rank.
+plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
+  const std::string dir = in.src_dir.string();
+  refuse_src_strategy(in);
   const std::vector<std::filesystem::path> files = part_files(in.found);
   text.chosen = fmt::format("{}: an hfai checkpoint of {} PART files", dir, files.size());
   const strategy::Strategy* dst = in.dst();
@@ -32,8 +36,19 @@ plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
   return make_hfai_plan(std::move(parts), merged, dst, views);
 }
 
+// The merged model's tensors, in hfai's merged order.
+family::ModelTensors tensors(const family::ViewInputs& in) {
+  refuse_src_strategy(in);
+  const std::vector<std::filesystem::path> files = part_files(in.found);
+  const Merged merged = merge(in.scan(files));
+  family::ModelTensors out;
+  out.what = fmt::format("an hfai checkpoint of {} PART files (its merged model)", files.size());
+  for (const Tensor& t : merged.model) out.tensors.push_back({t.name, t.shape});
+  return out;
+}
+
 }  // namespace
 
-const family::Family kFamily{"hfai", detect, index::mindspore_readers, view, nullptr};
+const family::Family kFamily{"hfai", detect, index::mindspore_readers, view, nullptr, tensors};
 
 }  // namespace ckptfs::hfai

@@ -16,12 +16,16 @@ std::optional<std::filesystem::path> detect(const std::filesystem::path& dir,
   return find_iteration(dir, step);
 }
 
+void refuse_src_strategy(const family::ViewInputs& in) {
+  if (!in.src_strategy.empty())
+    fail("{}: a MindFormers metadata checkpoint carries its layouts in {}; omit --src-strategy",
+         in.found.string(), kMetadataFile);
+}
+
 // metadata.json gives the layouts and the storing files.
 plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
   const std::filesystem::path& dir = in.found;
-  if (!in.src_strategy.empty())
-    fail("{}: a MindFormers metadata checkpoint carries its layouts in {}; omit --src-strategy",
-         dir.string(), kMetadataFile);
+  refuse_src_strategy(in);
   const Iteration it = read_iteration(dir);
   text.chosen =
       fmt::format("{}: a MindFormers metadata checkpoint of {} files, {} ranks", dir.string(),
@@ -50,9 +54,19 @@ plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
   return plan;
 }
 
+// metadata.json's parameters with their global shapes.
+family::ModelTensors tensors(const family::ViewInputs& in) {
+  refuse_src_strategy(in);
+  const Iteration it = read_iteration(in.found);
+  family::ModelTensors out;
+  out.what = fmt::format("a MindFormers metadata checkpoint ({})", in.found.string());
+  for (const ParamMeta& p : it.params) out.tensors.push_back({p.name, p.global_shape});
+  return out;
+}
+
 }  // namespace
 
-const family::Family kFamily{"mindformers-metadata", detect, index::mindspore_readers, view,
-                             nullptr};
+const family::Family kFamily{
+    "mindformers-metadata", detect, index::mindspore_readers, view, nullptr, tensors};
 
 }  // namespace ckptfs::mindformers

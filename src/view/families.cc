@@ -22,8 +22,8 @@ std::optional<std::filesystem::path> any_directory(const std::filesystem::path& 
 // output/ directory's too): one entry for both formats, since one listing finds either and the
 // planner refuses a mix. Last: it takes every directory the others decline, and its listing
 // names what is wrong with one that holds no checkpoint.
-const family::Family kRankDirs{"mindspore-rank-dirs", any_directory, index::mindspore_readers,
-                               nullptr, nullptr};
+const family::Family kRankDirs{
+    "mindspore-rank-dirs", any_directory, index::mindspore_readers, nullptr, nullptr, nullptr};
 
 const family::Family* const kFamilies[] = {
     &hfai::kFamily,

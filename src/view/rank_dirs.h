@@ -50,6 +50,22 @@ void report_planning(plan::ViewOptions& views, Progress& progress);
 
 std::optional<std::filesystem::path> index_dir(const ViewArgs& args);
 
+// What a family with its own view is given (family::ViewInputs) for `args`, with the state its
+// callbacks keep: the destination strategy and the planning progress, each made once. Lives as
+// long as the family's call; neither copied nor moved (the callbacks point into it).
+struct FamilyInputs {
+  FamilyInputs(const family::Family& fam, const std::filesystem::path& found, const ViewArgs& args);
+  FamilyInputs(const FamilyInputs&) = delete;
+  FamilyInputs& operator=(const FamilyInputs&) = delete;
+
+  family::ViewInputs in;
+
+ private:
+  std::optional<strategy::Strategy> dst_;
+  bool dst_read_ = false;
+  std::optional<Progress> progress_;
+};
+
 // A strategy's compact copy as a shipped index stores it, decoded; nullopt if damaged.
 std::optional<strategy::Strategy> load_compact(std::string_view stored, std::string origin);
 

@@ -83,35 +83,45 @@ namespace {
 
 using namespace detail;
 
-// A checkpoint of a family that plans its own view (view/families.h): the strategy and the view
-// options parsed once, when the family first asks for them, so that it refuses in its own order.
-std::unique_ptr<fs::Tree> build_family_tree(const family::Family& fam,
-                                            const std::filesystem::path& found,
-                                            const ViewArgs& args, ViewNotes& notes) {
-  std::optional<strategy::Strategy> dst;
-  bool dst_read = false;
-  std::optional<Progress> progress;
-  family::ViewInputs in;
+}  // namespace
+
+namespace detail {
+
+// The strategy and the view options are parsed once, when the family first asks for them, so
+// that it refuses in its own order.
+FamilyInputs::FamilyInputs(const family::Family& fam, const std::filesystem::path& found,
+                           const ViewArgs& args) {
   in.src_dir = args.src_dir;
   in.found = found;
   in.step = args.step;
   in.src_strategy = args.src_strategy;
-  in.dst = [&]() -> const strategy::Strategy* {
-    if (!dst_read && !args.dst_strategy.empty()) dst = strategy::read_strategy(args.dst_strategy);
-    dst_read = true;
-    return dst ? &*dst : nullptr;
+  in.dst = [this, &args]() -> const strategy::Strategy* {
+    if (!dst_read_ && !args.dst_strategy.empty()) dst_ = strategy::read_strategy(args.dst_strategy);
+    dst_read_ = true;
+    return dst_ ? &*dst_ : nullptr;
   };
-  in.views = [&] {
+  in.views = [this, &args] {
     plan::ViewOptions views = view_options(args);
-    if (!progress) progress.emplace("plan", "target ranks", Progress::mode_for(args.quiet));
-    report_planning(views, *progress);
+    if (!progress_) progress_.emplace("plan", "target ranks", Progress::mode_for(args.quiet));
+    report_planning(views, *progress_);
     return views;
   };
-  in.scan = [&](const std::vector<std::filesystem::path>& paths) {
+  in.scan = [&fam, &args](const std::vector<std::filesystem::path>& paths) {
     return index_files(index_dir(args), args.shipped_index, paths, args.quiet, fam.readers());
   };
+}
+
+}  // namespace detail
+
+namespace {
+
+// A checkpoint of a family that plans its own view (view/families.h).
+std::unique_ptr<fs::Tree> build_family_tree(const family::Family& fam,
+                                            const std::filesystem::path& found,
+                                            const ViewArgs& args, ViewNotes& notes) {
+  const FamilyInputs inputs(fam, found, args);
   family::ViewText text;
-  plan::Plan plan = fam.plan(in, text);
+  plan::Plan plan = fam.plan(inputs.in, text);
   notes.chosen = std::move(text.chosen);
   notes.detail = std::move(text.detail);
   return std::make_unique<fs::Tree>(std::move(plan));

@@ -9,7 +9,8 @@
 //   plan     the view I offer: the plan of my files for the parsed options (plan::Plan, which
 //            view/ turns into the tree). Null only for the rank-directory families, whose views
 //            (steps, lazy ranks, target summaries) the view module builds itself;
-//   index_files  the files `index build` scans for me.
+//   index_files  the files `index build` scans for me;
+//   tensors  the model's tensors with their global shapes (what `strategy new` lays out).
 // A new family is one folder src/<family>/ (+ include/ckptfs/<family>/) defining its readers,
 // detection and plan and its entry (`extern const family::Family kFamily;`), one line in
 // view/families.cc, and its module line in CMakeLists.txt.
@@ -57,6 +58,18 @@ struct ViewText {
   std::vector<std::string> detail;  // one debug line per file left out
 };
 
+// One entry of the model as a whole: what a strategy lays out.
+struct ModelTensor {
+  std::string name;
+  std::vector<int64_t> shape;  // global (whole-model) shape
+  bool tensor = true;          // false for strings, map tensors and opaque entries
+};
+
+struct ModelTensors {
+  std::string what;  // the checkpoint, in one phrase: "an hfai checkpoint of 4 PART files"
+  std::vector<ModelTensor> tensors;  // in the family's order
+};
+
 struct Family {
   std::string_view name;  // as messages and tests say it: "hfai", "mindformers-metadata", ...
   // The directory this family's view reads if `dir` (SRC_DIR, with --step's text) is one of its
@@ -71,6 +84,10 @@ struct Family {
   // The files `index build` scans for the checkpoint at `found`, in order; null: `index build`
   // lists rank directories as for the rank-directory families (and refuses what has none).
   std::vector<std::filesystem::path> (*index_files)(const std::filesystem::path& found);
+  // The model's tensors and global shapes, from as little as the family needs to read (in.scan
+  // for files, in.src_strategy refused in the family's own words as its plan does). Null for the
+  // rank-directory families, whose global shapes come from their source strategy (view/).
+  ModelTensors (*tensors)(const ViewInputs& in);
 };
 
 }  // namespace ckptfs::family
