@@ -133,6 +133,7 @@ struct Steps::Impl {
                    std::strerror(errno));
       return;
     }
+    std::set<std::filesystem::path> unwatched;  // said once each
     auto add_watches = [&] {
       std::error_code ec;
       const source::Listing listing = [&] {
@@ -143,9 +144,19 @@ struct Steps::Impl {
         }
       }();
       const std::filesystem::path root = listing.root.empty() ? src_dir : listing.root;
-      ::inotify_add_watch(in.get(), root.c_str(), kRootEvents | IN_ONLYDIR);
-      for (const auto& [rank, dir] : listing.ranks)
-        ::inotify_add_watch(in.get(), dir.dir.c_str(), kRankDirEvents | IN_ONLYDIR);
+      // A directory left unwatched still shows its new steps at the next listing another
+      // directory's change causes, or at the next mount: said once per directory, not hidden.
+      const auto watch = [&](const std::filesystem::path& dir, uint32_t events) {
+        if (::inotify_add_watch(in.get(), dir.c_str(), events | IN_ONLYDIR) >= 0) return;
+        if (unwatched.insert(dir).second)
+          spdlog::warn(
+              "steps/: cannot watch {} ({}); steps saved there show after another change or at the "
+              "next mount{}",
+              dir.string(), std::strerror(errno),
+              errno == ENOSPC ? " (raise fs.inotify.max_user_watches)" : "");
+      };
+      watch(root, kRootEvents);
+      for (const auto& [rank, dir] : listing.ranks) watch(dir.dir, kRankDirEvents);
     };
     add_watches();
     refresh();  // what changed before the watches were in place

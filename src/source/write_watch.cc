@@ -28,6 +28,7 @@ struct Watched {
 struct State {
   std::mutex mu;
   bool tried = false;
+  bool said_limit = false;  // the watch limit was reported
   UniqueFd fd;
   std::unordered_map<int, Watched> watched;  // by watch descriptor
 
@@ -79,8 +80,16 @@ WriteWatch WriteWatch::of(int fd) {
   const std::string self = "/proc/self/fd/" + std::to_string(fd);
   const int wd = ::inotify_add_watch(s.fd.get(), self.c_str(), IN_MODIFY);
   if (wd < 0) {
-    spdlog::debug("{}: no inotify watch ({}): if deleted while in use, it is no longer served",
-                  self, std::strerror(errno));
+    // The watch limit is a machine setting the operator can raise: said once, not per file.
+    if (errno == ENOSPC && !s.said_limit) {
+      s.said_limit = true;
+      spdlog::warn(
+          "the inotify watch limit is reached (fs.inotify.max_user_watches): a source deleted "
+          "while in use is no longer served (EIO); raise the limit to keep serving such files");
+    } else {
+      spdlog::debug("{}: no inotify watch ({}): if deleted while in use, it is no longer served",
+                    self, std::strerror(errno));
+    }
     return w;
   }
   s.drain();
