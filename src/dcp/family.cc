@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -41,15 +42,18 @@ std::shared_ptr<const StridedContent> view_of(uint32_t source, const scan::Param
   return view;
 }
 
-// Appends one tensor's bytes in C order. From the last dimension `split` along which some chunk
-// is not whole on, every chunk holds whole rows: so for each index of the dimensions before it,
-// the chunks holding that index, in order along `split`, each give one range of the output, a
-// range of the chunk's own C order, which its strided view reads (as runs as long as the chunk's
-// storage is contiguous). One file piece per range: O(rows x chunks along `split`), one view per
-// chunk, nothing per element.
+// Where a tensor's bytes go, range by range in its C order: `count` elements of `piece` from
+// element `first` of the chunk's own C order.
+using Sink = std::function<void(const Piece& piece, uint64_t first, uint64_t count)>;
+
+// Walks one tensor's bytes in C order. From the last dimension `split` along which some chunk is
+// not whole on, every chunk holds whole rows: so for each index of the dimensions before it, the
+// chunks holding that index, in order along `split`, each give one range of the output, a range
+// of the chunk's own C order. One range per row and chunk along `split`: O(rows x chunks along
+// `split`), nothing per element.
 class Assembler {
  public:
-  Assembler(VirtualFile::Builder& builder, const Tensor& t) : builder_(builder), t_(t) {}
+  Assembler(const Tensor& t, Sink sink) : t_(t), sink_(std::move(sink)) {}
 
   uint64_t add(const std::vector<const Piece*>& pieces) {
     const size_t rank = t_.shape.size();
@@ -109,27 +113,25 @@ class Assembler {
     if (at != t_.shape[s]) refuse("nothing holds index {} of dimension {}", at, s);
   }
 
-  // The run of `piece` at index_ before split_ (the whole chunk when nothing is split): bytes
-  // of its view in the chunk's own C order.
+  // The range of `piece` at index_ before split_ (the whole chunk when nothing is split).
   void emit(const Piece& piece) {
-    const std::shared_ptr<const StridedContent>& view = piece.view;
+    const std::vector<int64_t>& shape = piece.param->shape;
     uint64_t first = 0, count = 1;  // elements, in the chunk's C order
-    for (size_t d = 0; d < view->shape.size(); ++d) {
-      const uint64_t extent = static_cast<uint64_t>(view->shape[d]);
+    for (size_t d = 0; d < shape.size(); ++d) {
+      const uint64_t extent = static_cast<uint64_t>(shape[d]);
       first *= extent;
       if (static_cast<int>(d) < split_)
         first += static_cast<uint64_t>(index_[d] - piece.offsets[d]);
       else
         count *= extent;
     }
-    const uint64_t e = view->element_size;
     if (count == 0) return;
-    bytes_ += count * e;
-    builder_.add_strided(view, first * e, (first + count) * e);
+    bytes_ += count * piece.param->element_size;
+    sink_(piece, first, count);
   }
 
-  VirtualFile::Builder& builder_;
   const Tensor& t_;
+  Sink sink_;
   int split_ = -1;
   std::vector<int64_t> index_;
   uint64_t bytes_ = 0;
@@ -161,18 +163,39 @@ std::map<std::string, std::vector<Piece>> pieces_by_tensor(
 
 }  // namespace
 
-plan::Plan make_merged_plan(std::vector<index::IndexedSource> files, const Metadata& metadata,
-                            const std::string& dir) {
-  plan::Plan plan;
-  plan.sources = std::move(files);
-  for (size_t r = 0; r < plan.sources.size(); ++r)
-    plan.source_ranks.push_back(static_cast<int64_t>(r));
-  const std::map<std::string, std::vector<Piece>> pieces = pieces_by_tensor(plan.sources);
+namespace {
 
+using Pieces = std::map<std::string, std::vector<Piece>>;
+
+// The chunks of `t` that hold bytes; none for a tensor of no elements.
+std::vector<const Piece*> stored_chunks(const Pieces& pieces, const Tensor& t,
+                                        const std::string& dir) {
+  std::vector<const Piece*> stored;
+  uint64_t n = 1;
+  for (int64_t s : t.shape) n *= static_cast<uint64_t>(s);
+  if (n == 0) return stored;
+  if (const auto it = pieces.find(t.fqn); it != pieces.end())
+    for (const Piece& p : it->second)
+      if (p.param->elements() != 0 && p.param->shape.size() == t.shape.size()) stored.push_back(&p);
+  if (stored.empty()) fail("{}: tensor {} has no stored chunk in the data files", dir, t.fqn);
+  return stored;
+}
+
+// Walks `t`'s bytes in C order into `sink`, checking that its chunks gave every one.
+void assemble(const Tensor& t, const std::vector<const Piece*>& stored, const std::string& dir,
+              Sink sink) {
+  if (stored.empty()) return;
+  uint64_t n = t.element_size;
+  for (int64_t s : t.shape) n *= static_cast<uint64_t>(s);
+  const uint64_t added = Assembler(t, std::move(sink)).add(stored);
+  if (added != n)
+    fail("{}: tensor {}: its chunks hold {} bytes where it has {}; the data files do not match {}",
+         dir, t.fqn, added, n, kMetadataName);
+}
+
+VirtualFile merged_file(const Pieces& pieces, const Metadata& metadata, const std::string& dir) {
   std::vector<safetensors::HeaderEntry> header;
   for (const Tensor& t : metadata.tensors) {
-    if (!safetensors::dtype_by_code(t.code))
-      fail("{}: tensor {} is of type {}, which model.safetensors cannot hold", dir, t.fqn, t.code);
     uint64_t n = t.element_size;
     for (int64_t s : t.shape) n *= static_cast<uint64_t>(s);
     header.push_back({t.fqn, t.code, t.shape, n});
@@ -183,28 +206,80 @@ plan::Plan make_merged_plan(std::vector<index::IndexedSource> files, const Metad
   builder.add_bytes(safetensors::encode_header(header, kMetadata));
   for (size_t i : order) {
     const Tensor& t = metadata.tensors[i];
-    std::vector<const Piece*> stored;
-    if (const auto it = pieces.find(t.fqn); it != pieces.end())
-      for (const Piece& p : it->second)
-        if (p.param->elements() != 0 && p.param->shape.size() == t.shape.size())
-          stored.push_back(&p);
-    uint64_t n = t.element_size;
-    for (int64_t s : t.shape) n *= static_cast<uint64_t>(s);
-    if (n == 0) continue;
-    if (stored.empty()) fail("{}: tensor {} has no stored chunk in the data files", dir, t.fqn);
-    const uint64_t added = Assembler(builder, t).add(stored);
-    if (added != n)
-      fail(
-          "{}: tensor {}: its chunks hold {} bytes where it has {}; the data files do not match "
-          "{}",
-          dir, t.fqn, added, n, kMetadataName);
+    assemble(t, stored_chunks(pieces, t, dir), dir,
+             [&builder](const Piece& piece, uint64_t first, uint64_t count) {
+               const uint64_t e = piece.view->element_size;
+               builder.add_strided(piece.view, first * e, (first + count) * e);
+             });
   }
+  return builder.finish();
+}
 
-  plan::TargetFile target;
-  target.rank = plan::kRootRank;
-  target.name = "model.safetensors";
-  target.file = builder.finish();
-  plan.targets.push_back(std::move(target));
+// Whether a chunk's view reads its storage element after element.
+bool c_order(const scan::Param& p) {
+  int64_t expect = 1;
+  for (size_t k = p.shape.size(); k-- > 0; expect *= p.shape[k])
+    if (p.shape[k] != 1 && p.strides[k] != expect) return false;
+  return true;
+}
+
+// The whole tensor as one strided view: its chunk's own, or a C-order storage made of the
+// chunks' ranges (each must then be stored in C order).
+plan::FullTensor full_tensor(const Pieces& pieces, const Tensor& t, const std::string& dir) {
+  const std::vector<const Piece*> stored = stored_chunks(pieces, t, dir);
+  auto content = std::make_shared<StridedContent>();
+  if (stored.size() == 1 && stored[0]->param->shape == t.shape) {
+    *content = *stored[0]->view;
+  } else {
+    content->element_size = t.element_size;
+    content->shape = t.shape;
+    content->strides.assign(t.shape.size(), 1);
+    for (size_t k = t.shape.size(); k-- > 1;)
+      content->strides[k - 1] = content->strides[k] * t.shape[k];
+    auto ranges = std::make_shared<std::vector<plan::StoragePiece>>();
+    uint64_t start = 0;
+    assemble(t, stored, dir, [&](const Piece& piece, uint64_t first, uint64_t count) {
+      const scan::Param& p = *piece.param;
+      if (!c_order(p))
+        fail(
+            "{}: tensor {}: its chunk at [{}] is stored with strides [{}], not in C order, which "
+            "--dst-strategy cannot cut yet; mount without it for the merged view",
+            dir, t.fqn, fmt::join(piece.offsets, ","), fmt::join(p.strides, ","));
+      const uint64_t n = count * p.element_size;
+      ranges->push_back({start, piece.view->source,
+                         p.content[0].offset + (p.storage_offset + first) * p.element_size, n});
+      start += n;
+    });
+    content->pieces = std::move(ranges);
+  }
+  const std::string dtype(safetensors::dtype_by_code(t.code)->mindspore);
+  return {t.fqn, dtype, t.shape, std::move(content)};
+}
+
+}  // namespace
+
+plan::Plan make_dcp_plan(std::vector<index::IndexedSource> files, const Metadata& metadata,
+                         const std::string& dir, const strategy::Strategy* dst,
+                         const plan::ViewOptions& views) {
+  plan::Plan plan;
+  plan.sources = std::move(files);
+  for (size_t r = 0; r < plan.sources.size(); ++r)
+    plan.source_ranks.push_back(static_cast<int64_t>(r));
+  for (const Tensor& t : metadata.tensors)
+    if (!safetensors::dtype_by_code(t.code))
+      fail("{}: tensor {} is of type {}, which a safetensors file cannot hold", dir, t.fqn, t.code);
+  const Pieces pieces = pieces_by_tensor(plan.sources);
+  if (dst) {
+    std::vector<plan::FullTensor> model;
+    for (const Tensor& t : metadata.tensors) model.push_back(full_tensor(pieces, t, dir));
+    plan::add_full_views(plan, model, *dst, views);
+  } else {
+    plan::TargetFile target;
+    target.rank = plan::kRootRank;
+    target.name = "model.safetensors";
+    target.file = merged_file(pieces, metadata, dir);
+    plan.targets.push_back(std::move(target));
+  }
 
   if (!metadata.objects.empty()) {
     std::vector<std::string> names;
@@ -251,22 +326,18 @@ plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
   const Metadata md = read_metadata(in.found);
   text.chosen = fmt::format("{}: a PyTorch DCP checkpoint of {} tensors in {} data files", dir,
                             md.tensors.size(), md.files.size());
-  if (in.dst())
-    fail(
-        "{}: resharding a DCP checkpoint (--dst-strategy) is not implemented yet; mount without "
-        "it for the merged model.safetensors",
-        dir);
+  const strategy::Strategy* dst = in.dst();
   const plan::ViewOptions views = in.views();
-  if (!views.safetensors)
+  if (!dst && !views.safetensors)
     fail("{}: a DCP checkpoint is served as model.safetensors only; omit --view ckpt", dir);
-  if (!views.ranks.empty() || views.by_stage)
+  if (!dst && (!views.ranks.empty() || views.by_stage))
     fail("{}: a DCP checkpoint is shown as one merged model; {} needs a --dst-strategy", dir,
          views.by_stage ? "--by-stage" : "--ranks");
   std::vector<fs::path> paths;
   for (const std::string& file : md.files) paths.push_back(in.found / file);
   std::vector<index::IndexedSource> files = in.scan(paths);
   rescan_stale(files, md);
-  return make_merged_plan(std::move(files), md, dir);
+  return make_dcp_plan(std::move(files), md, dir, dst, views);
 }
 
 }  // namespace

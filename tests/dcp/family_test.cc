@@ -1,7 +1,8 @@
 // The DCP family's entry and merged view: detection through the registry's entry, and the plan
 // of tensors whose chunks tile them in the ways torch writes (Shard(d) splits on several
 // dimensions, empty shards, a chunk stored with non-C-order strides) and in a tiling that is no
-// grid. Expected bytes are the tensors' global C order, made by the test as it writes the chunks.
+// grid, and the same tensors cut by a --dst-strategy. Expected bytes are the tensors' global C
+// order, made by the test as it writes the chunks, and cut here.
 #include "ckptfs/dcp/family.h"
 
 #include <gtest/gtest.h>
@@ -45,6 +46,25 @@ TEST(DcpFamily, DetectsADirectoryWithGlobalMetadata) {
   ASSERT_EQ(kFamily.readers().size(), 1u);
   EXPECT_TRUE(kFamily.readers()[0]->claims("__0_0.distcp", std::string_view("PK\x03\x04", 4)));
   EXPECT_FALSE(kFamily.readers()[0]->claims(".metadata", "\x80\x04\x95\x00"));
+}
+
+// A planned file's bytes, read whole through its runs.
+std::string read_all(const plan::Plan& plan, const plan::VirtualFile& file) {
+  std::vector<plan::Run> runs;
+  file.map(0, file.size(), runs);
+  std::string out;
+  for (const plan::Run& r : runs) {
+    if (r.mem) {
+      out.append(r.mem, r.length);
+      continue;
+    }
+    std::string piece(r.length, '\0');
+    EXPECT_EQ(::pread(plan.sources[r.source].file.fd.get(), piece.data(), r.length,
+                      static_cast<off_t>(r.offset)),
+              static_cast<ssize_t>(r.length));
+    out += piece;
+  }
+  return out;
 }
 
 // Synthetic chunks in one data file: each chunk's storage written as the test lays it out.
@@ -119,7 +139,7 @@ struct Synthetic {
   }
 
   // The merged view of the chunks written so far.
-  plan::Plan plan() {
+  plan::Plan plan(const strategy::Strategy* dst = nullptr) {
     const fs::path path = dir / "__0_0.distcp";
     std::ofstream(path, std::ios::binary) << bytes;
     md.files = {"__0_0.distcp"};
@@ -131,7 +151,7 @@ struct Synthetic {
     source.scan.tree = json{{"metadata", {{"bytes", 0}, {"digest", 0}}}, {"chunks", chunks}}.dump();
     std::vector<index::IndexedSource> files;
     files.push_back(std::move(source));
-    return make_merged_plan(std::move(files), md, "D");
+    return make_dcp_plan(std::move(files), md, "D", dst);
   }
 
   // The merged view's model.safetensors, read whole.
@@ -140,22 +160,7 @@ struct Synthetic {
     EXPECT_EQ(plan.targets.size(), 1u);
     EXPECT_EQ(plan.targets.at(0).name, "model.safetensors");
     EXPECT_EQ(plan.targets.at(0).rank, plan::kRootRank);
-    const plan::VirtualFile& file = plan.targets.at(0).file;
-    std::vector<plan::Run> runs;
-    file.map(0, file.size(), runs);
-    std::string out;
-    for (const plan::Run& r : runs) {
-      if (r.mem) {
-        out.append(r.mem, r.length);
-        continue;
-      }
-      std::string piece(r.length, '\0');
-      EXPECT_EQ(::pread(plan.sources[r.source].file.fd.get(), piece.data(), r.length,
-                        static_cast<off_t>(r.offset)),
-                static_cast<ssize_t>(r.length));
-      out += piece;
-    }
-    return out;
+    return read_all(plan, plan.targets.at(0).file);
   }
 };
 
@@ -223,6 +228,52 @@ TEST(DcpFamily, ObjectsAreNamedInOneWarning) {
   EXPECT_EQ(plan.warnings,
             (std::vector<std::string>{"D: 2 non-tensor items are not served (DCP BYTE_IO objects, "
                                       "never unpickled): step, extra.lr"}));
+}
+
+// --dst-strategy: x split in two along dimension 1, as `ckptfs strategy new --devices 2
+// --split x=1` writes it.
+strategy::Strategy split_x(const fs::path& dir) {
+  const fs::path path = dir / "split_x.json";
+  std::ofstream(path) << R"({"current_stage": 1,
+    "parallel_strategy_item": {"StrategyNew_x": {"stage": 0, "parallel_strategy": [[1, 2]]}},
+    "parallel_layout_item": {"x": {"dev_matrix": [2], "tensor_map": [-1, 0],
+      "tensor_shape": [4, 6], "field": 0, "opt_weight_shard_step": 0,
+      "opt_weight_shard_size": 0}}})";
+  return strategy::read_strategy(path);
+}
+
+TEST(DcpFamily, ReshardingCutsTheTensorTheChunksTile) {
+  Synthetic s;
+  s.tensor("x", {4, 6});
+  s.chunk({2, 0}, {2, 6});
+  s.chunk({0, 0}, {2, 6}, {}, 5);
+  const strategy::Strategy dst = split_x(s.dir);
+  const plan::Plan plan = s.plan(&dst);
+  ASSERT_EQ(plan.targets.size(), 4u);  // .ckpt and .safetensors of ranks 0 and 1
+  for (const plan::TargetFile& t : plan.targets) {
+    if (!t.name.ends_with(".safetensors")) continue;
+    // Columns [3 rank, 3 rank + 3) of every row, cut here from the global C order.
+    std::string want;
+    for (size_t row = 0; row < 4; ++row)
+      want += s.expected[0].substr((row * 6 + 3 * static_cast<size_t>(t.rank)) * 4, 12);
+    EXPECT_TRUE(tensors_of(read_all(plan, t.file)).at("x") == want) << t.rank;
+  }
+}
+
+TEST(DcpFamily, ReshardingRefusesASplitChunkNotInCOrder) {
+  Synthetic s;
+  s.tensor("x", {4, 6});
+  s.chunk({0, 0}, {2, 6});
+  s.chunk({2, 0}, {2, 6}, {1, 2});
+  const strategy::Strategy dst = split_x(s.dir);
+  try {
+    s.plan(&dst);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "D: tensor x: its chunk at [2,0] is stored with strides [1,2], not in C order, "
+              "which --dst-strategy cannot cut yet; mount without it for the merged view");
+  }
 }
 
 }  // namespace

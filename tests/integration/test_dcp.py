@@ -167,12 +167,65 @@ def check_metadata_saved_again(args):
     assert got == expected, sorted(got)
 
 
+# Per case: the rules of a 2-device strategy (`strategy new`), each tensor split along a
+# dimension other than the one torch sharded it along where it can be.
+RESHARD = {
+    "fsdp": ["--split", r"layers\.0\.w=1", "--split", "big=0", "--split", "few=1",
+             "--split", r"layers\.0\.b=0"],
+    "tp": ["--split", "col=0", "--split", "row=1", "--split", "norm=0"],
+    "plain": ["--split", "w=1", "--split", "h=1", "--split", "b=0"],
+    "threads": ["--split", "a=1", "--split", "d=0", "--split", "c=0"],
+}
+ELEMENT = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "BOOL": 1}
+
+
+def expected_block(dtype, shape, data, dim, rank, devices):
+    """The bytes of `rank`'s block of a tensor split `devices` ways along `dim` (None: whole),
+    cut with NumPy from the reference's bytes."""
+    import numpy as np
+    if dim is None:
+        return data
+    a = np.frombuffer(data, dtype=np.dtype(f"V{ELEMENT[dtype]}")).reshape(shape)
+    return np.ascontiguousarray(np.split(a, devices, axis=dim)[rank]).tobytes()
+
+
+def check_reshard(args, case):
+    """--dst-strategy from `strategy new` (2 devices, the rules above): every rank's
+    checkpoint_<r>.safetensors holds each tensor's block, cut here from the reference."""
+    src = copy_case(args, case, "_reshard")
+    _, expected = read_safetensors(os.path.join(args.shared, "dcp", case + ".reference.safetensors"))
+    shapes = os.path.join(args.work, f"shapes_{case}.json")
+    with open(shapes, "w") as f:
+        json.dump({name: shape for name, (_, shape, _) in expected.items()}, f)
+    strategy = os.path.join(args.work, f"dst_{case}.json")
+    itest.run([args.ckptfs, "strategy", "new", shapes, "--devices", "2", *RESHARD[case],
+               "--replicate", ".*", "-o", strategy])
+    rules = dict(RESHARD[case][i + 1].replace("\\", "").split("=") for i in
+                 range(0, len(RESHARD[case]), 2))
+    mnt = os.path.join(args.work, "mnt_reshard_" + case)
+    with itest.mounted(args.ckptfs, src, mnt, dst_strategy=strategy,
+                       index_dir=os.path.join(args.work, "index")):
+        assert sorted(os.listdir(mnt)) == ["rank_0", "rank_1"], os.listdir(mnt)
+        for rank in range(2):
+            _, got = read_safetensors(os.path.join(mnt, f"rank_{rank}",
+                                                   f"checkpoint_{rank}.safetensors"))
+            assert sorted(got) == sorted(expected), (sorted(got), sorted(expected))
+            for name, (dtype, shape, data) in expected.items():
+                dim = int(rules[name]) if name in rules else None
+                want = expected_block(dtype, shape, data, dim, rank, 2)
+                assert got[name][0] == dtype, (name, got[name][0], dtype)
+                assert got[name][2] == want, f"{case} rank {rank}: tensor {name} differs"
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
     for case in CASES:
         checks.run(f"merged model.safetensors of {case} equals the reference", check_case, args,
                    case)
+    for case in RESHARD:
+        checks.run(f"--dst-strategy of {case} cuts every tensor from the reference", check_reshard,
+                   args, case)
     checks.run("each damaged DCP directory is refused in one line", check_bad, args)
     checks.run("options the merged view cannot honour are refused in one line",
                check_refused_options, args)
