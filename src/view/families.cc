@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ckptfs/dcp/family.h"
 #include "ckptfs/family/unified.h"
 #include "ckptfs/hfai/view.h"
 #include "ckptfs/index/readers.h"
@@ -26,10 +27,7 @@ const family::Family kRankDirs{
     "mindspore-rank-dirs", any_directory, index::mindspore_readers, nullptr, nullptr, nullptr};
 
 const family::Family* const kFamilies[] = {
-    &hfai::kFamily,
-    &mindformers::kFamily,
-    &family::kUnified,
-    &kRankDirs,
+    &hfai::kFamily, &mindformers::kFamily, &dcp::kFamily, &family::kUnified, &kRankDirs,
 };
 
 }  // namespace

@@ -1,0 +1,36 @@
+// The DCP family's entry in the source-family registry (family/family.h, view/families.h): a
+// directory holding DCP's global .metadata and its .distcp data files, served as one merged
+// model.safetensors, or cut for the ranks of a --dst-strategy, built through the planner's public
+// API (plan::Plan, plan::VirtualFile). Thread-safety: free functions of their arguments; kFamily is
+// an immutable constant.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ckptfs/dcp/dcp.h"
+#include "ckptfs/family/family.h"
+#include "ckptfs/index/store.h"
+#include "ckptfs/plan/planner.h"
+#include "ckptfs/strategy/strategy.h"
+
+namespace ckptfs::dcp {
+
+// The views of the checkpoint `metadata` describes, whose data files are `files` (the scans of
+// metadata.files, in that order, each taken against this very .metadata). Without `dst`: one
+// root file model.safetensors ({"format":"pt"}, the safetensors writer's layout) holding every
+// tensor under its checkpoint key. Each tensor's bytes are read in C order from its chunks, which
+// may tile it in any way (DTensor's Shard(d) splits, uneven and empty last shards, replicas saved
+// once), each chunk a strided view. With `dst`: the tensors, in .metadata's order, cut for every
+// target rank of `dst` (plan::add_full_views); a tensor of several chunks must then have each
+// stored in C order. Non-tensor items are not served: the plan's warnings name them in one line.
+// `dir` names the checkpoint in messages. Throws Error naming the tensor for a scan that does not
+// match the metadata, a dtype safetensors cannot hold, and what add_full_views refuses.
+plan::Plan make_dcp_plan(std::vector<index::IndexedSource> files, const Metadata& metadata,
+                         const std::string& dir, const strategy::Strategy* dst = nullptr,
+                         const plan::ViewOptions& views = {});
+
+// The DCP family: detect, the .distcp reader, the merged view, the data files to index.
+extern const family::Family kFamily;
+
+}  // namespace ckptfs::dcp

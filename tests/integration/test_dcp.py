@@ -1,0 +1,239 @@
+"""PyTorch Distributed Checkpoint (DCP) directories mounted as their merged model.safetensors.
+
+The fixtures in tests/data/dcp/ were written by real torch 2.6 (tests/data/dcp/README.md), and
+each `<case>.reference.safetensors` holds the full tensors the case started from, written by the
+safetensors package before any sharding: the expected bytes. Both files are parsed by the tests'
+own small parser (test_hfai's), and the mounted file is also opened by the reference `safetensors`
+package (safe_open with numpy, 0.7.0 from build/test-venv). The damaged copies of tests/data/dcp/
+bad/ must each be refused at mount with one line naming the file.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+
+import itest
+import test_hfai  # its safetensors parser
+
+CASES = ["plain", "fsdp", "tp", "objects", "threads"]
+
+
+def read_safetensors(path):
+    """{name: (dtype, shape, bytes)} and the metadata of a safetensors file."""
+    meta, tensors = test_hfai.read_safetensors(path)
+    return meta, {k: (v["dtype"], v["shape"], data) for k, (v, data) in tensors.items()}
+
+
+def copy_case(args, case, tag=""):
+    """A fresh copy of the fixture `case` (its hidden .metadata too) in the work folder."""
+    dst = os.path.join(args.work, f"src_{case}{tag}")
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(os.path.join(args.shared, "dcp", case), dst)
+    return dst
+
+
+def md5(path):
+    return hashlib.md5(itest.read_file(path)).hexdigest()
+
+
+def check_case(args, case):
+    """The mount serves one file, model.safetensors, holding every reference tensor under its
+    name, with its dtype, shape and bytes; ls -l gives its size; two reads agree."""
+    src = copy_case(args, case)
+    mnt = os.path.join(args.work, "mnt_" + case)
+    _, expected = read_safetensors(os.path.join(args.shared, "dcp", case + ".reference.safetensors"))
+    with itest.mounted(args.ckptfs, src, mnt, index_dir=os.path.join(args.work, "index")):
+        assert sorted(os.listdir(mnt)) == ["model.safetensors"], os.listdir(mnt)
+        path = os.path.join(mnt, "model.safetensors")
+        meta, got = read_safetensors(path)
+        assert meta == {"format": "pt"}, meta
+        assert sorted(got) == sorted(expected), (sorted(got), sorted(expected))
+        for name, (dtype, shape, data) in expected.items():
+            assert got[name][0] == dtype and got[name][1] == shape, (name, got[name][:2], dtype, shape)
+            assert got[name][2] == data, f"{case}: tensor {name}: bytes differ from the reference"
+        size = len(itest.read_file(path))
+        ls = subprocess.run(["ls", "-l", path], capture_output=True, text=True, check=True).stdout
+        assert int(ls.split()[4]) == size == os.stat(path).st_size, (ls, size)
+        assert md5(path) == md5(path)
+        check_safe_open(path, expected)
+
+
+def check_safe_open(path, expected):
+    """The reference safetensors package opens the mounted file lazily: every key, and the bytes
+    of every tensor numpy can hold (numpy has no bfloat16)."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:  # this check only: the bytes were compared above
+        print("safe_open not tried: /usr/bin/python3 has no numpy", flush=True)
+        return
+    safe_open = itest.import_from_test_venv("safetensors").safe_open
+    with safe_open(path, framework="np") as f:
+        assert sorted(f.keys()) == sorted(expected), sorted(f.keys())
+        for name, (dtype, shape, data) in expected.items():
+            if dtype == "BF16":
+                continue
+            t = f.get_tensor(name)
+            assert list(t.shape) == shape, (name, t.shape, shape)
+            assert t.tobytes() == data, f"safe_open: tensor {name} differs from the reference"
+
+
+def refused(args, src, *needles, **kwargs):
+    mnt = os.path.join(args.work, "mnt_refused")
+    proc = itest.refused_mount(args.ckptfs, src, mnt, index_dir=os.path.join(args.work, "index"),
+                               **kwargs)
+    lines = itest.stderr_lines(proc)
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+# Each damaged copy of tests/data/dcp/bad/ (fsdp's data files with the damaged files over them)
+# and what its one line must say.
+BAD = {
+    "bad_size": ["__0_0.distcp", '"w"', "data/0 record of 128 bytes", "take 64"],
+    "bounds": [".metadata", '"layers.0.w"', "outside it"],
+    "compressed": [".metadata", '"w"', "stream.zstd/1", "compressed"],
+    "foreign": [".metadata", '"argparse.Namespace"'],
+    "gap": [".metadata", '"layers.0.w"', "120 of its 128 elements"],
+    "items_overlap": ["__0_0.distcp", '"layers.0.w"', '"layers.0.b"', "overlap"],
+    "no_storage": [".metadata", '"odd"', "no storage entry"],
+    "overlap": [".metadata", '"layers.0.w"', "overlap"],
+    "past_end": ["__0_0.distcp", '"layers.0.w"', "past the end"],
+}
+
+
+def check_bad(args):
+    assert sorted(BAD) == sorted(os.listdir(os.path.join(args.shared, "dcp", "bad")))
+    for kind, needles in BAD.items():
+        src = copy_case(args, "fsdp", "_" + kind)
+        shutil.copytree(os.path.join(args.shared, "dcp", "bad", kind), src, dirs_exist_ok=True)
+        refused(args, src, *needles)
+
+
+def check_refused_options(args):
+    """What the merged view cannot do is refused in one line naming the checkpoint."""
+    src = copy_case(args, "fsdp", "_options")
+    refused(args, src, src, "model.safetensors only", "--view ckpt", extra_args=["--view", "ckpt"])
+    refused(args, src, src, "omit --src-strategy", src_strategy=os.path.join(src, ".metadata"))
+    refused(args, src, src, "one merged model", "--ranks", extra_args=["--ranks", "0"])
+
+
+def check_rank_local(args):
+    """A save without collectives (__<rank>.metadata only) is refused in one line."""
+    src = copy_case(args, "fsdp", "_local")
+    os.rename(os.path.join(src, ".metadata"), os.path.join(src, "__0.metadata"))
+    refused(args, src, src, "rank-local DCP checkpoint", "__<rank>.metadata")
+
+
+def check_objects_named(args):
+    """The BYTE_IO items are named in one warning line at mount, and not served."""
+    src = copy_case(args, "objects", "_warn")
+    mnt = os.path.join(args.work, "mnt_objects_warn")
+    names = json.loads(itest.read_file(os.path.join(args.shared, "dcp", "objects.objects.json")))
+    os.makedirs(mnt, exist_ok=True)
+    with itest.unmounting(args.ckptfs, mnt):
+        proc = itest.run(itest.mount_cmd(args.ckptfs, src, mnt,
+                                         index_dir=os.path.join(args.work, "index")))
+        lines = [line for line in itest.stderr_lines(proc) if "non-tensor" in line]
+        assert len(lines) == 1, proc.stderr
+        assert f"{len(names)} non-tensor items are not served" in lines[0], lines[0]
+        for name in names:
+            assert name in lines[0], (name, lines[0])
+        assert os.listdir(mnt) == ["model.safetensors"], os.listdir(mnt)
+
+
+def check_metadata_saved_again(args):
+    """A .metadata saved again after the data files were indexed, naming the tensor `norm`
+    `NORM` (the index keys a data file's scan by that file alone, and the scans name chunks by
+    their tensor): the scans taken against the old .metadata are taken again, and the mount
+    serves the reference bytes under the new name."""
+    src = copy_case(args, "tp", "_again")
+    index = os.path.join(args.work, "index_again")
+    mnt = os.path.join(args.work, "mnt_again")
+    _, expected = read_safetensors(os.path.join(args.shared, "dcp", "tp.reference.safetensors"))
+    with itest.mounted(args.ckptfs, src, mnt, index_dir=index):
+        pass
+    path = os.path.join(src, ".metadata")
+    raw = itest.read_file(path)
+    assert raw.count(b"norm") == 4 and raw.count(b"\x8c\x04norm") == 4  # pickled strings only
+    with open(path, "wb") as f:
+        f.write(raw.replace(b"\x8c\x04norm", b"\x8c\x04NORM"))
+    with itest.mounted(args.ckptfs, src, mnt, index_dir=index):
+        _, got = read_safetensors(os.path.join(mnt, "model.safetensors"))
+    expected["NORM"] = expected.pop("norm")
+    assert got == expected, sorted(got)
+
+
+# Per case: the rules of a 2-device strategy (`strategy new`), each tensor split along a
+# dimension other than the one torch sharded it along where it can be.
+RESHARD = {
+    "fsdp": ["--split", r"layers\.0\.w=1", "--split", "big=0", "--split", "few=1",
+             "--split", r"layers\.0\.b=0"],
+    "tp": ["--split", "col=0", "--split", "row=1", "--split", "norm=0"],
+    "plain": ["--split", "w=1", "--split", "h=1", "--split", "b=0"],
+    "threads": ["--split", "a=1", "--split", "d=0", "--split", "c=0"],
+}
+ELEMENT = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "BOOL": 1}
+
+
+def expected_block(dtype, shape, data, dim, rank, devices):
+    """The bytes of `rank`'s block of a tensor split `devices` ways along `dim` (None: whole),
+    cut with NumPy from the reference's bytes."""
+    import numpy as np
+    if dim is None:
+        return data
+    a = np.frombuffer(data, dtype=np.dtype(f"V{ELEMENT[dtype]}")).reshape(shape)
+    return np.ascontiguousarray(np.split(a, devices, axis=dim)[rank]).tobytes()
+
+
+def check_reshard(args, case):
+    """--dst-strategy from `strategy new` (2 devices, the rules above): every rank's
+    checkpoint_<r>.safetensors holds each tensor's block, cut here from the reference."""
+    src = copy_case(args, case, "_reshard")
+    _, expected = read_safetensors(os.path.join(args.shared, "dcp", case + ".reference.safetensors"))
+    shapes = os.path.join(args.work, f"shapes_{case}.json")
+    with open(shapes, "w") as f:
+        json.dump({name: shape for name, (_, shape, _) in expected.items()}, f)
+    strategy = os.path.join(args.work, f"dst_{case}.json")
+    itest.run([args.ckptfs, "strategy", "new", shapes, "--devices", "2", *RESHARD[case],
+               "--replicate", ".*", "-o", strategy])
+    rules = dict(RESHARD[case][i + 1].replace("\\", "").split("=") for i in
+                 range(0, len(RESHARD[case]), 2))
+    mnt = os.path.join(args.work, "mnt_reshard_" + case)
+    with itest.mounted(args.ckptfs, src, mnt, dst_strategy=strategy,
+                       index_dir=os.path.join(args.work, "index")):
+        assert sorted(os.listdir(mnt)) == ["rank_0", "rank_1"], os.listdir(mnt)
+        for rank in range(2):
+            _, got = read_safetensors(os.path.join(mnt, f"rank_{rank}",
+                                                   f"checkpoint_{rank}.safetensors"))
+            assert sorted(got) == sorted(expected), (sorted(got), sorted(expected))
+            for name, (dtype, shape, data) in expected.items():
+                dim = int(rules[name]) if name in rules else None
+                want = expected_block(dtype, shape, data, dim, rank, 2)
+                assert got[name][0] == dtype, (name, got[name][0], dtype)
+                assert got[name][2] == want, f"{case} rank {rank}: tensor {name} differs"
+
+
+def main():
+    args = itest.parse_args()
+    checks = itest.Checks(args.only)
+    for case in CASES:
+        checks.run(f"merged model.safetensors of {case} equals the reference", check_case, args,
+                   case)
+    for case in RESHARD:
+        checks.run(f"--dst-strategy of {case} cuts every tensor from the reference", check_reshard,
+                   args, case)
+    checks.run("each damaged DCP directory is refused in one line", check_bad, args)
+    checks.run("options the merged view cannot honour are refused in one line",
+               check_refused_options, args)
+    checks.run("a rank-local DCP save is refused in one line", check_rank_local, args)
+    checks.run("BYTE_IO items are named in one line and not served", check_objects_named, args)
+    checks.run("a .metadata saved again after indexing", check_metadata_saved_again, args)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
