@@ -319,10 +319,15 @@ void rescan_stale(std::vector<index::IndexedSource>& files, const Metadata& md) 
   }
 }
 
+void refuse_src_strategy(const family::ViewInputs& in) {
+  if (!in.src_strategy.empty())
+    fail("{}: a DCP checkpoint records its layout in {}; omit --src-strategy", in.src_dir.string(),
+         kMetadataName);
+}
+
 plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
   const std::string dir = in.src_dir.string();
-  if (!in.src_strategy.empty())
-    fail("{}: a DCP checkpoint records its layout in {}; omit --src-strategy", dir, kMetadataName);
+  refuse_src_strategy(in);
   const Metadata md = read_metadata(in.found);
   text.chosen = fmt::format("{}: a PyTorch DCP checkpoint of {} tensors in {} data files", dir,
                             md.tensors.size(), md.files.size());
@@ -340,8 +345,19 @@ plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
   return make_dcp_plan(std::move(files), md, dir, dst, views);
 }
 
+// Every tensor's global shape, from .metadata alone.
+family::ModelTensors tensors(const family::ViewInputs& in) {
+  refuse_src_strategy(in);
+  const Metadata md = read_metadata(in.found);
+  family::ModelTensors out;
+  out.what = fmt::format("{}: a PyTorch DCP checkpoint of {} tensors", in.src_dir.string(),
+                         md.tensors.size());
+  for (const Tensor& t : md.tensors) out.tensors.push_back({t.fqn, t.shape});
+  return out;
+}
+
 }  // namespace
 
-const family::Family kFamily{"pytorch-dcp", detect, readers, view, index_files};
+const family::Family kFamily{"pytorch-dcp", detect, readers, view, index_files, tensors};
 
 }  // namespace ckptfs::dcp
