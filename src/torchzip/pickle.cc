@@ -81,6 +81,7 @@ enum class Fn : uint8_t {
   // and the three objects made by REDUCE (an enum member, a layout, a path).
   DcpClass,
   DcpEnum,
+  DcpEnumByName,  // builtins.getattr, allowed only as getattr(an allowed enum, a member's name)
   DcpLayout,
   DcpPath
 };
@@ -116,6 +117,9 @@ struct Object {
 
 // The globals DCP's .metadata pickle uses (torch 2.6, Python 3.11), by module.
 constexpr std::string_view kDcpMetadataModule = "torch.distributed.checkpoint.metadata";
+// TensorProperties' memory format, an enum: its members by value.
+constexpr std::array<std::string_view, 3> kDcpMemoryFormats{
+    "TORCH_CONTIGUOUS_FORMAT", "TORCH_CHANNELS_LAST", "TORCH_PRESERVE_FORMAT"};
 constexpr std::array<std::string_view, 7> kDcpMetadataClasses{
     "Metadata",      "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
     "MetadataIndex", "TensorProperties",      "StorageMeta"};
@@ -386,6 +390,8 @@ class Machine {
       if (module == "torch.serialization" && name == "_get_layout")
         return make_global(Fn::DcpLayout);
       if (module == "pathlib" && name == "PosixPath") return make_global(Fn::DcpPath);
+      // Python 3.11.2 (Debian 12's) pickles an enum member as getattr(its class, its name).
+      if (module == "builtins" && name == "getattr") return make_global(Fn::DcpEnumByName);
       if (module == "torch") {
         if (name == "Size") return make_global(Fn::Size);
         for (uint32_t i = 0; i < kDtypes.size(); ++i)
@@ -601,6 +607,17 @@ class Machine {
       case Fn::DcpEnum:
         if (n != 1 || !is(a[0], Kind::Int)) return bad();
         return make_object(g.name, args_id);
+      case Fn::DcpEnumByName: {
+        // Made as the value form above: the enum's class with its member's value.
+        if (n != 2 || !is(a[0], Kind::Global) || as_global(a[0]).fn != Fn::DcpEnum ||
+            !is(a[1], Kind::Str))
+          return bad();
+        const auto member =
+            std::find(kDcpMemoryFormats.begin(), kDcpMemoryFormats.end(), str(a[1]));
+        if (member == kDcpMemoryFormats.end()) return bad();
+        const uint32_t value = int_value(member - kDcpMemoryFormats.begin());
+        return make_object(as_global(a[0]).name, make_container(Kind::Tuple, {value}));
+      }
       case Fn::DcpLayout:
         if (n != 1 || !is(a[0], Kind::Str)) return bad();
         return make_object(g.name, args_id);

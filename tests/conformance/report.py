@@ -45,6 +45,25 @@ def write_results(path, rows):
         f.write(render(rows) + "\n")
 
 
+def add_rows(path, rows):
+    """Adds `rows` to the table a run of the other lane wrote to `path` (the environment line
+    and the rows already there kept), or writes a table of these rows alone."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return write_results(path, rows)
+    new = [f"| {' | '.join(_cell(c) for c in row)} |" for row in rows]
+    last = max(i for i, line in enumerate(lines) if line.startswith("| "))
+    lines[last + 1:last + 1] = new
+    table = [line for line in lines if line.startswith("| ") and not line.startswith("| framework")]
+    passed = sum(1 for line in table if line.rstrip().endswith("| passed |"))
+    lines = [f"{passed} of {len(table)} cases passed." if line.endswith("cases passed.") else line
+             for line in lines]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def _block(path):
     """The text from the BEGIN marker to the END marker (inclusive) and where it is."""
     with open(path, encoding="utf-8") as f:

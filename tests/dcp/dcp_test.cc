@@ -125,7 +125,7 @@ TEST_P(RealFiles, EveryTensorEqualsTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dcp, RealFiles,
-                         ::testing::Values("plain", "fsdp", "tp", "objects", "threads"));
+                         ::testing::Values("plain", "fsdp", "tp", "objects", "threads", "tp_py3112"));
 
 TEST(DcpRealFiles, ShardsAsTorchLaidThemOut) {
   const Checkpoint ckpt = read_checkpoint(kData / "fsdp");

@@ -1,0 +1,70 @@
+"""pytest wiring of the PyTorch conformance lane (scripts/conformance.sh runs it with
+build/torch-venv): the ckptfs binary, the failure the test command's self-test injects, a
+skipped case failing the run, and this lane's rows added to the results table the MindSpore
+lane wrote (--conformance-results)."""
+
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "tests", "integration"))
+sys.path.insert(0, os.path.join(REPO, "tests", "conformance"))
+
+import report as results_table  # noqa: E402
+
+STATE = {"order": [], "label": {}, "outcome": {}}
+SEVERITY = {"failed": 4, "skipped": 3, "passed": 1}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--ckptfs", default=os.path.join(REPO, "build", "ckptfs"),
+                     help="the ckptfs binary to mount with")
+    parser.addoption("--conformance-results", default=None,
+                     help="add this run's rows to the results table in this file")
+
+
+@pytest.fixture(scope="session")
+def ckptfs(request):
+    path = request.config.getoption("--ckptfs")
+    assert os.access(path, os.X_OK), f"{path}: no ckptfs binary (run scripts/conformance.sh)"
+    return path
+
+
+@pytest.fixture(autouse=True)
+def injected_failure(request):
+    """CKPTFS_INJECT_FAILURE=1 (scripts/test-selftest.sh) fails the first case that runs."""
+    yield
+    if os.environ.get("CKPTFS_INJECT_FAILURE") == "1" and not STATE.get("injected"):
+        STATE["injected"] = request.node.nodeid
+        pytest.fail("failure injected (CKPTFS_INJECT_FAILURE=1)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        doc = (item.function.__doc__ or item.name).strip().splitlines()[0].strip()
+        callspec = getattr(item, "callspec", None)
+        STATE["order"].append(item.nodeid)
+        STATE["label"][item.nodeid] = f"{doc}: {callspec.id}" if callspec else doc
+
+
+def pytest_runtest_logreport(report):
+    outcome = report.outcome
+    if report.when == "call" or outcome != "passed":
+        current = STATE["outcome"].get(report.nodeid)
+        if current is None or SEVERITY[outcome] > SEVERITY[current]:
+            STATE["outcome"][report.nodeid] = outcome
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if "skipped" in STATE["outcome"].values() and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    results = session.config.getoption("--conformance-results")
+    if not results or not STATE["order"]:
+        return
+    version = results_table.version("torch")
+    rows = [("PyTorch", version, STATE["label"][n], STATE["outcome"].get(n, "not run"))
+            for n in STATE["order"]]
+    results_table.add_rows(results, rows)
