@@ -11,7 +11,7 @@ import os
 import pytest
 
 import msconf
-import report
+import report as results_table
 
 FRAMEWORKS = {"MindSpore": "mindspore", "MindFormers": "mindformers"}
 
@@ -26,7 +26,6 @@ def pytest_addoption(parser):
 
 # This session's tests in collection order, their labels, frameworks and worst outcomes.
 STATE = {"order": [], "label": {}, "framework": {}, "outcome": {}}
-SEVERITY = {"failed": 4, "skipped": 3, "known divergence (xfail)": 2, "passed": 1}
 
 
 def pytest_configure(config):
@@ -65,27 +64,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_runtest_logreport(report):
-    # A failed setup or teardown fails the case too; "passed" counts only from the call. A
-    # strict xfail is a known divergence, listed in docs/CONFORMANCE.md; it is no skip.
-    outcome = report.outcome
-    if hasattr(report, "wasxfail") and outcome == "skipped":
-        outcome = "known divergence (xfail)"
-    if report.when == "call" or outcome != "passed":
-        current = STATE["outcome"].get(report.nodeid)
-        if current is None or SEVERITY[outcome] > SEVERITY[current]:
-            STATE["outcome"][report.nodeid] = outcome
+    results_table.record_outcome(STATE["outcome"], report)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    # The lane is never skipped in part: a skipped case fails the run.
-    if "skipped" in STATE["outcome"].values() and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    results_table.fail_if_skipped(session, STATE["outcome"])
     results = session.config.getoption("--conformance-results")
     if not results or not STATE["order"]:
         return
     rows = []
     for nodeid in STATE["order"]:
         framework = STATE["framework"][nodeid]
-        rows.append((framework, report.version(FRAMEWORKS.get(framework, framework.lower())),
+        rows.append((framework, results_table.version(FRAMEWORKS.get(framework, framework.lower())),
                      STATE["label"][nodeid], STATE["outcome"].get(nodeid, "not run")))
-    report.write_results(results, rows)
+    results_table.write_results(results, rows)

@@ -16,7 +16,6 @@ sys.path.insert(0, os.path.join(REPO, "tests", "conformance"))
 import report as results_table  # noqa: E402
 
 STATE = {"order": [], "label": {}, "outcome": {}}
-SEVERITY = {"failed": 4, "skipped": 3, "passed": 1}
 
 
 def pytest_addoption(parser):
@@ -51,16 +50,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_runtest_logreport(report):
-    outcome = report.outcome
-    if report.when == "call" or outcome != "passed":
-        current = STATE["outcome"].get(report.nodeid)
-        if current is None or SEVERITY[outcome] > SEVERITY[current]:
-            STATE["outcome"][report.nodeid] = outcome
+    results_table.record_outcome(STATE["outcome"], report)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if "skipped" in STATE["outcome"].values() and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    results_table.fail_if_skipped(session, STATE["outcome"])
     results = session.config.getoption("--conformance-results")
     if not results or not STATE["order"]:
         return
