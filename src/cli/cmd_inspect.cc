@@ -112,7 +112,9 @@ void print_values(const nlohmann::json& node, const std::string& path) {
   }
 }
 
-void print_torch(const scan::FileScan& scan, bool json) {
+// `format`: a torch.save file's, or a DCP data file's ("dcp": its chunks, and the tree
+// locating them and its non-tensor items).
+void print_torch(const scan::FileScan& scan, bool json, std::string_view format = "torch.save") {
   if (json) {
     nlohmann::json tensors = nlohmann::json::array();
     for (const scan::Param& p : scan.params)
@@ -123,7 +125,7 @@ void print_torch(const scan::FileScan& scan, bool json) {
                          {"storage_offset", p.storage_offset},
                          {"nbytes", p.nbytes()},
                          {"storage", extents_json(p.content)}});
-    fmt::print("{}\n", nlohmann::json{{"format", "torch.save"},
+    fmt::print("{}\n", nlohmann::json{{"format", format},
                                       {"tensors", tensors},
                                       {"object", nlohmann::json::parse(scan.tree)}}
                            .dump(2));
@@ -145,8 +147,8 @@ void print_torch(const scan::FileScan& scan, bool json) {
   for (const auto& r : rows)
     fmt::print("{:<{}}  {:<{}}  {:<{}}  {:<{}}  {:>{}}  {:>{}}  {}\n", r[0], width[0], r[1],
                width[1], r[2], width[2], r[3], width[3], r[4], width[4], r[5], width[5], r[6]);
-  fmt::print("{} tensors, {} tensor bytes; file {} bytes (torch.save)\n", scan.params.size(), bytes,
-             scan.file_size);
+  fmt::print("{} tensors, {} tensor bytes; file {} bytes ({})\n", scan.params.size(), bytes,
+             scan.file_size, format);
   print_values(nlohmann::json::parse(scan.tree), "");
 }
 
@@ -276,9 +278,13 @@ void add_inspect_command(CLI::App& app) {
     // A file of millions of tiny records can need more memory than the process may have.
     naming_out_of_memory(options->file, "reading it", [&] {
       const UniqueFd fd = util::open_regular(options->file, "checkpoint file");
-      switch (view::reader_for_file(fd.get(), options->file).format) {
+      const scan::FileReader& reader = view::reader_for_file(fd.get(), options->file);
+      switch (reader.format) {
         case scan::SourceFormat::TorchZip:
           print_torch(torchzip::scan_torch_fd(fd.get(), options->file), options->json);
+          return;
+        case scan::SourceFormat::Dcp:
+          print_torch(reader.scan(fd.get(), options->file, {}), options->json, "dcp");
           return;
         case scan::SourceFormat::Safetensors:
           inspect_safetensors(*options);

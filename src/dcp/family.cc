@@ -295,7 +295,7 @@ plan::Plan make_dcp_plan(std::vector<index::IndexedSource> files, const Metadata
 namespace {
 
 const scan::FileReader kDataReader{
-    scan::SourceFormat::TorchZip,
+    scan::SourceFormat::Dcp,
     claims_data_file,
     [](int fd, const std::string& name, const scan::ReadOptions&) {
       return scan_data_file_beside(fd, name);

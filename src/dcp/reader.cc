@@ -99,7 +99,7 @@ scan::FileScan scan_data_file(int fd, const std::string& name, const Metadata& m
   }
 
   scan::FileScan scan;
-  scan.format = scan::SourceFormat::TorchZip;
+  scan.format = scan::SourceFormat::Dcp;
   scan.file_size = scan.body_size = file_size;
   json chunks = json::array(), objects = json::array();
   for (const Item& item : items) {

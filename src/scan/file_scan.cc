@@ -92,6 +92,8 @@ std::string_view format_name(SourceFormat format) {
       return "safetensors";
     case SourceFormat::TorchZip:
       return "torch";
+    case SourceFormat::Dcp:
+      return "dcp";
   }
   return "unknown";
 }

@@ -27,7 +27,7 @@ const family::Family kRankDirs{
     "mindspore-rank-dirs", any_directory, index::mindspore_readers, nullptr, nullptr, nullptr};
 
 const family::Family* const kFamilies[] = {
-    &hfai::kFamily, &mindformers::kFamily, &dcp::kFamily, &family::kUnified, &kRankDirs,
+    &dcp::kFamily, &hfai::kFamily, &mindformers::kFamily, &family::kUnified, &kRankDirs,
 };
 
 }  // namespace

@@ -118,7 +118,7 @@ TEST_P(RealFiles, EveryTensorEqualsTheReference) {
   for (const Tensor& t : ckpt.metadata.tensors) chunks += t.chunks.size();
   for (const scan::FileScan& s : ckpt.scans) {
     params += s.params.size();
-    EXPECT_EQ(s.format, scan::SourceFormat::TorchZip);
+    EXPECT_EQ(s.format, scan::SourceFormat::Dcp);
     EXPECT_EQ(scan::check_scan(s, s.file_size), "");
   }
   EXPECT_EQ(params, chunks);

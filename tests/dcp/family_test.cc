@@ -145,7 +145,7 @@ struct Synthetic {
     md.files = {"__0_0.distcp"};
     index::IndexedSource source;
     source.file = source::SourceFile::open(path);
-    source.scan.format = scan::SourceFormat::TorchZip;
+    source.scan.format = scan::SourceFormat::Dcp;
     source.scan.file_size = source.scan.body_size = bytes.size();
     source.scan.params = params;
     source.scan.tree = json{{"metadata", {{"bytes", 0}, {"digest", 0}}}, {"chunks", chunks}}.dump();

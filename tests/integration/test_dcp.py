@@ -217,6 +217,38 @@ def check_reshard(args, case):
                 assert got[name][2] == want, f"{case} rank {rank}: tensor {name} differs"
 
 
+def check_inspect(args):
+    """inspect of a .distcp file lists its chunks (name, dtype, chunk shape, bytes) and its
+    non-tensor items, without the .metadata being unpickled at read time."""
+    data = os.path.join(args.shared, "dcp", "objects", "__1_0.distcp")  # rank 1 saved the objects
+    out = itest.run([args.ckptfs, "inspect", data]).stdout
+    assert "(dcp)" in out, out
+    j = json.loads(itest.run([args.ckptfs, "inspect", "--json", data]).stdout)
+    assert j["format"] == "dcp", j
+    _, expected = read_safetensors(os.path.join(args.shared, "dcp", "objects.reference.safetensors"))
+    for t, chunk in zip(j["tensors"], j["object"]["chunks"]):
+        assert t["name"] == chunk["fqn"] and t["name"] in expected, (t, chunk)
+        assert chunk["shape"] == expected[t["name"]][1], (chunk, expected[t["name"]])
+        assert t["dtype"] == expected[t["name"]][0], t
+        assert [t["nbytes"]] == [length for _, length in t["storage"]], t
+    names = json.loads(itest.read_file(os.path.join(args.shared, "dcp", "objects.objects.json")))
+    listed = [o["fqn"] for o in j["object"]["objects"]]
+    assert sorted(listed) == sorted(names), listed
+    for name in listed:
+        assert name in out, (name, out)
+
+
+def check_index_build(args):
+    """index build scans a DCP directory's data files once; a second build takes them all from
+    the index (its entries keep the dcp format)."""
+    src = copy_case(args, "fsdp", "_index")
+    index = os.path.join(args.work, "index_build")
+    first = itest.run([args.ckptfs, "index", "build", src, "--index-dir", index]).stdout
+    assert "4 files, 20 parameters: 0 from the index, 4 scanned" in first, first
+    again = itest.run([args.ckptfs, "index", "build", src, "--index-dir", index]).stdout
+    assert "4 files, 20 parameters: 4 from the index, 0 scanned" in again, again
+
+
 def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
@@ -232,6 +264,8 @@ def main():
     checks.run("a rank-local DCP save is refused in one line", check_rank_local, args)
     checks.run("BYTE_IO items are named in one line and not served", check_objects_named, args)
     checks.run("a .metadata saved again after indexing", check_metadata_saved_again, args)
+    checks.run("inspect of a DCP data file", check_inspect, args)
+    checks.run("index build of a DCP directory, then from the index", check_index_build, args)
     checks.finish()
 
 

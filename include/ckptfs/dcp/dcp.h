@@ -81,9 +81,9 @@ bool is_dcp_dir(const std::filesystem::path& dir);
 
 // The scan of the open data file `fd` (named `name` in messages; its file name must be
 // `metadata.files[file]`): one Param per tensor chunk stored in it, in file order, named by the
-// tensor's fqn: a view (SourceFormat::TorchZip rules: content is the chunk's whole data/0
-// record, element i of the chunk at storage_offset + sum(i_k * strides_k)), shape the chunk's
-// sizes. `tree` is JSON: {"metadata": {"bytes", "digest"}, "chunks": [{"fqn", "offsets",
+// tensor's fqn (format SourceFormat::Dcp): a view (TorchZip's rules: content is the chunk's whole
+// data/0 record, element i of the chunk at storage_offset + sum(i_k * strides_k)), shape the
+// chunk's sizes. `tree` is JSON: {"metadata": {"bytes", "digest"}, "chunks": [{"fqn", "offsets",
 // "shape"}...] (one per param, same order; shape is the tensor's), "objects": [{"fqn",
 // "offset", "length"}...]}. Throws Error naming the file and the tensor for: an item outside the
 // file, two items that overlap, an item that is not a torch.save archive of exactly one tensor,

@@ -60,6 +60,8 @@ enum class SourceFormat : uint8_t {
   Ckpt = 0,
   Safetensors = 1,
   TorchZip = 2,  // a torch.save zip: params are views, `tree` holds the rest of the object
+  Dcp = 3,       // a DCP .distcp data file: params are views (TorchZip's rules), one per tensor
+                 // chunk; `tree` locates the chunks and the non-tensor items (dcp/dcp.h)
 };
 
 struct FileScan {
@@ -73,7 +75,7 @@ struct FileScan {
   std::string tree;
 };
 
-// The format's name as messages and inspect print it: "ckpt", "safetensors", "torch".
+// The format's name as messages and inspect print it: "ckpt", "safetensors", "torch", "dcp".
 std::string_view format_name(SourceFormat format);
 
 // Why `scan` could not have come from a scanner of a file of `file_size` bytes, or "" if it
