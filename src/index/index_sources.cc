@@ -1,3 +1,4 @@
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -98,6 +99,30 @@ std::string absolute_name(const fs::path& path) {
 
 }  // namespace
 
+std::optional<CachedScan> lookup_cached(const Store& store, const source::SourceFile& file,
+                                        const std::string& name) {
+  return naming_out_of_memory(
+      name, "reading its scan from the index", [&]() -> std::optional<CachedScan> {
+        if (std::optional<scan::FileScan> scan = store.lookup(file.fingerprint))
+          return CachedScan{std::move(*scan), false, {}};
+        std::string why;
+        CachedScan found;
+        source::Fingerprint stored;
+        std::optional<scan::FileScan> scan = store.lookup_path(
+            name, file.fingerprint.size, file.fingerprint.mtime_ns, why, found.structure, &stored);
+        if (!scan) return std::nullopt;
+        if (stored.ctime_ns != file.fingerprint.ctime_ns &&
+            structure_digest(file.fd.get(), name, *scan) != found.structure) {
+          spdlog::info("{}: its size and mtime are those indexed, its headers are not; scanning it",
+                       name);
+          return std::nullopt;
+        }
+        found.scan = std::move(*scan);
+        found.moved = true;
+        return found;
+      });
+}
+
 std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                                  const std::vector<fs::path>& paths,
                                                  const OnFile& on_file) {
@@ -136,36 +161,37 @@ BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const 
                         scan::Readers readers) {
   std::atomic<uint64_t> params{0};
   std::atomic<size_t> hits{0}, unrecorded{0};
+  std::atomic<bool> warned{false};
+  // A cache index that cannot grow (a full disk) costs the next mount its head start, not this
+  // build; the caller refuses a shipped index that misses entries.
+  const auto record = [&](const Store::NewEntry& entry) {
+    try {
+      store->insert(std::span(&entry, 1));
+      return true;
+    } catch (const Error& e) {
+      if (!warned.exchange(true)) spdlog::warn("{}; the new scans are not recorded", e.what());
+      return false;
+    }
+  };
   std::exception_ptr error;
   if (store) store->defer_sync(true);
   parallel_in_order(paths.size(), error, [&](size_t i) {
     const source::SourceFile file = source::SourceFile::open(paths[i]);
     const std::string name = file.path.string();
-    if (const std::optional<scan::FileScan> known =
-            store ? naming_out_of_memory(name, "reading its scan from the index",
-                                         [&] { return store->lookup(file.fingerprint); })
-                  : std::nullopt) {
-      params += known->params.size();
+    const std::string absolute = absolute_name(file.path);
+    if (const std::optional<CachedScan> known =
+            store ? lookup_cached(*store, file, absolute) : std::nullopt) {
+      // Left under its old fingerprint if this fails: still found by path.
+      if (known->moved) record({absolute, file.fingerprint, &known->scan, known->structure});
+      params += known->scan.params.size();
       ++hits;
-      if (on_file) on_file(*known);
+      if (on_file) on_file(known->scan);
     } else {
       const scan::FileScan scan = scan_source(file.fd.get(), name, readers);
       const StructureDigest structure = structure_digest(file.fd.get(), name, scan);
       if (source::fingerprint_of(file.fd.get(), name) != file.fingerprint)
         fail("{}: changed while being indexed; index it again once it is complete", name);
-      const Store::NewEntry entry{absolute_name(file.path), file.fingerprint, &scan, structure};
-      if (!store) {
-        ++unrecorded;  // no index to record it in
-      } else {
-        try {
-          store->insert(std::span(&entry, 1));
-        } catch (const Error& e) {
-          // A cache index that cannot grow (a full disk) costs the next mount its head start,
-          // not this build; the caller refuses a shipped index that misses entries.
-          if (unrecorded.fetch_add(1) == 0)
-            spdlog::warn("{}; the new scans are not recorded", e.what());
-        }
-      }
+      if (!store || !record({absolute, file.fingerprint, &scan, structure})) ++unrecorded;
       params += scan.params.size();
       if (on_file) on_file(scan);
     }
@@ -190,15 +216,20 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
   std::exception_ptr lookup_error;
+  std::vector<char> moved(sources.size(),
+                          0);  // found by path: recorded again under its fingerprint
   if (store != nullptr)
     parallel_in_order(sources.size(), lookup_error, [&](size_t i) {
-      std::optional<scan::FileScan> scan =
-          naming_out_of_memory(sources[i].file.path.string(), "reading its scan from the index",
-                               [&] { return store->lookup(sources[i].file.fingerprint); });
-      if (scan) {
-        sources[i].scan = std::move(*scan);
-        sources[i].from_index = true;
-        if (on_file) on_file(sources[i].scan);
+      IndexedSource& s = sources[i];
+      if (std::optional<CachedScan> cached =
+              lookup_cached(*store, s.file, absolute_name(s.file.path))) {
+        s.scan = std::move(cached->scan);
+        s.from_index = true;
+        if (cached->moved) {
+          moved[i] = 1;
+          s.structure = cached->structure;
+        }
+        if (on_file) on_file(s.scan);
       }
     });
   if (lookup_error) std::rethrow_exception(lookup_error);
@@ -214,6 +245,10 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
   // Recorded even when a later file failed, so that the retry after fixing it is quick.
   std::vector<Store::NewEntry> items;
   items.reserve(scanned);
+  for (size_t i = 0; i < sources.size(); ++i)
+    if (moved[i])
+      items.push_back({absolute_name(sources[i].file.path), sources[i].file.fingerprint,
+                       &sources[i].scan, sources[i].structure});
   for (size_t k = 0; k < scanned; ++k) {
     const IndexedSource& source = sources[misses[k]];
     items.push_back(
@@ -226,8 +261,10 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
     spdlog::warn("{}; the new scans are not recorded", e.what());
   }
   if (error) std::rethrow_exception(error);
-  spdlog::info("{} source files: {} from the index, {} scanned", sources.size(),
-               sources.size() - misses.size(), misses.size());
+  const size_t renumbered = static_cast<size_t>(std::count(moved.begin(), moved.end(), 1));
+  spdlog::info("{} source files: {} from the index, {} scanned{}", sources.size(),
+               sources.size() - misses.size(), misses.size(),
+               renumbered ? fmt::format(" ({} found by path, size and mtime)", renumbered) : "");
   return sources;
 }
 
