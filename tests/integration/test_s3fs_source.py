@@ -135,9 +135,11 @@ def index_over_s3fs(setup):
 
     assert first["from_index"] == 0, first
     assert first["gets"] > 0, f"the first mount fetched nothing from the server: {first}"
-    # A shipped index lists the view without reading a source (its sources.json stays empty
-    # today: ranks planned on first open are not listed there).
+    # A shipped index lists the view without reading a source; the ranks planned on first open
+    # (by the reads) list their sources in sources.json, every scan from the index.
     assert with_index["kib"] * 1024 < setup.uploaded / 10, with_index
+    assert with_index["from_index"] == with_index["sources"] == len(setup.fx.source_files), \
+        with_index
     remounts = rows[1:4]
     rescans = [r["label"] for r in remounts if r["from_index"] < r["sources"]]
     print(f"  default index: {len(rescans)} of {len(remounts)} remounts rescanned "
