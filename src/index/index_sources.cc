@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,12 +26,42 @@ namespace {
 // work: two in flight hide much of the one and halve the other without crowding the (small)
 // machine or the disk.
 constexpr size_t kScanThreads = 2;
+// Sources on a network or FUSE filesystem (NFS, SMB, Ceph, s3fs, mountpoint-s3): a read waits
+// for a round trip (a ranged GET), not for the disk or the CPU, so many files go at once.
+constexpr size_t kRemoteScanThreads = 8;
 
-// Runs `work(i)` for every i in [0, count), kScanThreads at a time, and returns how many (a
+// How many files to scan at once when the sources are where `path` is.
+size_t scan_threads(const fs::path& path) {
+  struct statfs st;
+  if (::statfs(path.c_str(), &st) != 0) return kScanThreads;
+  switch (static_cast<uint32_t>(st.f_type)) {
+    case 0x65735546u:  // FUSE
+    case 0x6969u:      // NFS
+    case 0x517bu:      // SMB
+    case 0xff534d42u:  // CIFS
+    case 0xfe534d42u:  // SMB2
+    case 0x00c36400u:  // Ceph
+    case 0x01021997u:  // 9P
+    case 0x5346414fu:  // AFS
+    case 0x47504653u:  // GPFS
+    case 0x0bd00bd0u:  // Lustre
+      return kRemoteScanThreads;
+    default:
+      return kScanThreads;
+  }
+}
+
+// That of the first of `paths` (the sources of a mount sit together).
+size_t scan_threads(const std::vector<fs::path>& paths) {
+  return paths.empty() ? kScanThreads : scan_threads(paths.front());
+}
+
+// Runs `work(i)` for every i in [0, count), `threads` at a time, and returns how many (a
 // prefix) completed. On failure the workers stop taking new items and the error of the first
 // item that failed is returned in `error`.
 template <typename Work>
-size_t parallel_in_order(size_t count, std::exception_ptr& error, const Work& work) {
+size_t parallel_in_order(size_t count, size_t threads, std::exception_ptr& error,
+                         const Work& work) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex mu;
@@ -52,7 +83,7 @@ size_t parallel_in_order(size_t count, std::exception_ptr& error, const Work& wo
   };
   {
     std::vector<std::jthread> helpers;
-    for (size_t i = 1; i < std::min(kScanThreads, count); ++i) helpers.emplace_back(worker);
+    for (size_t i = 1; i < std::min(threads, count); ++i) helpers.emplace_back(worker);
     worker();
   }
   // Items are taken in order and a taken item is always finished, so everything before the
@@ -77,7 +108,8 @@ scan::FileScan scan_source(int fd, const std::string& name, scan::Readers reader
 // scanned, with the first failure in `error`.
 size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>& misses,
                   std::exception_ptr& error, const OnFile& on_file, scan::Readers readers) {
-  return parallel_in_order(misses.size(), error, [&](size_t k) {
+  const size_t threads = misses.empty() ? kScanThreads : scan_threads(sources[misses[0]].file.path);
+  return parallel_in_order(misses.size(), threads, error, [&](size_t k) {
     IndexedSource& source = sources[misses[k]];
     const std::string name = source.file.path.string();
     source.scan = scan_source(source.file.fd.get(), name, readers);
@@ -129,7 +161,7 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
   std::exception_ptr error;
-  parallel_in_order(sources.size(), error, [&](size_t i) {
+  parallel_in_order(sources.size(), scan_threads(paths), error, [&](size_t i) {
     IndexedSource& s = sources[i];
     const std::string name = absolute_name(s.file.path);
     std::string why;
@@ -175,7 +207,7 @@ BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const 
   };
   std::exception_ptr error;
   if (store) store->defer_sync(true);
-  parallel_in_order(paths.size(), error, [&](size_t i) {
+  parallel_in_order(paths.size(), scan_threads(paths), error, [&](size_t i) {
     const source::SourceFile file = source::SourceFile::open(paths[i]);
     const std::string name = file.path.string();
     const std::string absolute = absolute_name(file.path);
@@ -219,7 +251,7 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
   std::vector<char> moved(sources.size(),
                           0);  // found by path: recorded again under its fingerprint
   if (store != nullptr)
-    parallel_in_order(sources.size(), lookup_error, [&](size_t i) {
+    parallel_in_order(sources.size(), scan_threads(paths), lookup_error, [&](size_t i) {
       IndexedSource& s = sources[i];
       if (std::optional<CachedScan> cached =
               lookup_cached(*store, s.file, absolute_name(s.file.path))) {
