@@ -108,6 +108,11 @@ void run_mount(MountArgs& args) {
   fs::prepare_mountpoint(args.mountpoint, has_option(args.options, "nonempty"));
   fs::check_log_file(args.log_file);
   if (has_option(args.options, kByStage)) args.view.by_stage = true;
+  // The daemon runs in / (libfuse's daemonize), and a rank listed from a shipped index opens it
+  // when it is planned, on first open.
+  if (!args.view.shipped_index.empty())
+    args.view.shipped_index =
+        std::filesystem::absolute(args.view.shipped_index).lexically_normal().string();
   ViewNotes notes;
   std::unique_ptr<fs::Tree> tree = build_tree(args.view, notes, /*steps=*/true);
   fs::MountOptions options = mount_options(args);

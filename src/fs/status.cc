@@ -238,6 +238,8 @@ Status::Status(const Tree& tree, std::string chosen)
     const std::filesystem::path p = std::filesystem::absolute(s.file.path, ec);
     paths_.push_back((ec ? s.file.path : p).lexically_normal().string());
   }
+  if (const LazyRanks* lazy = tree.lazy())
+    for (size_t i = 0; i < lazy->files().size(); ++i) lazy_files_.emplace(tree.target_ino(i), i);
   bool root_files = false;
   for (const Tree::DirEntry& e : tree.list(Tree::kRootIno)) {
     if (!e.is_dir) {
@@ -364,11 +366,49 @@ std::string Status::source_path(const Tree& tree, uint32_t source) const {
   return source < sources.size() ? sources[source].file.path.string() : std::string("?");
 }
 
+std::pair<const Tree*, uint64_t> Status::serving(uint64_t ino,
+                                                 std::shared_ptr<const Tree>& keep) const {
+  const auto [tree, local] = tree_.resolve(ino, keep);
+  if (tree != &tree_ || tree_.lazy() == nullptr) return {tree, local};
+  const auto it = lazy_files_.find(ino);
+  // target() plans the file's rank, as any first use of it does.
+  if (it == lazy_files_.end() || tree_.target(ino) == nullptr) return {nullptr, 0};
+  return tree_.lazy()->planned(it->second);
+}
+
 std::string Status::sources_json() const {
-  const plan::Plan& plan = tree_.plan();
+  // The mount's sources, or those of the ranks planned so far when they are listed from a
+  // shipped index, each once (ranks may share sources), in the order of the ranks.
+  struct Listed {
+    const index::IndexedSource* source;
+    std::string path;
+    std::string rank;
+  };
+  std::vector<Listed> listed;
+  const auto add = [&](const Tree& tree) {
+    const plan::Plan& plan = tree.plan();
+    for (size_t i = 0; i < plan.sources.size(); ++i) {
+      std::string path = source_path(tree, static_cast<uint32_t>(i));
+      if (std::any_of(listed.begin(), listed.end(),
+                      [&](const Listed& l) { return l.path == path; }))
+        continue;
+      listed.push_back({&plan.sources[i], std::move(path),
+                        i < plan.source_ranks.size() ? std::to_string(plan.source_ranks[i])
+                                                     : std::string("null")});
+    }
+  };
+  add(tree_);
+  if (const LazyRanks* lazy = tree_.lazy()) {
+    const Tree* last = nullptr;
+    for (size_t f = 0; f < lazy->files().size(); ++f)
+      if (const Tree* rank = lazy->planned(f).first; rank != nullptr && rank != last) {
+        add(*rank);
+        last = rank;
+      }
+  }
   std::string out = fmt::format("{{\n\"chosen\": {},\n\"sources\": [", json_string(chosen_));
-  for (size_t i = 0; i < plan.sources.size(); ++i) {
-    const index::IndexedSource& s = plan.sources[i];
+  for (size_t i = 0; i < listed.size(); ++i) {
+    const index::IndexedSource& s = *listed[i].source;
     const std::string name = s.file.path.filename().string();
     std::string step = "null";
     bool breakpoint = false;
@@ -377,12 +417,11 @@ std::string Status::sources_json() const {
       if (c.step) step = json_string(c.step->str());
       breakpoint = c.breakpoint;
     }
-    const std::string rank =
-        i < plan.source_ranks.size() ? std::to_string(plan.source_ranks[i]) : "null";
+    const std::string& rank = listed[i].rank;
     out += fmt::format(
         "{}\n {{\"rank\": {}, \"path\": {}, \"format\": \"{}\", \"size\": {}, \"mtime\": \"{}\", "
         "\"mtime_ns\": {}, \"step\": {}, \"breakpoint\": {}, \"records\": {}, \"from_index\": {}}}",
-        i == 0 ? "" : ",", rank, json_string(paths_[i]), format_name(s.scan.format),
+        i == 0 ? "" : ",", rank, json_string(listed[i].path), format_name(s.scan.format),
         s.file.fingerprint.size, iso_time(s.file.fingerprint.mtime_ns), s.file.fingerprint.mtime_ns,
         step, breakpoint, s.scan.params.size(), s.from_index);
   }
@@ -402,7 +441,7 @@ std::string Status::plan_json(size_t index) const {
     if (e.is_dir) continue;
     // The tree whose source table the file's runs index.
     std::shared_ptr<const Tree> keep;
-    const auto [tree, local] = tree_.resolve(e.ino, keep);
+    const auto [tree, local] = serving(e.ino, keep);
     const plan::TargetFile* target = tree ? tree->target(local) : nullptr;
     if (target == nullptr) continue;
     const FilePlan fp = describe_file(*tree, local);
@@ -504,7 +543,7 @@ void Status::open_failed(uint64_t ino, int err) noexcept {
 std::string Status::changed_sources(uint64_t ino, uint64_t offset, uint64_t size) const {
   std::string sources;
   std::shared_ptr<const Tree> keep;
-  const auto [tree, local] = tree_.resolve(ino, keep);
+  const auto [tree, local] = serving(ino, keep);
   if (const plan::VirtualFile* f = tree ? tree->file(local) : nullptr) {
     std::vector<plan::Run> runs;
     f->map(offset, size == 0 ? f->size() : size, runs);
@@ -589,7 +628,7 @@ std::string Status::xattr_names(uint64_t ino) const {
 std::optional<std::string> Status::xattr(uint64_t ino, std::string_view name) const {
   if (name != kSourcesXattr && name != kLayoutXattr) return std::nullopt;
   std::shared_ptr<const Tree> keep;
-  const auto [tree, local] = tree_.resolve(ino, keep);
+  const auto [tree, local] = serving(ino, keep);
   const plan::TargetFile* target = tree ? tree->target(local) : nullptr;
   if (target == nullptr) return std::nullopt;
   const std::vector<uint32_t>& sources = target->file.sources();

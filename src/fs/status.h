@@ -118,8 +118,13 @@ class Status {
   std::string stats_json(const ReadTotals& totals) const;
   std::string plan_json(size_t index) const;
   std::string log_text() const;
-  // The source paths of `tree` (the mount's, made absolute at construction, or a step's).
+  // The source paths of `tree` (the mount's, made absolute at construction, or a step's or a
+  // lazily planned rank's).
   std::string source_path(const Tree& tree, uint32_t source) const;
+  // The Tree whose plan().sources file `ino`'s runs index, and the inode there (tree_.resolve,
+  // and for a rank listed from a shipped index its own Tree, planning it now if need be);
+  // {nullptr, 0} if none.
+  std::pair<const Tree*, uint64_t> serving(uint64_t ino, std::shared_ptr<const Tree>& keep) const;
   // Who may read status inode `ino`, before the mount options (see the top).
   Access access_of(uint64_t ino) const;
   // The log's and stats.json's: every source planned so far, narrowed for good.
@@ -133,7 +138,9 @@ class Status {
 
   const Tree& tree_;
   std::string chosen_;
-  std::vector<std::string> paths_;       // absolute, by source of tree_
+  std::vector<std::string> paths_;  // absolute, by source of tree_
+  // For a tree of lazily planned ranks: each file's inode -> its index in lazy()->files().
+  std::unordered_map<uint64_t, size_t> lazy_files_;
   std::vector<std::string> plan_names_;  // "rank_0.json", ..., "root.json"
   std::vector<uint64_t> plan_dirs_;      // the tree directory each describes (root: kRootIno)
   uid_t uid_;                            // the mounter's, for sources of several owners

@@ -1,4 +1,6 @@
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,12 +26,42 @@ namespace {
 // work: two in flight hide much of the one and halve the other without crowding the (small)
 // machine or the disk.
 constexpr size_t kScanThreads = 2;
+// Sources on a network or FUSE filesystem (NFS, SMB, Ceph, s3fs, mountpoint-s3): a read waits
+// for a round trip (a ranged GET), not for the disk or the CPU, so many files go at once.
+constexpr size_t kRemoteScanThreads = 8;
 
-// Runs `work(i)` for every i in [0, count), kScanThreads at a time, and returns how many (a
+// How many files to scan at once when the sources are where `path` is.
+size_t scan_threads(const fs::path& path) {
+  struct statfs st;
+  if (::statfs(path.c_str(), &st) != 0) return kScanThreads;
+  switch (static_cast<uint32_t>(st.f_type)) {
+    case 0x65735546u:  // FUSE
+    case 0x6969u:      // NFS
+    case 0x517bu:      // SMB
+    case 0xff534d42u:  // CIFS
+    case 0xfe534d42u:  // SMB2
+    case 0x00c36400u:  // Ceph
+    case 0x01021997u:  // 9P
+    case 0x5346414fu:  // AFS
+    case 0x47504653u:  // GPFS
+    case 0x0bd00bd0u:  // Lustre
+      return kRemoteScanThreads;
+    default:
+      return kScanThreads;
+  }
+}
+
+// That of the first of `paths` (the sources of a mount sit together).
+size_t scan_threads(const std::vector<fs::path>& paths) {
+  return paths.empty() ? kScanThreads : scan_threads(paths.front());
+}
+
+// Runs `work(i)` for every i in [0, count), `threads` at a time, and returns how many (a
 // prefix) completed. On failure the workers stop taking new items and the error of the first
 // item that failed is returned in `error`.
 template <typename Work>
-size_t parallel_in_order(size_t count, std::exception_ptr& error, const Work& work) {
+size_t parallel_in_order(size_t count, size_t threads, std::exception_ptr& error,
+                         const Work& work) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex mu;
@@ -51,7 +83,7 @@ size_t parallel_in_order(size_t count, std::exception_ptr& error, const Work& wo
   };
   {
     std::vector<std::jthread> helpers;
-    for (size_t i = 1; i < std::min(kScanThreads, count); ++i) helpers.emplace_back(worker);
+    for (size_t i = 1; i < std::min(threads, count); ++i) helpers.emplace_back(worker);
     worker();
   }
   // Items are taken in order and a taken item is always finished, so everything before the
@@ -76,7 +108,8 @@ scan::FileScan scan_source(int fd, const std::string& name, scan::Readers reader
 // scanned, with the first failure in `error`.
 size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>& misses,
                   std::exception_ptr& error, const OnFile& on_file, scan::Readers readers) {
-  return parallel_in_order(misses.size(), error, [&](size_t k) {
+  const size_t threads = misses.empty() ? kScanThreads : scan_threads(sources[misses[0]].file.path);
+  return parallel_in_order(misses.size(), threads, error, [&](size_t k) {
     IndexedSource& source = sources[misses[k]];
     const std::string name = source.file.path.string();
     source.scan = scan_source(source.file.fd.get(), name, readers);
@@ -98,13 +131,37 @@ std::string absolute_name(const fs::path& path) {
 
 }  // namespace
 
+std::optional<CachedScan> lookup_cached(const Store& store, const source::SourceFile& file,
+                                        const std::string& name) {
+  return naming_out_of_memory(
+      name, "reading its scan from the index", [&]() -> std::optional<CachedScan> {
+        if (std::optional<scan::FileScan> scan = store.lookup(file.fingerprint))
+          return CachedScan{std::move(*scan), false, {}};
+        std::string why;
+        CachedScan found;
+        source::Fingerprint stored;
+        std::optional<scan::FileScan> scan = store.lookup_path(
+            name, file.fingerprint.size, file.fingerprint.mtime_ns, why, found.structure, &stored);
+        if (!scan) return std::nullopt;
+        if (stored.ctime_ns != file.fingerprint.ctime_ns &&
+            structure_digest(file.fd.get(), name, *scan) != found.structure) {
+          spdlog::info("{}: its size and mtime are those indexed, its headers are not; scanning it",
+                       name);
+          return std::nullopt;
+        }
+        found.scan = std::move(*scan);
+        found.moved = true;
+        return found;
+      });
+}
+
 std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                                  const std::vector<fs::path>& paths,
                                                  const OnFile& on_file) {
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
   std::exception_ptr error;
-  parallel_in_order(sources.size(), error, [&](size_t i) {
+  parallel_in_order(sources.size(), scan_threads(paths), error, [&](size_t i) {
     IndexedSource& s = sources[i];
     const std::string name = absolute_name(s.file.path);
     std::string why;
@@ -136,36 +193,37 @@ BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const 
                         scan::Readers readers) {
   std::atomic<uint64_t> params{0};
   std::atomic<size_t> hits{0}, unrecorded{0};
+  std::atomic<bool> warned{false};
+  // A cache index that cannot grow (a full disk) costs the next mount its head start, not this
+  // build; the caller refuses a shipped index that misses entries.
+  const auto record = [&](const Store::NewEntry& entry) {
+    try {
+      store->insert(std::span(&entry, 1));
+      return true;
+    } catch (const Error& e) {
+      if (!warned.exchange(true)) spdlog::warn("{}; the new scans are not recorded", e.what());
+      return false;
+    }
+  };
   std::exception_ptr error;
   if (store) store->defer_sync(true);
-  parallel_in_order(paths.size(), error, [&](size_t i) {
+  parallel_in_order(paths.size(), scan_threads(paths), error, [&](size_t i) {
     const source::SourceFile file = source::SourceFile::open(paths[i]);
     const std::string name = file.path.string();
-    if (const std::optional<scan::FileScan> known =
-            store ? naming_out_of_memory(name, "reading its scan from the index",
-                                         [&] { return store->lookup(file.fingerprint); })
-                  : std::nullopt) {
-      params += known->params.size();
+    const std::string absolute = absolute_name(file.path);
+    if (const std::optional<CachedScan> known =
+            store ? lookup_cached(*store, file, absolute) : std::nullopt) {
+      // Left under its old fingerprint if this fails: still found by path.
+      if (known->moved) record({absolute, file.fingerprint, &known->scan, known->structure});
+      params += known->scan.params.size();
       ++hits;
-      if (on_file) on_file(*known);
+      if (on_file) on_file(known->scan);
     } else {
       const scan::FileScan scan = scan_source(file.fd.get(), name, readers);
       const StructureDigest structure = structure_digest(file.fd.get(), name, scan);
       if (source::fingerprint_of(file.fd.get(), name) != file.fingerprint)
         fail("{}: changed while being indexed; index it again once it is complete", name);
-      const Store::NewEntry entry{absolute_name(file.path), file.fingerprint, &scan, structure};
-      if (!store) {
-        ++unrecorded;  // no index to record it in
-      } else {
-        try {
-          store->insert(std::span(&entry, 1));
-        } catch (const Error& e) {
-          // A cache index that cannot grow (a full disk) costs the next mount its head start,
-          // not this build; the caller refuses a shipped index that misses entries.
-          if (unrecorded.fetch_add(1) == 0)
-            spdlog::warn("{}; the new scans are not recorded", e.what());
-        }
-      }
+      if (!store || !record({absolute, file.fingerprint, &scan, structure})) ++unrecorded;
       params += scan.params.size();
       if (on_file) on_file(scan);
     }
@@ -190,15 +248,20 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
   std::exception_ptr lookup_error;
+  std::vector<char> moved(sources.size(),
+                          0);  // found by path: recorded again under its fingerprint
   if (store != nullptr)
-    parallel_in_order(sources.size(), lookup_error, [&](size_t i) {
-      std::optional<scan::FileScan> scan =
-          naming_out_of_memory(sources[i].file.path.string(), "reading its scan from the index",
-                               [&] { return store->lookup(sources[i].file.fingerprint); });
-      if (scan) {
-        sources[i].scan = std::move(*scan);
-        sources[i].from_index = true;
-        if (on_file) on_file(sources[i].scan);
+    parallel_in_order(sources.size(), scan_threads(paths), lookup_error, [&](size_t i) {
+      IndexedSource& s = sources[i];
+      if (std::optional<CachedScan> cached =
+              lookup_cached(*store, s.file, absolute_name(s.file.path))) {
+        s.scan = std::move(cached->scan);
+        s.from_index = true;
+        if (cached->moved) {
+          moved[i] = 1;
+          s.structure = cached->structure;
+        }
+        if (on_file) on_file(s.scan);
       }
     });
   if (lookup_error) std::rethrow_exception(lookup_error);
@@ -214,6 +277,10 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
   // Recorded even when a later file failed, so that the retry after fixing it is quick.
   std::vector<Store::NewEntry> items;
   items.reserve(scanned);
+  for (size_t i = 0; i < sources.size(); ++i)
+    if (moved[i])
+      items.push_back({absolute_name(sources[i].file.path), sources[i].file.fingerprint,
+                       &sources[i].scan, sources[i].structure});
   for (size_t k = 0; k < scanned; ++k) {
     const IndexedSource& source = sources[misses[k]];
     items.push_back(
@@ -226,8 +293,10 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
     spdlog::warn("{}; the new scans are not recorded", e.what());
   }
   if (error) std::rethrow_exception(error);
-  spdlog::info("{} source files: {} from the index, {} scanned", sources.size(),
-               sources.size() - misses.size(), misses.size());
+  const size_t renumbered = static_cast<size_t>(std::count(moved.begin(), moved.end(), 1));
+  spdlog::info("{} source files: {} from the index, {} scanned{}", sources.size(),
+               sources.size() - misses.size(), misses.size(),
+               renumbered ? fmt::format(" ({} found by path, size and mtime)", renumbered) : "");
   return sources;
 }
 

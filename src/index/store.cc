@@ -224,7 +224,8 @@ bool Store::read_only() const { return impl_->read_only; }
 
 std::optional<scan::FileScan> Store::lookup_path(const std::string& path, uint64_t size,
                                                  int64_t mtime_ns, std::string& why,
-                                                 StructureDigest& structure) const {
+                                                 StructureDigest& structure,
+                                                 source::Fingerprint* stored_out) const {
   std::string bytes;
   source::Fingerprint stored;
   {
@@ -251,6 +252,7 @@ std::optional<scan::FileScan> Store::lookup_path(const std::string& path, uint64
   }
   std::optional<scan::FileScan> scan = decode_entry(bytes, size, &why, &structure);
   if (!scan) why = "holds an unusable entry for it (" + why + ")";
+  if (stored_out) *stored_out = stored;
   return scan;
 }
 
@@ -476,11 +478,12 @@ Freshness freshness(const Entry& entry) {
   if (now.size != was.size)
     return {Freshness::kChanged, fmt::format("size changed: {} -> {} bytes", was.size, now.size)};
   if (now.mtime_ns != was.mtime_ns) return {Freshness::kChanged, "mtime changed"};
+  // Another device and inode with the ctime kept is the filesystem renumbering (a FUSE or
+  // network filesystem); the index still serves the entry (lookup_cached).
+  if (now.ctime_ns == was.ctime_ns) return {};
   if (now.ino != was.ino || now.dev != was.dev)
     return {Freshness::kChanged, "replaced by another file (inode changed)"};
-  if (now.ctime_ns != was.ctime_ns)
-    return {Freshness::kChanged, "rewritten or its attributes changed (ctime changed)"};
-  return {};
+  return {Freshness::kChanged, "rewritten or its attributes changed (ctime changed)"};
 }
 
 size_t Store::clear() {

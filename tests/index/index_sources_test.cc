@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ckptfs/ckpt/encoder.h"
@@ -99,7 +102,8 @@ TEST_F(IndexSourcesTest, ChangedFilesAreRescannedAndUnchangedOnesAreHits) {
   EXPECT_EQ(hits(index_sources(store, paths)), (std::vector<bool>{false, false, false, false}));
   EXPECT_EQ(hits(index_sources(store, paths)), (std::vector<bool>{true, true, true, true}));
 
-  // b: rewritten with other content; c: only touched; d: replaced by rename.
+  // b: rewritten with other content; c: only touched; d: replaced by rename with the same bytes
+  // and mtime (a copy with its mtime kept), which its structure bytes show to be the same scan.
   { std::ofstream(paths[1], std::ios::binary | std::ios::trunc) << records({"x", "y", "z"}, 3); }
   const struct timespec later[2] = {{1'000'000'001, 0}, {1'000'000'001, 0}};
   ASSERT_EQ(::utimensat(AT_FDCWD, paths[2].c_str(), later, 0), 0);
@@ -107,7 +111,7 @@ TEST_F(IndexSourcesTest, ChangedFilesAreRescannedAndUnchangedOnesAreHits) {
   fs::rename(next, paths[3]);
 
   const std::vector<IndexedSource> after = index_sources(store, paths);
-  EXPECT_EQ(hits(after), (std::vector<bool>{true, false, false, false}));
+  EXPECT_EQ(hits(after), (std::vector<bool>{true, false, false, true}));
   EXPECT_EQ(after[1].scan.params.size(), 3u);
   EXPECT_EQ(after[1].scan.params[2].name, "z");
   for (size_t i = 0; i < paths.size(); ++i) EXPECT_EQ(after[i].file.path, paths[i]);
@@ -115,6 +119,72 @@ TEST_F(IndexSourcesTest, ChangedFilesAreRescannedAndUnchangedOnesAreHits) {
   EXPECT_EQ(hits(index_sources(store, paths)), (std::vector<bool>{true, true, true, true}));
   // The previous versions' entries were replaced, not kept beside the new ones.
   EXPECT_EQ(store.entries().size(), 4u);
+}
+
+// A FUSE or network filesystem (s3fs after the kernel forgot the inode, NFS or s3fs mounted
+// again) gives an unchanged file another device and inode, keeping its size, mtime and ctime:
+// the entry is found by path and used without reading the file (its stored structure digest
+// here is one no file has, so a check would have rescanned), then recorded under the new
+// fingerprint.
+TEST_F(IndexSourcesTest, FileWithAnotherInodeAndItsTimesKeptIsAHitWithoutReadingIt) {
+  const fs::path a = write("src/rank_0/a.ckpt", records({"wq", "wk"}, 4));
+  const source::Fingerprint now = source::SourceFile::open(a).fingerprint;
+  const scan::FileScan scan = index_sources(nullptr, {a})[0].scan;
+  Store store(root_ / "index");
+  source::Fingerprint before = now;
+  before.dev += 1;
+  before.ino += 1;
+  const Store::NewEntry entry{a.string(), before, &scan, StructureDigest{1, 1}};
+  store.insert(std::span(&entry, 1));
+
+  const std::vector<IndexedSource> sources = index_sources(store, {a});
+  EXPECT_EQ(hits(sources), std::vector<bool>{true});
+  EXPECT_EQ(sources[0].scan.params[1].name, "wk");
+  EXPECT_EQ(store.fingerprint(a.string()), now);
+  EXPECT_EQ(store.entries().size(), 1u);
+  // index build finds it the same way.
+  store.insert(std::span(&entry, 1));
+  EXPECT_EQ(build_index(&store, {a}).from_index, 1u);
+  EXPECT_EQ(store.fingerprint(a.string()), now);
+  EXPECT_EQ(freshness(Entry{a.string(), before, 2}).state, Freshness::kCurrent);
+
+  // Another size or mtime is never looked at further.
+  for (const bool size : {true, false}) {
+    source::Fingerprint other = before;
+    if (size)
+      other.size += 1;
+    else
+      other.mtime_ns += 1;
+    store.clear();
+    const Store::NewEntry stale{a.string(), other, &scan, StructureDigest{1, 1}};
+    store.insert(std::span(&stale, 1));
+    EXPECT_EQ(hits(index_sources(store, {a})), std::vector<bool>{false}) << size;
+  }
+}
+
+// Another inode and ctime with the size and mtime kept (a copy with its mtime kept, a chmod, a
+// rewrite in place with the mtime put back): the file's structure bytes decide. Two same-shaped
+// tensors' names swapped are found and the file scanned again; the same headers are a hit.
+TEST_F(IndexSourcesTest, FileWithItsCtimeMovedIsCheckedAgainstItsStructure) {
+  const std::vector<fs::path> paths = {write("src/rank_0/a.ckpt", records({"wq", "wk"}, 4)),
+                                       write("src/rank_1/b.ckpt", records({"wq", "wk"}, 4))};
+  Store store(root_ / "index");
+  EXPECT_EQ(hits(index_sources(store, paths)), (std::vector<bool>{false, false}));
+  const source::Fingerprint was = *store.fingerprint(paths[1].string());
+  // File times tick at the kernel's clock granularity (a few ms): let the ctime move.
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  fs::rename(write("src/rank_0/a.tmp", records({"wq", "wk"}, 4)), paths[0]);
+  write("src/rank_1/b.ckpt", records({"wk", "wq"}, 4));  // in place: the same size and mtime
+  const source::Fingerprint rewritten = source::SourceFile::open(paths[1]).fingerprint;
+  ASSERT_EQ(rewritten.size, was.size);
+  ASSERT_EQ(rewritten.mtime_ns, was.mtime_ns);
+  ASSERT_NE(rewritten.ctime_ns, was.ctime_ns);
+
+  const std::vector<IndexedSource> after = index_sources(store, paths);
+  EXPECT_EQ(hits(after), (std::vector<bool>{true, false}));
+  EXPECT_EQ(after[1].scan.params[0].name, "wk");
+  EXPECT_EQ(hits(index_sources(store, paths)), (std::vector<bool>{true, true}));
+  EXPECT_EQ(store.entries().size(), 2u);
 }
 
 TEST_F(IndexSourcesTest, ResultsKeepInputOrderAcrossManyFiles) {

@@ -10,6 +10,7 @@
 
 import os
 import shutil
+import subprocess
 
 import itest
 import ckpt_fixture
@@ -188,6 +189,24 @@ def lazy_ranks(args):
             mount_ranks(args, fx, mnt, "1", None, extra=["--index", idx]) as m:
         name = "rank_1/checkpoint_1.safetensors"
         assert itest.read_file(os.path.join(e, name)) == itest.read_file(os.path.join(m, name))
+
+
+def lazy_ranks_relative_index(args):
+    """A relative --index is the one in the mount command's working directory, also when a rank
+    is planned on first open, after the daemon left that directory."""
+    fx = fixture(args, "demo")
+    work = os.path.join(args.work, "relative")
+    build_summaries(args, fx, os.path.join(work, "idx"))
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    expected = fx.expected_files()
+    with itest.unmounting(args.ckptfs, mnt):
+        cmd = itest.mount_cmd(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                              dst_strategy=fx.dst_strategy, extra_args=["--index", "idx"])
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        actual = os.path.join(mnt, "rank_1", os.path.basename(expected[1]))
+        assert not ckpt_fixture.describe_difference(expected[1], actual)
 
 
 def lazy_ranks_other_view(args):
@@ -478,6 +497,7 @@ def main():
     checks.run("partial_copy_needs_step", partial_copy_needs_step, args)
     checks.run("shipped_index", shipped_index, args)
     checks.run("lazy_ranks", lazy_ranks, args)
+    checks.run("lazy_ranks_relative_index", lazy_ranks_relative_index, args)
     checks.run("lazy_ranks_other_view", lazy_ranks_other_view, args)
     checks.run("lazy_ranks_changed_strategy", lazy_ranks_changed_strategy, args)
     checks.run("two_nodes", two_nodes, args)

@@ -4,14 +4,13 @@ the bucket, and ckptfs mounts the s3fs directory with a reshard.
 
 * identical_over_s3fs: every file the mount over s3fs serves has the md5 of the same mount over
   the local copy, and both equal the fixture generator's expected files.
-* index_over_s3fs: characterises the index over s3fs and prints the figures (mount time, ranged
-  GETs and bytes the server sent, how many sources' scans came from the index): a first mount,
-  a remount with nothing forgotten, a remount after the kernel dropped its dentries and inodes,
-  a remount after s3fs itself was remounted, and a mount with a shipped index. It asserts only
-  what holds today (the bytes stay identical, a mount with a shipped index fetches no source
-  data); with
-  --expect-index-hit (not passed by ctest) it also asserts the issue's goal, that every
-  remount with the default index takes its scans from the index and fetches no tensor data.
+* index_over_s3fs: the index over s3fs, with the figures printed (mount time, ranged GETs and
+  bytes the server sent, how many sources' scans came from the index): a first mount, a remount
+  with nothing forgotten, a remount after the kernel dropped its dentries and inodes (s3fs then
+  hands out new inode numbers), a remount after s3fs itself was remounted, and a mount with a
+  shipped index. The bytes stay identical, a mount with a shipped index fetches no source data,
+  and every remount with the default index takes its scans from the index (found by path, size,
+  mtime and ctime) and fetches no tensor data at mount.
 
 Skipped (exit 77) only when the server or s3fs cannot be installed on this machine.
 """
@@ -19,16 +18,11 @@ Skipped (exit 77) only when the server or s3fs cannot be installed on this machi
 import hashlib
 import json
 import os
-import sys
 import time
 
 import itest
 import ckpt_fixture
 import s3harness
-
-EXPECT_INDEX_HIT = "--expect-index-hit" in sys.argv
-if EXPECT_INDEX_HIT:
-    sys.argv.remove("--expect-index-hit")
 
 BUCKET = "ckpt"
 PREFIX = "train"
@@ -141,18 +135,19 @@ def index_over_s3fs(setup):
 
     assert first["from_index"] == 0, first
     assert first["gets"] > 0, f"the first mount fetched nothing from the server: {first}"
-    # A shipped index lists the view without reading a source (its sources.json stays empty
-    # today: ranks planned on first open are not listed there).
+    # A shipped index lists the view without reading a source; the ranks planned on first open
+    # (by the reads) list their sources in sources.json, every scan from the index.
     assert with_index["kib"] * 1024 < setup.uploaded / 10, with_index
+    assert with_index["from_index"] == with_index["sources"] == len(setup.fx.source_files), \
+        with_index
     remounts = rows[1:4]
     rescans = [r["label"] for r in remounts if r["from_index"] < r["sources"]]
     print(f"  default index: {len(rescans)} of {len(remounts)} remounts rescanned "
           f"({'; '.join(rescans) or 'none'})", flush=True)
-    if EXPECT_INDEX_HIT:
-        assert not rescans, f"remounts that rescanned: {rescans}"
-        for r in remounts:
-            assert r["kib"] * 1024 < setup.uploaded / 10, \
-                f"{r['label']} fetched {r['kib']:.0f} KiB of {mib:.2f} MiB of sources"
+    assert not rescans, f"remounts that rescanned: {rescans}"
+    for r in remounts:
+        assert r["kib"] * 1024 < setup.uploaded / 10, \
+            f"{r['label']} fetched {r['kib']:.0f} KiB of {mib:.2f} MiB of sources"
 
 
 def main():

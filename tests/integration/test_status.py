@@ -322,6 +322,28 @@ def ranks_view(args):
         assert {p for f in plan["files"] for p in f["sources"]} <= used
 
 
+def shipped_index_view(args):
+    """Ranks listed from a shipped index and planned on first open: plan/rank_N.json names the
+    sources the rank reads (its extents pread from them give the record bytes), and sources.json
+    lists those of the ranks planned so far, their scans from the index."""
+    work, fx = demo(args, "shipped")
+    idx = os.path.join(work, "shipped")
+    itest.run([args.ckptfs, "index", "build", fx.src_dir, "--output", idx,
+               "--src-strategy", fx.src_strategy, "--dst-strategy", fx.dst_strategy])
+    mnt = os.path.join(work, "mnt")
+    with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
+                       dst_strategy=fx.dst_strategy, extra_args=["--index", idx]):
+        assert load_json(os.path.join(mnt, ".ckptfs", "sources.json"))["sources"] == []
+        c, a = check_plan(mnt, "rank_1.json", fx.expected_dir)
+        assert c > 5 and a > 0, (c, a)
+        sources = load_json(os.path.join(mnt, ".ckptfs", "sources.json"))["sources"]
+        plan = load_json(os.path.join(mnt, ".ckptfs", "plan", "rank_1.json"))
+        named = {p for f in plan["files"] for p in f["sources"]}
+        assert named and named <= {s["path"] for s in sources}, (named, sources)
+        assert all(s["from_index"] and os.path.isabs(s["path"]) for s in sources), sources
+        assert len({s["path"] for s in sources}) == len(sources), sources
+
+
 def by_stage_view(args):
     from ckptfix import builtins, by_stage
     work = os.path.join(args.work, "by_stage")
@@ -396,6 +418,8 @@ def main():
     checks.run("a refused open is counted and logged", refused_open_counted, args)
     checks.run("an unwritable --log-file is refused in one line", unwritable_log_file, args)
     checks.run("--ranks: plan of the exposed ranks only", ranks_view, args)
+    checks.run("shipped index: plans and sources of ranks planned on first open",
+               shipped_index_view, args)
     checks.run("-o by_stage plans", by_stage_view, args)
     checks.run("hfai root files: plan/root.json", hfai_view, args)
     checks.run("MindFormers metadata checkpoint plans", mindformers_view, args)

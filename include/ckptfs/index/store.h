@@ -86,10 +86,12 @@ struct Entry {
   uint64_t params = 0;  // FileScan::params.size()
 };
 
-// Whether an entry still describes the file at its path (the scan is only used for a file of
-// exactly that fingerprint). kGone: no file there; kChanged: another file or the same one
-// changed (`why` says what: size, mtime, another inode, ctime); kUnknown: it cannot be told
-// (stat failed for another reason, e.g. a directory that cannot be searched).
+// Whether an entry still describes the file at its path without reading it: the same size,
+// mtime and ctime (device and inode may differ: a FUSE or network filesystem renumbers them).
+// kGone: no file there; kChanged: another file or the same one changed (`why` says what: size,
+// mtime, another inode, ctime; a mount may still use it after checking the file's structure
+// bytes, lookup_cached); kUnknown: it cannot be told (stat failed for another reason, e.g. a
+// directory that cannot be searched).
 struct Freshness {
   enum State { kCurrent, kGone, kChanged, kUnknown } state = kCurrent;
   std::string why;  // "" when current
@@ -120,10 +122,12 @@ class Store {
   // The scan stored for the file at absolute `path`, if it was built from a file of this size
   // and mtime (a shipped index is copied, so inode, device and ctime are not compared), with
   // the digest of the structure bytes it was made from in `structure` (for the caller to
-  // compare with the file's). nullopt with the reason in `why` otherwise.
+  // compare with the file's) and, with `stored`, the fingerprint it is stored under. nullopt
+  // with the reason in `why` otherwise.
   std::optional<scan::FileScan> lookup_path(const std::string& path, uint64_t size,
                                             int64_t mtime_ns, std::string& why,
-                                            StructureDigest& structure) const;
+                                            StructureDigest& structure,
+                                            source::Fingerprint* stored = nullptr) const;
 
   // The stored scan of the file with this fingerprint; nullopt if there is none, or it was
   // written with another kFormatVersion, or it does not decode.
@@ -182,23 +186,43 @@ class Store {
 // true if there were any. Throws Error naming a file that cannot be removed.
 bool remove_environment(const std::filesystem::path& dir);
 
+// The scan the cache index holds for `file` (at absolute path `name`), by its fingerprint, or
+// else by its path, size and mtime: a filesystem that does not keep inode numbers (a FUSE client
+// whose kernel forgot the inode, an S3 filesystem or NFS mounted again) gives an unchanged file
+// another device and inode. If the ctime is the stored one too, that is all that changed (no
+// call can set a ctime; an S3 filesystem reports the object's Last-Modified, which every upload
+// moves), and nothing is read. Otherwise (a copy with its mtime kept, a chmod, a replacement by
+// rename) the file's structure bytes are read and must have the stored digest: a scan is a
+// function of those bytes and the size. `moved` is set when the scan was found by path, with the
+// stored digest in `structure`, so that the caller records it under the new fingerprint.
+// nullopt: scan the file. Throws Error if the structure bytes cannot be read.
+struct CachedScan {
+  scan::FileScan scan;
+  bool moved = false;
+  StructureDigest structure;
+};
+std::optional<CachedScan> lookup_cached(const Store& store, const source::SourceFile& file,
+                                        const std::string& name);
+
 struct IndexedSource {
   source::SourceFile file;
   scan::FileScan scan;
   bool from_index = false;
-  StructureDigest structure;  // set for scans made now (those taken from the index: unset)
+  // Set for scans made now and those the index held under another fingerprint (lookup_cached's
+  // `moved`); unset for the rest taken from the index.
+  StructureDigest structure;
 };
 
 // Called once per file whose scan is known (taken from the index or scanned), from the worker
 // threads, so that a caller can report progress.
 using OnFile = std::function<void(const scan::FileScan&)>;
 
-// Opens every path, takes scans
-// from the store where the fingerprint matches and scans the rest (header only, two files at a
-// time, each with the first of `readers` that claims it; none given: index::mindspore_readers()),
-// then records the new scans in one transaction under the absolute paths. Results are in the
-// order of `paths`. A file that changes while it is scanned is an Error, as is any open or scan
-// failure; failing to record the new scans is only logged, since the index is a cache.
+// Opens every path, takes scans from the store (lookup_cached) and scans the rest (header only,
+// two files at a time, each with the first of `readers` that claims it; none given:
+// index::mindspore_readers()), then records the new scans, and the scans found under another
+// fingerprint, in one transaction under the absolute paths. Results are in the order of `paths`.
+// A file that changes while it is scanned is an Error, as is any open or scan failure; failing to
+// record the new scans is only logged, since the index is a cache.
 std::vector<IndexedSource> index_sources(Store& store,
                                          const std::vector<std::filesystem::path>& paths,
                                          const OnFile& on_file = {}, scan::Readers readers = {});
