@@ -67,9 +67,13 @@ MappedSources::MappedSources(std::span<const index::IndexedSource> sources) {
   for (const index::IndexedSource& source : sources) {
     if (source.scan.encrypted) {
       const std::string name = source.file.path.string();
+      // Two pages: a read crossing a block boundary, or a read-ahead helper a block ahead of its
+      // reader, does not decrypt the same block twice. An AES-GCM page is a whole block (up to
+      // 64 MiB), held only once touched: memory is that times the sources being read.
       streams_.push_back(std::make_unique<crypt::DecryptedStream>(
           read_exact_from(source.file.fd.get(), name), source.file.fingerprint.size, name,
-          crypt::session_key_for(name)));
+          crypt::session_key_for(name),
+          crypt::StreamOptions{.mode = std::nullopt, .cache_pages = 2}));
       any_encrypted_ = true;
       maps_.emplace_back();  // nothing mapped: its runs are decrypted
       fds_.push_back(source.file.fd.get());
