@@ -103,6 +103,15 @@ def dist_reshard(args):
         got = mount_md5(args, work, dist_source(work, mode), mode,
                         extra=["--dec-key-file", key_file(work, length)], **strategies)
         assert got == oracle, f"{mode}: {got} != {oracle}"
+    # materialize writes the same .ckpt views, as files only their owner may read.
+    out = os.path.join(work, "out")
+    itest.run([args.ckptfs, "materialize", os.path.join(work, "dist_sm4_cbc"), out, "--src-strategy",
+               strategies["src_strategy"], "--dst-strategy", strategies["dst_strategy"],
+               "--index-dir", os.path.join(work, "index"), "--dec-key-file", key_file(work, 16)])
+    written = md5_tree(out)
+    assert written == {k: v for k, v in oracle.items() if k.endswith(".ckpt")}, written
+    for rel in written:
+        assert stat.S_IMODE(os.stat(os.path.join(out, rel)).st_mode) == 0o600, rel
 
 
 def key_from_env(args):
@@ -217,7 +226,8 @@ def main():
     checks = itest.Checks(args.only)
     checks.run("single files, every mode: the views of MindSpore's unencrypted oracle",
                single_views, args)
-    checks.run("4 ranks resharded 4->2, every mode: the oracle ranks' reshard byte for byte",
+    checks.run("4 ranks resharded 4->2, every mode: the oracle ranks' reshard byte for byte; "
+               "materialize 0600",
                dist_reshard, args)
     checks.run("key from a hex environment variable", key_from_env, args)
     checks.run("refused at mount: no key, a 0644 key file, a wrong key (GCM, CBC), a flipped "
