@@ -4,6 +4,7 @@ MindSpore's unencrypted oracle saves; a missing, exposed or wrong key, a flipped
 and -o allow_other are refused at mount; the views are 0400 and the status tree shows no
 decrypted bytes."""
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -112,6 +113,41 @@ def dist_reshard(args):
     assert written == {k: v for k, v in oracle.items() if k.endswith(".ckpt")}, written
     for rel in written:
         assert stat.S_IMODE(os.stat(os.path.join(out, rel)).st_mode) == 0o600, rel
+
+
+def concurrent_reads(args):
+    """Many threads reading the views of one AES-GCM mount at once, in small unaligned pieces
+    (the shared DecryptedStream per source, its lock and cache, the read-ahead helpers)."""
+    work = os.path.join(args.work, "concurrent")
+    os.makedirs(work)
+    strategies = dict(src_strategy=os.path.join(DATA, "dist", "src_strategy.ckpt"),
+                      dst_strategy=os.path.join(DATA, "dist", "dst_strategy.ckpt"))
+    oracle = mount_md5(args, work, dist_source(work, "plain"), "plain", **strategies)
+    mnt = os.path.join(work, "mnt")
+    with itest.mounted(args.ckptfs, dist_source(work, "aes_gcm"), mnt, **strategies,
+                       index_dir=os.path.join(work, "index"),
+                       extra_args=["--dec-key-file", key_file(work, 32)]) as m:
+        def read(rel, piece):
+            out = bytearray()
+            with open(os.path.join(m, rel), "rb", buffering=0) as f:
+                while chunk := f.read(piece):
+                    out += chunk
+            return rel, hashlib.md5(out).hexdigest()
+
+        jobs = [(rel, piece) for rel in oracle for piece in (1, 7, 333, 4096, 1 << 20)] * 4
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            for rel, digest in pool.map(lambda j: read(*j), jobs):
+                assert digest == oracle[rel], rel
+
+
+def allow_other_when_asked(args):
+    work = os.path.join(args.work, "allow_other")
+    os.makedirs(work)
+    oracle, dst = single_oracle(args, work)
+    got = mount_md5(args, work, single_source(work, "aes_cbc"), "cbc", dst_strategy=dst,
+                    options="allow_other",
+                    extra=["--dec-key-file", key_file(work, 24), "--allow-other-decrypted"])
+    assert got == oracle
 
 
 def key_from_env(args):
@@ -229,6 +265,8 @@ def main():
     checks.run("4 ranks resharded 4->2, every mode: the oracle ranks' reshard byte for byte; "
                "materialize 0600",
                dist_reshard, args)
+    checks.run("8 threads reading the views in pieces of 1 B to 1 MiB", concurrent_reads, args)
+    checks.run("allow_other with --allow-other-decrypted", allow_other_when_asked, args)
     checks.run("key from a hex environment variable", key_from_env, args)
     checks.run("refused at mount: no key, a 0644 key file, a wrong key (GCM, CBC), a flipped "
                "GCM byte, allow_other; index build", refusals, args)
