@@ -109,6 +109,12 @@ def dist_reshard(args):
     itest.run([args.ckptfs, "materialize", os.path.join(work, "dist_sm4_cbc"), out, "--src-strategy",
                strategies["src_strategy"], "--dst-strategy", strategies["dst_strategy"],
                "--index-dir", os.path.join(work, "index"), "--dec-key-file", key_file(work, 16)])
+    # verify reads every source (its tags checked with the key) and every view in full.
+    proc = itest.run([args.ckptfs, "verify", os.path.join(work, "dist_aes_gcm"), "--src-strategy",
+                      strategies["src_strategy"], "--dst-strategy", strategies["dst_strategy"],
+                      "--index-dir", os.path.join(work, "index"), "--dec-key-file",
+                      key_file(work, 32)])
+    assert "all well" in proc.stderr + proc.stdout, proc.stderr
     written = md5_tree(out)
     assert written == {k: v for k, v in oracle.items() if k.endswith(".ckpt")}, written
     for rel in written:
@@ -263,7 +269,7 @@ def main():
     checks.run("single files, every mode: the views of MindSpore's unencrypted oracle",
                single_views, args)
     checks.run("4 ranks resharded 4->2, every mode: the oracle ranks' reshard byte for byte; "
-               "materialize 0600",
+               "materialize 0600, verify",
                dist_reshard, args)
     checks.run("8 threads reading the views in pieces of 1 B to 1 MiB", concurrent_reads, args)
     checks.run("allow_other with --allow-other-decrypted", allow_other_when_asked, args)
