@@ -499,7 +499,8 @@ const char* encryption_mode(uint32_t magic) {
   }
 }
 
-// Refuses an encrypted file (spec §1.8): its first four bytes are a known magic.
+// Refuses an encrypted file (spec §1.8): its first four bytes are a known magic. It is read
+// through its decrypted stream instead (kEncryptedReader), with a key.
 void refuse_encrypted(const ReadExact& read, uint64_t size, const std::string& name) {
   if (size < 4) return;
   std::array<uint8_t, 4> head;
@@ -508,8 +509,10 @@ void refuse_encrypted(const ReadExact& read, uint64_t size, const std::string& n
                          static_cast<uint32_t>(head[2]) << 16 |
                          static_cast<uint32_t>(head[3]) << 24;
   if (const char* mode = encryption_mode(magic))
-    fail("{}: byte offset 0: encrypted checkpoint ({}), not supported (magic 0x{:08X})", name, mode,
-         magic);
+    fail(
+        "{}: byte offset 0: encrypted checkpoint ({}, magic 0x{:08X}); give its key with "
+        "--dec-key-file FILE (raw key bytes, mode 600) or --dec-key-env NAME (hex)",
+        name, mode, magic);
 }
 
 // The CRC trailer MindSpore appends: "crc_num" and a 10-byte big-endian integer, of which a

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/crypt/session_key.h"
 #include "ckptfs/error.h"
 #include "ckptfs/safetensors/scanner.h"
 #include "ckptfs/strategy/probe.h"
@@ -29,6 +30,7 @@
 #include "ckptfs/util/printable.h"
 #include "ckptfs/util/shape_text.h"
 #include "ckptfs/view/families.h"
+#include "ckptfs/view/view.h"
 #include "commands.h"
 
 namespace ckptfs::cli {
@@ -39,6 +41,8 @@ struct InspectOptions {
   std::string file;
   bool json = false;
   bool verify_crc = false;
+  std::string dec_key_file;
+  std::string dec_key_env;
 };
 
 const char* kind_name(scan::EntryKind kind) {
@@ -250,6 +254,16 @@ scan::FileScan scan_ckpt(int fd, const InspectOptions& options) {
   if (!ckpt::opens_like_checkpoint(fd) && strategy::looks_like_strategy(options.file))
     fail("{}: a parallel strategy file, not a checkpoint; show it with: ckptfs strategy show {}",
          options.file, options.file);
+  // An encrypted file with its key: verified and scanned through its decrypted stream, so the
+  // offsets shown are plaintext offsets (the file MindSpore would have saved unencrypted).
+  if (crypt::session_key() != nullptr) {
+    std::array<char, scan::kHeadBytes> head{};
+    const ssize_t got = ::pread(fd, head.data(), head.size(), 0);
+    if (got > 0 && ckpt::kEncryptedReader.claims(
+                       options.file, std::string_view(head.data(), static_cast<size_t>(got))))
+      return ckpt::kEncryptedReader.scan(fd, options.file,
+                                         scan::ReadOptions{.verify_crc = options.verify_crc});
+  }
   return ckpt::scan_checkpoint_fd(fd, options.file,
                                   ckpt::ScanOptions{.verify_crc = options.verify_crc});
 }
@@ -274,7 +288,16 @@ void add_inspect_command(CLI::App& app) {
   command->add_flag("--verify-crc", options->verify_crc,
                     "If the file ends with a CRC trailer, check it against the CRC-32 of the body "
                     "(reads the whole file)");
+  command->add_option("--dec-key-file", options->dec_key_file,
+                      "Key of an encrypted .ckpt file: a file of its raw bytes, mode 600 (the "
+                      "offsets shown are then those of the decrypted bytes)");
+  command->add_option("--dec-key-env", options->dec_key_env,
+                      "Environment variable holding the key of an encrypted .ckpt file in hex");
   command->callback([options] {
+    view::ViewArgs keys;
+    keys.dec_key_file = options->dec_key_file;
+    keys.dec_key_env = options->dec_key_env;
+    view::load_key(keys);
     // A file of millions of tiny records can need more memory than the process may have.
     naming_out_of_memory(options->file, "reading it", [&] {
       const UniqueFd fd = util::open_regular(options->file, "checkpoint file");

@@ -28,6 +28,7 @@ struct MountArgs {
   std::string mountpoint;
   std::string log_file;
   bool foreground = false;
+  bool allow_other_decrypted = false;
   std::vector<std::string> options;
 };
 
@@ -116,6 +117,7 @@ void run_mount(MountArgs& args) {
   ViewNotes notes;
   std::unique_ptr<fs::Tree> tree = build_tree(args.view, notes, /*steps=*/true);
   fs::MountOptions options = mount_options(args);
+  options.allow_other_decrypted = args.allow_other_decrypted;
   // A tree planned on first open has no sources yet to name the mount after.
   if (tree->lazy() != nullptr)
     options.fsname = std::filesystem::absolute(args.view.src_dir).lexically_normal().string();
@@ -161,6 +163,9 @@ void add_mount_commands(CLI::App& app) {
                    "sources' owner and no read bit a source lacks, directories are 0555), or any "
                    "libfuse option such as allow_other")
       ->allow_extra_args(false);
+  mount->add_flag("--allow-other-decrypted", args->allow_other_decrypted,
+                  "Let -o allow_other (or allow_root) stand over encrypted sources, whose views "
+                  "are otherwise the mounting user's alone");
   mount->add_option("--log-file", args->log_file,
                     "Log file of the mounted daemon (default: none once detached)");
   mount->callback([args] { run_mount(*args); });

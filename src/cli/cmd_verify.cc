@@ -324,6 +324,13 @@ void compare_files(const stdfs::path& view, const stdfs::path& other, Findings& 
     findings.add(e.what());
     return;
   }
+  // Contents are compared by reading both files at their scans' offsets: an encrypted file's
+  // are offsets into its plaintext, not into the file.
+  if (a.encrypted || b.encrypted) {
+    findings.add(fmt::format("{}: encrypted; compare its mounted view instead",
+                             (a.encrypted ? view : other).string()));
+    return;
+  }
   const source::SourceFile fa = source::SourceFile::open(view);
   const source::SourceFile fb = source::SourceFile::open(other);
   std::map<std::string, const scan::Param*> theirs;
@@ -429,6 +436,8 @@ void add_verify_command(CLI::App& app) {
                       "transform_checkpoints) to compare the view SRC_DIR with");
   command->callback([args] {
     util::require_directory(args->view.src_dir, "source directory");
+    // Before the sources are scanned on their own (their GCM tags checked with the key).
+    view::load_key(args->view);
     if (!args->against.empty())
       verify_against(*args);
     else

@@ -51,6 +51,13 @@ CLI::App* add_view_command(CLI::App& app, std::string name, std::string descript
   command->add_option("--index-dir", args.index_dir,
                       "Where the LMDB index lives (default $XDG_CACHE_HOME/ckptfs/index or "
                       "~/.cache/ckptfs/index)");
+  command->add_option("--dec-key-file", args.dec_key_file,
+                      "Key of encrypted sources (MindSpore enc_key): a file holding exactly its "
+                      "16, 24 or 32 raw bytes, readable by its owner only (chmod 600); the mode "
+                      "(AES-GCM, AES-CBC, SM4-CBC) is read from the files");
+  command->add_option("--dec-key-env", args.dec_key_env,
+                      "Name of an environment variable holding the key of encrypted sources in "
+                      "hex (32, 48 or 64 digits); the key itself is never an argument");
   command->add_flag("-q,--quiet", args.quiet,
                     "No progress lines (shown on stderr for scanning, planning and writing that "
                     "take more than a second) and no line saying which checkpoints were chosen: "

@@ -1,5 +1,6 @@
 #include "mapped_sources.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 
@@ -9,6 +10,7 @@
 #include <cstring>
 
 #include "bus_guard.h"
+#include "ckptfs/crypt/session_key.h"
 #include "ckptfs/error.h"
 #include "ckptfs/util/eintr.h"
 #include "scratch.h"
@@ -63,6 +65,21 @@ MappedSources::Range tables_of(const plan::Run& run) {
 MappedSources::MappedSources(std::span<const index::IndexedSource> sources) {
   maps_.reserve(sources.size());
   for (const index::IndexedSource& source : sources) {
+    if (source.scan.encrypted) {
+      const std::string name = source.file.path.string();
+      // Two pages: a read crossing a block boundary, or a read-ahead helper a block ahead of its
+      // reader, does not decrypt the same block twice. An AES-GCM page is a whole block (up to
+      // 64 MiB), held only once touched: memory is that times the sources being read.
+      streams_.push_back(std::make_unique<crypt::DecryptedStream>(
+          read_exact_from(source.file.fd.get(), name), source.file.fingerprint.size, name,
+          crypt::session_key_for(name),
+          crypt::StreamOptions{.mode = std::nullopt, .cache_pages = 2}));
+      any_encrypted_ = true;
+      maps_.emplace_back();  // nothing mapped: its runs are decrypted
+      fds_.push_back(source.file.fd.get());
+      continue;
+    }
+    streams_.push_back(nullptr);
     maps_.emplace_back(source.file.fd.get(), source.file.fingerprint.size);
     fds_.push_back(source.file.fd.get());
     if (source.file.fingerprint.size > 0 && maps_.back().data() == nullptr)
@@ -94,6 +111,7 @@ ReadResult MappedSources::copy(std::span<const plan::Run> runs, char* out) {
     }
     order.push_back(static_cast<uint32_t>(i));
   }
+  if (any_encrypted_ && !decrypt_runs(runs, dest, order)) return ReadResult::failed(EIO);
   // A request that interleaves many sources (a merge of column blocks) would map a page
   // table of every one at once, and a fault maps up to 2 MiB: then take one source at a time.
   const bool one_by_one = sources > kFewSources;
@@ -134,6 +152,27 @@ ReadResult MappedSources::copy(std::span<const plan::Run> runs, char* out) {
   if (!copied) return ReadResult::failed(EIO);
   if (!one_by_one) note(runs, order);
   return ReadResult::done(static_cast<size_t>(to - out));
+}
+
+bool MappedSources::decrypt_runs(std::span<const plan::Run> runs, std::span<char* const> dest,
+                                 std::vector<uint32_t>& order) {
+  size_t kept = 0;
+  for (uint32_t i : order) {
+    crypt::DecryptedStream* stream = streams_[runs[i].source].get();
+    if (stream == nullptr) {
+      order[kept++] = i;
+      continue;
+    }
+    try {
+      stream->read(runs[i].offset, std::span(reinterpret_cast<uint8_t*>(dest[i]), runs[i].length));
+    } catch (const std::exception& e) {
+      // The message names the file and the block, never its bytes.
+      spdlog::error("{}", e.what());
+      return false;
+    }
+  }
+  order.resize(kept);
+  return true;
 }
 
 bool MappedSources::read_stretches(std::span<const plan::Run> runs, std::span<char* const> dest,

@@ -5,16 +5,22 @@
 // A request over more than kFewSources sources reads each source's stretch with preadv instead,
 // where its runs form one.
 //
+// An encrypted source (FileScan::encrypted) is not mapped: its runs are plaintext offsets, read
+// through one DecryptedStream per source (its own lock and small wiped cache) straight into the
+// reply buffer. Plain sources do not pay for it beyond one flag test per request.
+//
 // Thread-safety: copy() may run on any number of threads at once; `mutex_` guards only the
 // touched-tables accounting, is a leaf (nothing else is locked or called while it is held) and
 // is never held during a copy or an madvise. Per-thread buffers live in scratch.h.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <vector>
 
+#include "ckptfs/crypt/decrypted_stream.h"
 #include "ckptfs/fs/read_result.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/plan/virtual_file.h"
@@ -28,12 +34,17 @@ class MappedSources {
   // A copy reading more sources than this drops each one's pages as soon as it is done.
   static constexpr size_t kFewSources = 2;
 
-  // Maps every source at its fingerprint size; throws Error naming a file that cannot be mapped.
+  // Maps every source at its fingerprint size (an encrypted one: opens its decrypted stream
+  // with the session key); throws Error naming a file that cannot be mapped or decrypted.
   explicit MappedSources(std::span<const index::IndexedSource> sources);
 
   size_t count() const { return maps_.size(); }
-  // Bytes mapped of source `index` (its size at mount).
-  uint64_t mapped_size(uint32_t index) const { return maps_[index].size(); }
+  // Bytes readable of source `index`: its size at mount (an encrypted one: its plaintext's).
+  uint64_t mapped_size(uint32_t index) const {
+    return streams_[index] ? streams_[index]->size() : maps_[index].size();
+  }
+  bool encrypted(uint32_t index) const { return streams_[index] != nullptr; }
+  bool any_encrypted() const { return any_encrypted_; }
 
   // Copies the bytes of `runs` to `out` (header runs from memory): done(their length), or
   // failed(EIO) if a file shrank since it was mapped (the copy faulted or a read came up short).
@@ -55,7 +66,14 @@ class MappedSources {
   // MADV_DONTNEED on each (source, tables) range; empties `ranges`.
   void let_go(std::vector<std::pair<uint32_t, Range>>& ranges) const;
 
+  // Reads the encrypted sources' runs of `runs` into `dest` and drops them from `order`; false
+  // (the reason logged, naming the file) when a block no longer decrypts.
+  bool decrypt_runs(std::span<const plan::Run> runs, std::span<char* const> dest,
+                    std::vector<uint32_t>& order);
+
   std::vector<MappedFile> maps_;
+  std::vector<std::unique_ptr<crypt::DecryptedStream>> streams_;  // null: a plain source
+  bool any_encrypted_ = false;
   std::vector<int> fds_;        // the sources' descriptors (owned by the plan)
   std::mutex mutex_;            // guards touched_ and spanned_
   std::vector<Range> touched_;  // per source: the span touched since the last let-go

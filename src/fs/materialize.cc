@@ -35,6 +35,8 @@ struct Job {
   uint64_t size = 0;
   stdfs::path final_path, temp_path;
   struct timespec mtime {};
+  // 0600 for the decrypted copy of an encrypted source: the copy is its owner's, as the view is.
+  mode_t mode = 0644;
   std::mutex mu;
   UniqueFd fd;  // opened by the first segment to start
   std::atomic<uint64_t> segments_left{0};
@@ -58,8 +60,8 @@ int open_temp(Job& job) {
     // A new file, never one already there: a FIFO would block the open, a symlink would send
     // the bytes elsewhere. The name is ours (a stopped run's leftover), so it is removed first.
     ::unlink(job.temp_path.c_str());
-    job.fd = UniqueFd(
-        ::open(job.temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    job.fd = UniqueFd(::open(job.temp_path.c_str(),
+                             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, job.mode));
     if (!job.fd) fail("{}: cannot create: {}", job.temp_path.string(), errno_text(errno));
   }
   return job.fd.get();
@@ -114,6 +116,7 @@ MaterializeResult materialize(const Tree& tree, const stdfs::path& out,
     const plan::TargetFile& target = plan.targets[i];
     if (!wanted.empty() && !wanted.contains(target.rank)) continue;
     auto job = std::make_unique<Job>();
+    if (tree.encrypted()) job->mode = 0600;
     job->ino = tree.target_ino(i);
     job->size = target.file.size();
     job->mtime = tree.mtime(job->ino);

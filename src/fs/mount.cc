@@ -570,8 +570,25 @@ int start_daemon(fuse_session* se, const stdfs::path& where, const ParsedOptions
 
 }  // namespace
 
+// Over encrypted sources: other users only when asked for by name, and no page cache or splice
+// (a spliced run would be ciphertext, and page-cache mode keeps plaintext after the reader).
+void restrict_for_encrypted(ParsedOptions& parsed, const MountOptions& options) {
+  for (const std::string& o : parsed.fuse)
+    if ((o == "allow_other" || o == "allow_root") && !options.allow_other_decrypted)
+      fail(
+          "-o {}: the sources are encrypted, so other users would read their decrypted bytes; "
+          "add --allow-other-decrypted if that is what you want",
+          o);
+  if (parsed.cache) spdlog::warn("-o cache is off: the sources are encrypted (direct I/O only)");
+  if (parsed.splice != Service::Splice::kOff)
+    spdlog::warn("-o splice is off: the sources are encrypted (their bytes are decrypted)");
+  parsed.cache = false;
+  parsed.splice = Service::Splice::kOff;
+}
+
 int mount(const std::filesystem::path& mountpoint, const Tree& tree, const MountOptions& options) {
-  const ParsedOptions parsed = parse_options(options);
+  ParsedOptions parsed = parse_options(options);
+  if (tree.encrypted()) restrict_for_encrypted(parsed, options);
   std::string log_file;
   if (!options.log_file.empty()) log_file = stdfs::absolute(options.log_file).string();
   const stdfs::path where = resolve_mount(mountpoint, parsed, log_file);

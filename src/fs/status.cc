@@ -163,7 +163,11 @@ void append_groups(std::vector<Extent>& out, std::vector<Extent>& fresh, size_t 
   fresh.clear();
 }
 
-std::string extent_json(const Extent& e, const std::vector<uint32_t>& file_sources) {
+// `hide_bytes`: the view reads an encrypted source, whose memory extents (record headers, inline
+// values) are plaintext: only where they are is shown.
+std::string extent_json(const Extent& e, const std::vector<uint32_t>& file_sources,
+                        bool hide_bytes) {
+  if (e.source < 0 && hide_bytes) return fmt::format(R"({{"at":{},"length":{}}})", e.at, e.length);
   if (e.source < 0) {
     std::string hex;
     for (unsigned char c : e.bytes) hex += fmt::format("{:02x}", c);
@@ -463,7 +467,7 @@ std::string Status::plan_json(size_t index) const {
       out += "], \"extents\": [";
       for (size_t k = 0; k < rec.extents.size(); ++k) {
         if (k != 0) out += ',';
-        out += extent_json(rec.extents[k], sources);
+        out += extent_json(rec.extents[k], sources, tree->encrypted());
       }
       out += "]}";
     }

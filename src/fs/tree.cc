@@ -55,7 +55,10 @@ Tree::Tree(plan::Plan plan)
     nodes_.push_back({false, i});
     total_bytes_ += target.file.size();
   }
-  for (size_t i = 0; i < plan_.sources.size(); ++i) reported_[i].store(false);
+  for (size_t i = 0; i < plan_.sources.size(); ++i) {
+    reported_[i].store(false);
+    encrypted_ = encrypted_ || plan_.sources[i].scan.encrypted;
+  }
   set_mtimes();
   set_access();
   mapped_ = std::make_unique<MappedSources>(plan_.sources);
@@ -151,6 +154,11 @@ void Tree::set_access() {
       if (s < sources.size()) of_file.push_back(sources[s]);
     const Access a = of_file.empty() ? of_all : combine_access(of_file, uid_, gid_);
     file_access_.push_back({a.uid, a.gid, a.read});
+  }
+  // Decrypted bytes are the mounting user's alone, whoever may read the ciphertext.
+  if (encrypted_) {
+    for (FileAccess& a : file_access_) a = {uid_, gid_, S_IRUSR};
+    sources_access_ = {uid_, gid_, S_IRUSR};
   }
 }
 

@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <exception>
 #include <mutex>
 #include <system_error>
 #include <thread>
 
+#include "ckptfs/crypt/framing.h"
 #include "ckptfs/error.h"
 #include "ckptfs/index/readers.h"
 #include "ckptfs/index/store.h"
@@ -113,7 +115,10 @@ size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>
     IndexedSource& source = sources[misses[k]];
     const std::string name = source.file.path.string();
     source.scan = scan_source(source.file.fd.get(), name, readers);
-    source.structure = structure_digest(source.file.fd.get(), name, source.scan);
+    // An encrypted file's extents are plaintext offsets: its structure bytes are plaintext,
+    // and neither they nor a digest of them are kept (the scan is never stored).
+    if (!source.scan.encrypted)
+      source.structure = structure_digest(source.file.fd.get(), name, source.scan);
     // A file still being written would leave a scan of a prefix in the index for good.
     if (source::fingerprint_of(source.file.fd.get(), name) != source.file.fingerprint) {
       fail("{}: changed while being indexed; index it again once it is complete", name);
@@ -121,6 +126,18 @@ size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>
     spdlog::debug("{}: scanned, {} parameters", name, source.scan.params.size());
     if (on_file) on_file(source.scan);
   });
+}
+
+// `index build` takes no key: an encrypted source's scan describes its plaintext and is never
+// stored (store.h), so it is refused by name rather than scanned for nothing.
+void refuse_encrypted(int fd, const std::string& name) {
+  std::array<uint8_t, 4> head{};
+  if (::pread(fd, head.data(), head.size(), 0) == static_cast<ssize_t>(head.size()) &&
+      crypt::looks_encrypted(head))
+    fail(
+        "{}: byte offset 0: an encrypted checkpoint; ckptfs never indexes those (the scan "
+        "describes the decrypted bytes): mount it with --dec-key-file, which scans it each time",
+        name);
 }
 
 std::string absolute_name(const fs::path& path) {
@@ -219,6 +236,7 @@ BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const 
       ++hits;
       if (on_file) on_file(known->scan);
     } else {
+      refuse_encrypted(file.fd.get(), name);
       const scan::FileScan scan = scan_source(file.fd.get(), name, readers);
       const StructureDigest structure = structure_digest(file.fd.get(), name, scan);
       if (source::fingerprint_of(file.fd.get(), name) != file.fingerprint)
@@ -283,6 +301,7 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
                        &sources[i].scan, sources[i].structure});
   for (size_t k = 0; k < scanned; ++k) {
     const IndexedSource& source = sources[misses[k]];
+    if (source.scan.encrypted) continue;  // never stored (see build_index)
     items.push_back(
         {absolute_name(source.file.path), source.file.fingerprint, &source.scan, source.structure});
   }

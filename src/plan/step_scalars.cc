@@ -1,7 +1,6 @@
 #include "ckptfs/plan/step_scalars.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "ckptfs/error.h"
+#include "ckptfs/index/source_bytes.h"
 
 namespace ckptfs::plan {
 
@@ -23,14 +23,12 @@ constexpr uint64_t kMaxCounterBytes = 16;
 constexpr size_t kMaxRanksNamed = 4;
 
 std::string content_of(const index::IndexedSource& source, const scan::Param& p) {
+  const ReadExact read = index::source_reader(source);
   std::string bytes;
   for (const scan::Extent& x : p.content) {
     const size_t at = bytes.size();
     bytes.resize(at + x.length);
-    const ssize_t got =
-        ::pread(source.file.fd.get(), bytes.data() + at, x.length, static_cast<off_t>(x.offset));
-    if (got != static_cast<ssize_t>(x.length))
-      fail("{}: cannot read {} at byte offset {}", source.file.path.string(), p.name, x.offset);
+    read(x.offset, std::span(reinterpret_cast<uint8_t*>(bytes.data() + at), x.length));
   }
   return bytes;
 }
@@ -74,8 +72,10 @@ void check_step_scalars(const std::map<int64_t, index::IndexedSource>& sources) 
     std::vector<std::pair<std::string, std::vector<int64_t>>> values;
     std::vector<std::string> first_file;
     size_t file = 0;
+    bool encrypted = false;
     for (const auto& [rank, source] : sources) {
       if (const scan::Param* p = found[file++][c]) {
+        encrypted = encrypted || source.scan.encrypted;
         const std::string value = shown(p->dtype, content_of(source, *p));
         auto it = std::find_if(values.begin(), values.end(),
                                [&](const auto& v) { return v.first == value; });
@@ -96,8 +96,10 @@ void check_step_scalars(const std::map<int64_t, index::IndexedSource>& sources) 
         names += fmt::format("{}rank {}", k ? ", " : "", ranks[k]);
       if (ranks.size() > kMaxRanksNamed)
         names += fmt::format(" and {} more", ranks.size() - kMaxRanksNamed);
+      // A value decrypted from an encrypted source is never shown: only which ranks agree.
+      const std::string label = encrypted ? fmt::format("value #{}", i + 1) : value;
       detail +=
-          fmt::format("{}{} = {} on {} ({})", i ? "; " : "", counter, value, names, first_file[i]);
+          fmt::format("{}{} = {} on {} ({})", i ? "; " : "", counter, label, names, first_file[i]);
     }
     fail(
         "the chosen checkpoints are of different steps: {}; choose one step with --step "

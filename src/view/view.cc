@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ckptfs/ckpt/crc32.h"
+#include "ckptfs/crypt/session_key.h"
 #include "ckptfs/error.h"
 #include "ckptfs/fs/lazy_ranks.h"
 #include "ckptfs/fs/steps.h"
@@ -199,8 +200,18 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
 
 }  // namespace
 
+void load_key(const ViewArgs& args) {
+  if (!args.dec_key_file.empty() && !args.dec_key_env.empty())
+    fail("--dec-key-file and --dec-key-env both given: give the key once");
+  if (!args.dec_key_file.empty())
+    crypt::set_session_key(crypt::read_key_file(args.dec_key_file));
+  else if (!args.dec_key_env.empty())
+    crypt::set_session_key(crypt::read_key_env(args.dec_key_env));
+}
+
 std::unique_ptr<fs::Tree> build_tree(const ViewArgs& args, ViewNotes& notes, bool steps) {
   util::require_directory(args.src_dir, "source directory");
+  load_key(args);
   // A source that runs out of memory while scanned is named by the scan; past that, the view.
   std::unique_ptr<fs::Tree> tree =
       naming_out_of_memory(args.src_dir, "planning the view of its files",

@@ -34,6 +34,13 @@ scan::FileScan scan_checkpoint_bytes(const ReadExact& read, uint64_t size,
 // scans it with scan_checkpoint_fd.
 extern const scan::FileReader kReader;
 
+// Encrypted MindSpore checkpoints (docs/FORMATS.md, "Encrypted checkpoints"): takes a file whose
+// first four bytes are an encryption magic, checks every block with the session key
+// (crypt/session_key.h; AES-GCM: every tag, so a wrong key or a tampered block is refused here)
+// and scans the decrypted stream; the scan is marked `encrypted`. Without a key it refuses the
+// file, naming --dec-key-file. Listed before kReader, which takes every file.
+extern const scan::FileReader kEncryptedReader;
+
 // True if the open file `fd` is empty or begins as a checkpoint does (the tag of its first
 // record, 0x0A); a file that does not may be another protobuf (a strategy). Never throws.
 bool opens_like_checkpoint(int fd) noexcept;

@@ -27,6 +27,10 @@ struct MountOptions {
   // K, M and G suffixes; 0: no read-ahead).
   // "nonempty" (mount over a directory that is not empty). "ro" is always forced.
   std::vector<std::string> fuse_options;
+  // Over encrypted sources (Tree::encrypted) "allow_other" and "allow_root" are refused unless
+  // this is set (--allow-other-decrypted), and "cache" and "splice" are turned off with a
+  // warning: decrypted bytes go only to the mounting user, straight from the daemon's buffers.
+  bool allow_other_decrypted = false;
   std::string log_file;  // where the daemon logs once detached
   // What is mounted and why (the sources chosen), in one line: MOUNTPOINT/.ckptfs/sources.json.
   std::string chosen;

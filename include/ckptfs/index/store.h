@@ -1,6 +1,8 @@
 // The persistent index: LMDB, source file fingerprint -> header-only scan of that file. A second
 // mount of an unchanged source reads it instead of scanning; a changed file has a new
 // fingerprint and is scanned again. Nothing here is on the read path.
+// Scans of encrypted sources (FileScan::encrypted) are never stored: their names, shapes and
+// offsets describe the plaintext, and their structure digest would hash plaintext bytes.
 #pragma once
 
 #include <cstddef>

@@ -69,6 +69,9 @@ struct FileScan {
   uint64_t file_size = 0;
   uint64_t body_size = 0;  // bytes before the CRC trailer (== file_size without one)
   bool has_crc_trailer = false;
+  // An encrypted checkpoint scanned through its decrypted stream: every extent (and file_size)
+  // is a plaintext offset, not one of the file. Never stored in an index (index/store.h).
+  bool encrypted = false;
   std::vector<Param> params;  // in file order, exactly as recorded
   // TorchZip: the unpickled object as JSON, each tensor occurrence {"$tensor": i} for params[i]
   // (torchzip/pickle.h gives the encoding). Empty for .ckpt files.

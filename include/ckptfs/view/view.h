@@ -37,7 +37,16 @@ struct ViewArgs {
   // materialize without --view: only the sources' format (plan::ViewOptions::source_format),
   // so that the output is itself a source.
   bool source_format = false;
+  // The key of encrypted sources: a file of its raw bytes that only its owner may read, or an
+  // environment variable holding it in hex. Never the key itself (argv is public).
+  std::string dec_key_file;
+  std::string dec_key_env;
 };
+
+// Reads the key ViewArgs names (at most one of --dec-key-file and --dec-key-env) into the
+// session key (crypt/session_key.h); nothing when neither is given. Throws Error naming the file
+// or variable. build_tree calls it first.
+void load_key(const ViewArgs& args);
 
 // --view, --prefix, --by-stage and --ranks as plan options. Throws Error naming the option.
 plan::ViewOptions view_options(const ViewArgs& args);
