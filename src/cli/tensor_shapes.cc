@@ -41,9 +41,11 @@ TensorList from_json(const std::string& path) {
     fail("{}: expected a JSON object of tensor name -> shape, e.g. {{\"w\": [1024, 512]}}", path);
   TensorList out;
   out.what = fmt::format("{} ({} shapes)", path, doc.size());
-  for (const auto& [name, shape] : doc.items()) {
-    const std::vector<int64_t> dims =
-        util::json_ints(shape, 0, std::numeric_limits<int64_t>::max(), [&](std::string_view why) {
+  for (const auto& item : doc.items()) {
+    // A named variable, not a structured binding: clang 14 cannot capture one in the lambda.
+    const std::string& name = item.key();
+    const std::vector<int64_t> dims = util::json_ints(
+        item.value(), 0, std::numeric_limits<int64_t>::max(), [&](std::string_view why) {
           fail("{}: tensor {}: the shape {} (expected a list of sizes)", path, file_text(name),
                why);
         });
