@@ -306,14 +306,15 @@ void add_inspect_command(CLI::App& app) {
         case scan::SourceFormat::TorchZip:
           print_torch(torchzip::scan_torch_fd(fd.get(), options->file), options->json);
           return;
-        case scan::SourceFormat::Dcp:
-          print_torch(reader.scan(fd.get(), options->file, {}), options->json, "dcp");
-          return;
         case scan::SourceFormat::Safetensors:
           inspect_safetensors(*options);
           return;
         case scan::SourceFormat::Ckpt:
           break;
+        default:  // a family's own format (DCP): its params are views into the file's records
+          print_torch(reader.scan(fd.get(), options->file, {}), options->json,
+                      scan::format_name(reader.format));
+          return;
       }
       const scan::FileScan scan = scan_ckpt(fd.get(), *options);
       if (options->json)

@@ -355,7 +355,7 @@ std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file
   }
   if (version != kFormatVersion) return bad("it is of another format version");
   if (scan.file_size != file_size) return bad("it is of a file of another size");
-  if (format > static_cast<uint32_t>(scan::SourceFormat::Dcp))
+  if (format > static_cast<uint32_t>(scan::kLastFormat))
     return bad("it names an unknown source format");
   scan.format = static_cast<scan::SourceFormat>(format);
   if (std::string what = scan::check_scan(scan, file_size); !what.empty()) return bad(what);

@@ -63,6 +63,8 @@ enum class SourceFormat : uint8_t {
   Dcp = 3,       // a DCP .distcp data file: params are views (TorchZip's rules), one per tensor
                  // chunk; `tree` locates the chunks and the non-tensor items (dcp/dcp.h)
 };
+// The last value: the index refuses a stored format past it (an entry of a newer ckptfs).
+inline constexpr SourceFormat kLastFormat = SourceFormat::Dcp;
 
 struct FileScan {
   SourceFormat format = SourceFormat::Ckpt;
