@@ -35,16 +35,8 @@ namespace {
 
 namespace stdfs = std::filesystem;
 using nlohmann::json;
+using testsupport::make_fixture;
 using testsupport::TempDir;
-
-// Runs the generator for `name` into `dir` and returns its case.json's "fixture" part.
-json make_fixture(const std::string& name, const stdfs::path& dir) {
-  const std::string cmd = std::string(CKPTFS_PYTHON) + " " + CKPTFS_SOURCE_DIR +
-                          "/scripts/ckpt_fixture.py make --builtin " + name + " " + dir.string() +
-                          " >/dev/null";
-  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("generator failed: " + cmd);
-  return json::parse(testsupport::read_file(dir / "case.json")).at("fixture");
-}
 
 std::optional<strategy::Strategy> strategy_of(const json& fixture, const char* key,
                                               const stdfs::path& dir) {

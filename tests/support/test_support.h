@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <exception>
 #include <filesystem>
@@ -20,7 +21,9 @@
 #include <functional>
 #include <initializer_list>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -120,6 +123,16 @@ inline CommandResult run_command(const std::string& command) {
   const int status = ::pclose(pipe);
   run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
+}
+
+// Runs the fixture generator's built-in case `name` into `dir` (CKPTFS_PYTHON, CKPTFS_SOURCE_DIR
+// come from the test binary's definitions) and returns its case.json's "fixture" part.
+inline nlohmann::json make_fixture(const std::string& name, const std::filesystem::path& dir) {
+  const std::string cmd = std::string(CKPTFS_PYTHON) + " " + CKPTFS_SOURCE_DIR +
+                          "/scripts/ckpt_fixture.py make --builtin " + name + " " + dir.string() +
+                          " >/dev/null";
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("generator failed: " + cmd);
+  return nlohmann::json::parse(read_file(dir / "case.json")).at("fixture");
 }
 
 // Bytes written out by value: bytes({0x0A, 'w', ...}).

@@ -28,15 +28,8 @@ namespace {
 
 namespace stdfs = std::filesystem;
 using nlohmann::json;
+using testsupport::make_fixture;
 using testsupport::TempDir;
-
-json make_fixture(const std::string& name, const stdfs::path& dir) {
-  const std::string cmd = std::string(CKPTFS_PYTHON) + " " + CKPTFS_SOURCE_DIR +
-                          "/scripts/ckpt_fixture.py make --builtin " + name + " " + dir.string() +
-                          " >/dev/null";
-  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("generator failed: " + cmd);
-  return json::parse(testsupport::read_file(dir / "case.json")).at("fixture");
-}
 
 // `length` bytes at `offset` of the tree's file `ino`, read through its runs from the sources.
 std::string read_view(const fs::Tree& tree, uint64_t ino, uint64_t offset, uint64_t length) {
