@@ -49,17 +49,11 @@ def ckptfs(request):
     return path
 
 
-def _label(item):
-    doc = (item.function.__doc__ or item.name).strip().splitlines()[0].strip()
-    callspec = getattr(item, "callspec", None)
-    return f"{doc}: {callspec.id}" if callspec else doc
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         marker = item.get_closest_marker("framework")
         STATE["order"].append(item.nodeid)
-        STATE["label"][item.nodeid] = _label(item)
+        STATE["label"][item.nodeid] = results_table.case_label(item)
         STATE["framework"][item.nodeid] = marker.args[0] if marker else "MindSpore"
 
 

@@ -45,6 +45,13 @@ def write_results(path, rows):
         f.write(render(rows) + "\n")
 
 
+def case_label(item):
+    """A case's row label: the first line of its test's docstring, and its parameters' id."""
+    doc = (item.function.__doc__ or item.name).strip().splitlines()[0].strip()
+    callspec = getattr(item, "callspec", None)
+    return f"{doc}: {callspec.id}" if callspec else doc
+
+
 SEVERITY = {"failed": 4, "skipped": 3, "known divergence (xfail)": 2, "passed": 1}
 
 

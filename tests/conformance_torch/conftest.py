@@ -43,10 +43,8 @@ def injected_failure(request):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        doc = (item.function.__doc__ or item.name).strip().splitlines()[0].strip()
-        callspec = getattr(item, "callspec", None)
         STATE["order"].append(item.nodeid)
-        STATE["label"][item.nodeid] = f"{doc}: {callspec.id}" if callspec else doc
+        STATE["label"][item.nodeid] = results_table.case_label(item)
 
 
 def pytest_runtest_logreport(report):
