@@ -759,6 +759,20 @@ class Bench:
         self.verify("(s) safetensors view, read()", ds, files, want_files=ref)
         r, rr, _ = self.paired("(s1) safetensors view first read(), 1 reader",
                                self.mount_read(files, 1, "range", True), ref, runs, pid)
+        # s1/b pairs each read of the view with a read of the .ckpt view of this mount, in the
+        # same page-cache and machine state: a ratio of the (s1) median to the (b) median of
+        # main_reads, minutes earlier in the sequence, moved with whatever changed in between
+        # (0.57-0.69 at 4 GiB where paired runs gave 1.0-1.2).
+        # Which view goes first alternates, so that neither always follows the hot read.
+        ckpt_files = ds.mount_files(mnt)
+        pairs = []
+        for i in range(max(runs, 4)):
+            views = [files, ckpt_files] if i % 2 == 0 else [ckpt_files, files]
+            got = {id(v): readbench(v, 1, "range", evict=True)[0] for v in views}
+            pairs.append(got[id(files)] / got[id(ckpt_files)])
+        sb = Stat(pairs)
+        self.log(f"  (s1)/(b) paired in one mount: {sb.median:.3f} [{sb.lo:.3f}..{sb.hi:.3f}]")
+        self.fig["s1/b"] = sb
         self.verify("(s) safetensors view, mmap", ds, files, want_files=ref, mapped=True)
         self.verify("(s) safetensors view, read() once mapped", ds, files, want_files=ref)
         rm, rmr, _ = self.paired("(s1') safetensors view first read() once mapped, 1 reader",
@@ -966,8 +980,8 @@ def report(bench: Bench, datasets, args):
     row("(s3) .safetensors view, re-read through mmap", fmt_mbps(f["s3"]))
     row("(s4) safetensors sources -> .ckpt view, first read", fmt_mbps(f["s4"]))
     # read() of the .safetensors view against the .ckpt view of the same data (b).
-    s1b = f["s1"].median / f["b"].median
-    row("ratio s1/b (.safetensors read() vs .ckpt read())", f"{s1b:.3f}", ">= 0.9",
+    s1b = f["s1/b"].median
+    row("ratio s1/b (.safetensors read() vs .ckpt read(), paired)", fmt_ratio(f["s1/b"]), ">= 0.9",
         verdict(s1b >= 0.9))
     for key, tgt in (("s2/a", 0.25), ("s3/a", 0.5)):
         s = f[key]
@@ -1091,8 +1105,9 @@ def report_safetensors(bench: Bench, datasets, args):
             ("(s4) safetensors sources -> .ckpt view, first read", fmt_mbps(f["s4"]), "", "")]
     for key in ("b/a", "b_cache/a", "e/a", "s1/a", "s1m/a"):
         rows.append((f"ratio {key}", fmt_ratio(f[key]), "", ""))
-    s1b = f["s1"].median / f["b"].median
-    rows.append(("ratio s1/b (.safetensors read() vs .ckpt read())", f"{s1b:.3f}", ">= 0.9",
+    s1b = f["s1/b"].median
+    rows.append(("ratio s1/b (.safetensors read() vs .ckpt read(), paired)", fmt_ratio(f["s1/b"]),
+                 ">= 0.9",
                  verdict(s1b >= 0.9)))
     for key, tgt in (("s2/a", 0.25), ("s3/a", 0.5)):
         rows.append((f"ratio {key}", fmt_ratio(f[key]), f">= {tgt}",

@@ -169,8 +169,10 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     Server& s = server(req);
     Reply reply(req);
     // A READ without a lock owner comes from the page cache (a read() names its owner).
+    const fuse_ctx* ctx = fuse_req_ctx(req);
     s.service->read(ino, fi != nullptr ? fi->fh : 0, off, size,
-                    fi != nullptr && fi->lock_owner == 0, s.direct_io_mmap.granted, reply);
+                    fi != nullptr && fi->lock_owner == 0, s.direct_io_mmap.granted, reply,
+                    ctx != nullptr ? static_cast<uint64_t>(ctx->pid) : 0);
   });
 }
 

@@ -76,9 +76,15 @@ Service::Settled Service::start(const Offer& offer) {
       settled.splice = true;
       if (slots < 512) settled.max_write = std::min(settled.max_write, kSpliceReadBytes);
       stage_ = std::make_unique<SpliceStage>(tree_, slots);
-    } else {
+    } else if (options_.splice_asked || options_.splice == Splice::kAlways) {
       spdlog::warn("splice off: pipes of {} are needed, fs.pipe-max-size allows {} KiB",
                    options_.splice == Splice::kAlways ? "1 MiB" : "2 MiB", slots * kPageKiB);
+    } else {
+      // The default: nothing was asked for, and 1 MiB READs gathered serve best here.
+      spdlog::info(
+          "reads are gathered: splicing a 1 MiB READ needs fs.pipe-max-size >= 2 MiB "
+          "(it allows {} KiB)",
+          slots * kPageKiB);
     }
   }
   // Otherwise libfuse's max_write (1 MiB, its buffer size) sets the largest READ, and every
@@ -291,7 +297,7 @@ void Service::raise_readahead() const {
 }
 
 void Service::read(uint64_t ino, uint64_t fh, int64_t off, size_t size, bool paged, bool mappable,
-                   ReadSink& sink) {
+                   ReadSink& sink, uint64_t caller) {
   if (Status::owns(ino) && fh != 0) {
     read_status(*handle_of(fh), off, size, sink);
     return;
@@ -319,7 +325,8 @@ void Service::read(uint64_t ino, uint64_t fh, int64_t off, size_t size, bool pag
   // may free the handle on another thread before the read-ahead is started.
   std::shared_ptr<Prefetcher::Stream> stream;
   if (fh != 0 && prefetcher_) stream = handle_of(fh)->stream;
-  if (splice_wanted(ino, fh)) {
+  const ReadsInFlight::Guard reading(reads_, caller);
+  if (splice_wanted(ino, reading)) {
     const ReadResult spliced = reply_spliced(ino, at, size, sink);
     if (!spliced.is_declined()) {
       if (stream && spliced.ok() && spliced.bytes() > 0) {
@@ -341,13 +348,16 @@ void Service::read_status(const Handle& handle, int64_t off, size_t size, ReadSi
   sink.bytes(std::span<const char>(bytes.data() + from, std::min(size, bytes.size() - from)));
 }
 
-// With -o splice a READ is spliced while other readers read too: then the CPUs are busy, and
-// one copy per byte (splice) beats two (gather, then reply) although the kernel's copy out of
-// the page cache is slower. A lone reader is served faster by gathering ahead while its
-// previous reply is copied.
-bool Service::splice_wanted(uint64_t ino, uint64_t fh) {
-  return stage_ && tree_.own_runs(ino) &&
-         (options_.splice == Splice::kAlways || readers_.note(fh != 0 ? fh : ino));
+// Spliced while other READs are served too (read_mode.h says why); a step's runs index its own
+// sources, and are gathered.
+bool Service::splice_wanted(uint64_t ino, const ReadsInFlight::Guard& reading) const {
+  if (!stage_ || !tree_.own_runs(ino)) return false;
+  ReadModeInputs in;
+  in.policy = options_.splice == Splice::kAlways ? ReadModeInputs::Policy::kAlways
+                                                 : ReadModeInputs::Policy::kAuto;
+  in.other_reader_now = reading.other_reader_now();
+  in.since_other_reader_us = reading.since_other_reader_us();
+  return choose_read_mode(in) == ReadMode::kSplice;
 }
 
 ReadResult Service::reply_spliced(uint64_t ino, uint64_t off, size_t size, ReadSink& sink) {

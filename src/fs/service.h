@@ -29,8 +29,8 @@
 
 #include "ckptfs/fs/read_result.h"
 #include "ckptfs/fs/tree.h"
-#include "other_readers.h"
 #include "prefetcher.h"
+#include "read_mode.h"
 #include "reply_buffer.h"
 #include "splice_stage.h"
 #include "status.h"
@@ -87,15 +87,18 @@ class Service {
   // Content and attributes never change while mounted (but /steps').
   static constexpr double kTimeout = 24 * 3600.0;
 
-  // When READs of few long runs are staged in a pipe (see SpliceStage): never (the default);
-  // while other files are being read too, if pipes may hold a 1 MiB READ (-o splice); always,
-  // in 512 KiB READs if they may not (-o splice=always).
+  // When READs of few long runs are staged in a pipe (see SpliceStage): never (-o nosplice);
+  // chosen per READ while other READs are served too (read_mode.h), if pipes may hold a 1 MiB
+  // READ (the default, and -o splice); always, in 512 KiB READs if they may not
+  // (-o splice=always).
   enum class Splice { kOff, kAuto, kAlways };
   struct Options {
     bool cache = false;       // keep_cache instead of direct_io
     bool read_ahead = false;  // start a Prefetcher (direct_io mode)
     unsigned max_read = 0;    // -o max_read: the largest READ (0: max_write decides)
-    Splice splice = Splice::kOff;
+    Splice splice = Splice::kAuto;
+    // The splice mode was asked for (-o splice): say so with a warning when it cannot be had.
+    bool splice_asked = false;
     // -o readahead_max: the bytes all open files may hold read ahead together (below one
     // block: no read-ahead).
     size_t read_ahead_max = Prefetcher::kDefaultMaxBytes;
@@ -173,10 +176,11 @@ class Service {
   // Serves a READ of [off, off + size) of `ino` through handle `fh` (0: none) into `sink`.
   // `paged`: the READ comes from the page cache (no lock owner); where direct_io files may be
   // mapped (`mappable`, as for open), such a READ of a direct_io file comes from the faults of
-  // a mapping. Counted, and a failure logged, before the sink replies. Throws only before the
-  // sink was called (out of memory); the adapter then answers EIO.
+  // a mapping. `caller`: the reading thread (the request's pid), which tells two readers from
+  // one (read_mode.h). Counted, and a failure logged, before the sink replies. Throws only
+  // before the sink was called (out of memory); the adapter then answers EIO.
   void read(uint64_t ino, uint64_t fh, int64_t off, size_t size, bool paged, bool mappable,
-            ReadSink& sink);
+            ReadSink& sink, uint64_t caller = 0);
 
   struct statvfs statfs() const;
   struct Xattr {
@@ -220,7 +224,7 @@ class Service {
 
   // The steps of a READ.
   void read_status(const Handle& handle, int64_t off, size_t size, ReadSink& sink) const;
-  bool splice_wanted(uint64_t ino, uint64_t fh);
+  bool splice_wanted(uint64_t ino, const ReadsInFlight::Guard& reading) const;
   // Stages the READ in this thread's pipe and replies from it; declined: nothing replied.
   ReadResult reply_spliced(uint64_t ino, uint64_t off, size_t size, ReadSink& sink);
   void reply_gathered(uint64_t ino, uint64_t off, size_t size,
@@ -238,8 +242,8 @@ class Service {
   MappedFiles mapped_;
   BufferPool buffers_;
   std::atomic<uint64_t> served_{0}, failed_{0}, spliced_{0}, paged_{0};
-  // Who read last (file handle, or inode without one), for -o splice.
-  OtherReaders readers_;
+  // The READs served now, for the per-READ choice between splicing and gathering.
+  ReadsInFlight reads_;
   mutable std::mutex handles_mutex_;
   std::unordered_map<uint64_t, std::unique_ptr<Handle>> handles_;
   bool stopped_ = false;

@@ -42,6 +42,7 @@ namespace ckptfs::fs {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::TempDir;
 using testing::TestData;
 using ::testing::UnorderedElementsAre;
@@ -464,6 +465,32 @@ TEST_F(MountTest, SpliceWhileSeveralReadNeedsRoomyPipes) {
     EXPECT_THAT(log.text(), HasSubstr("splice when busy"));
     EXPECT_GE(log.spliced(), 0) << log.text();
   }
+}
+
+TEST_F(MountTest, DefaultSplicesPerReadWherePipesAllowIt) {
+  // No option: splicing is chosen per READ where a pipe may hold a 1 MiB READ, and otherwise
+  // every READ is gathered, said at info level (nothing was asked for that could not be had).
+  LogCapture log;
+  start_foreground(MountOptions{});
+  expect_contents_match();
+  stop_foreground();
+  EXPECT_THAT(log.text(), Not(HasSubstr("splice off")));
+  if (StagePipe::max_slots() < 512)
+    EXPECT_THAT(log.text(), HasSubstr("reads are gathered: splicing a 1 MiB READ needs"));
+  else
+    EXPECT_THAT(log.text(), HasSubstr("splice when busy"));
+}
+
+TEST_F(MountTest, NospliceGathersEveryRead) {
+  LogCapture log;
+  MountOptions options;
+  options.fuse_options = {"nosplice"};
+  start_foreground(options);
+  expect_contents_match();
+  stop_foreground();
+  EXPECT_THAT(log.text(), Not(HasSubstr("splice when busy")));
+  EXPECT_THAT(log.text(), Not(HasSubstr("reads are gathered")));
+  EXPECT_EQ(log.spliced(), 0) << log.text();
 }
 
 TEST_F(MountTest, MaxReadSetsTheLargestRead) {

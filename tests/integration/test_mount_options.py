@@ -1,6 +1,6 @@
 """The `ckptfs mount` options as a user types them: -o cache (shared mmap works), the default
 direct I/O mode (shared mmap where the kernel allows it), -o noreadahead and max_threads=N, -o splice=always and
--o splice (for concurrent readers), a libfuse option, a bad -o value, and -f, which serves until
+splicing chosen per READ (-o splice, the default) and -o nosplice, a libfuse option, a bad -o value, and -f, which serves until
 Ctrl-C and then unmounts."""
 
 import concurrent.futures
@@ -140,10 +140,34 @@ def read_whole(path):
         return b"".join(iter(lambda: f.read(1 << 20), b""))
 
 
+def read_halves(path):
+    """Two threads read one open file, each half of it in 1 MiB preads (a loader with two
+    threads): one file handle, so only the READs in flight tell that two readers read."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        half = size // 2
+
+        def part(start, end):
+            chunks = []
+            while start < end:
+                chunks.append(os.pread(fd, min(1 << 20, end - start), start))
+                start += len(chunks[-1])
+                assert chunks[-1], f"{path}: short read at {start}"
+            return b"".join(chunks)
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            parts = list(pool.map(lambda r: part(*r), [(0, half), (half, size)]))
+        return parts[0] + parts[1]
+    finally:
+        os.close(fd)
+
+
 def splice_when_busy(args):
-    """Where pipes may hold 2 MiB (fs.pipe-max-size raised; root may), -o splice splices READs
-    while two readers read at once and gathers those of a lone reader; without it nothing is
-    spliced."""
+    """Where pipes may hold 2 MiB (fs.pipe-max-size raised; root may), the default mount (and
+    -o splice) splices READs while another READ is served too, whether the readers read two
+    files or two threads read one file, and gathers those of a lone reader; with -o nosplice
+    nothing is spliced."""
     knob = "/proc/sys/fs/pipe-max-size"
     with open(knob) as f:
         old = f.read().strip()
@@ -152,36 +176,53 @@ def splice_when_busy(args):
     files = sorted(fx.expected_files().items())
     mounts = itertools.count()
 
-    def spliced(options, readers):
+    def spliced(options, readers, one_file=False):
         n = next(mounts)
         mnt, log = os.path.join(work, f"mnt{n}"), os.path.join(work, f"log{n}")
         with itest.mounted(args.ckptfs, fx.src_dir, mnt, src_strategy=fx.src_strategy,
                            dst_strategy=fx.dst_strategy, index_dir=os.path.join(work, "index"),
                            log_file=log, log_level="info", options=options):
-            paths = [mounted_path(mnt, path, rank) for rank, path in files[:readers]]
-            with concurrent.futures.ThreadPoolExecutor(readers) as pool:
-                got = list(pool.map(read_whole, paths))
-            for (rank, path), data in zip(files, got):
-                assert data == itest.read_file(path), f"rank {rank} differs ({readers} readers)"
+            if one_file:
+                rank, path = files[0]
+                data = read_halves(mounted_path(mnt, path, rank))
+                assert data == itest.read_file(path), f"rank {rank} differs (2 threads)"
+            else:
+                paths = [mounted_path(mnt, path, rank) for rank, path in files[:readers]]
+                with concurrent.futures.ThreadPoolExecutor(readers) as pool:
+                    got = list(pool.map(read_whole, paths))
+                for (rank, path), data in zip(files, got):
+                    assert data == itest.read_file(path), f"rank {rank} differs ({readers} readers)"
         return closing_counts(log)[2]
+
+    def tries(*how):
+        # "Busy" is another READ served within the last 2 ms. Slowed down by a sanitizer on a
+        # loaded machine, the two readers' READs can keep out of step for a whole file (once
+        # in four TSan runs here), so that try proves nothing: up to three tries.
+        got = [spliced(*how)]
+        while got[-1] == 0 and len(got) < 3:
+            got.append(spliced(*how))
+        return got
 
     try:
         with open(knob, "w") as f:
             f.write(str(4 << 20))
-        lone = spliced("splice", 1)
-        # "Busy" is a READ from the other reader within the last 2 ms. Slowed down by a
-        # sanitizer on a loaded machine, the two readers' READs can keep out of step for a whole
-        # file (once in four TSan runs here), so that try proves nothing: up to three tries.
-        busy = [spliced("splice", 2)]
-        while busy[-1] == 0 and len(busy) < 3:
-            busy.append(spliced("splice", 2))
-        default = spliced(None, 2)
+        lone = spliced(None, 1)
+        assert lone == 0, f"default mount: a lone reader had {lone} reads spliced"
+        busy = tries("splice", 2)
+        assert busy[-1] > 0, \
+            f"-o splice: two readers at once had no read spliced in {len(busy)} tries"
+        # One file handle: told apart from a lone reader by the READs in flight alone.
+        one_file = tries("splice", 2, True)
+        assert one_file[-1] > 0, \
+            f"two threads reading one file had no read spliced in {len(one_file)} tries"
+        default = tries(None, 2)
+        assert default[-1] > 0, \
+            f"default mount: two readers at once had no read spliced in {len(default)} tries"
+        never = spliced("nosplice", 2)
+        assert never == 0, f"-o nosplice: two readers had {never} reads spliced"
     finally:
         with open(knob, "w") as f:
             f.write(old)
-    assert lone == 0, f"-o splice: a lone reader had {lone} reads spliced"
-    assert busy[-1] > 0, f"-o splice: two readers at once had no read spliced in {len(busy)} tries"
-    assert default == 0, f"default mount: two readers had {default} reads spliced"
 
 
 def libfuse_option(args):
@@ -246,7 +287,7 @@ def main():
     checks.run("read-ahead by default, none with -o noreadahead,max_threads=2", no_read_ahead,
                args)
     checks.run("-o splice=always serves long runs by splice", splice_always, args)
-    checks.run("2 MiB pipes: -o splice for concurrent readers only", splice_when_busy, args)
+    checks.run("2 MiB pipes: splice for concurrent READs only", splice_when_busy, args)
     checks.run("-o allow_other goes to libfuse", libfuse_option, args)
     checks.run("--log-file written while serving", log_while_serving, args)
     checks.run("bad -o value", bad_option_value, args)
