@@ -130,8 +130,7 @@ struct ParsedOptions {
   std::vector<std::string> fuse;  // for libfuse, one option each
   bool cache = false;
   bool read_ahead = true;  // direct_io mode only
-  Service::Splice splice = Service::Splice::kAuto;
-  bool splice_asked = false;      // -o splice or splice=always
+  Service::Splice splice = Service::Splice::kOff;
   unsigned max_read = 0;          // largest READ; 0: max_write decides
   unsigned max_threads = 0;       // 0: libfuse's default
   unsigned max_idle_threads = 8;  // keeps a pool warm for parallel readers
@@ -185,13 +184,10 @@ ParsedOptions parse_options(const MountOptions& options) {
         out.read_ahead = false;
       } else if (o == "splice") {
         out.splice = Service::Splice::kAuto;
-        out.splice_asked = true;
       } else if (o == "splice=always") {
         out.splice = Service::Splice::kAlways;
-        out.splice_asked = true;
       } else if (o == "nosplice") {
         out.splice = Service::Splice::kOff;
-        out.splice_asked = false;
       } else if (o.starts_with("max_read=")) {
         // libfuse takes it too, and refuses to start unless init asks for the same size.
         out.max_read = parse_number(o, 9, 4096, 1 << 20, "byte count");
@@ -586,11 +582,10 @@ void restrict_for_encrypted(ParsedOptions& parsed, const MountOptions& options) 
           "add --allow-other-decrypted if that is what you want",
           o);
   if (parsed.cache) spdlog::warn("-o cache is off: the sources are encrypted (direct I/O only)");
-  if (parsed.splice_asked)
+  if (parsed.splice != Service::Splice::kOff)
     spdlog::warn("-o splice is off: the sources are encrypted (their bytes are decrypted)");
   parsed.cache = false;
   parsed.splice = Service::Splice::kOff;
-  parsed.splice_asked = false;
 }
 
 int mount(const std::filesystem::path& mountpoint, const Tree& tree, const MountOptions& options) {
@@ -605,7 +600,7 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   server.service = std::make_unique<Service>(
       tree, options.chosen,
       Service::Options{parsed.cache, parsed.read_ahead && !parsed.cache, parsed.max_read,
-                       parsed.splice, parsed.splice_asked, parsed.read_ahead_max});
+                       parsed.splice, parsed.read_ahead_max});
   // .ckptfs/log keeps the lines from here on: the mount and the notes on the sources (the
   // daemon forks with them), then whatever the server logs (init hooks the ring to the logger
   // it serves with). This process's logger lets go of it on the way out.

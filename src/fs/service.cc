@@ -76,15 +76,9 @@ Service::Settled Service::start(const Offer& offer) {
       settled.splice = true;
       if (slots < 512) settled.max_write = std::min(settled.max_write, kSpliceReadBytes);
       stage_ = std::make_unique<SpliceStage>(tree_, slots);
-    } else if (options_.splice_asked || options_.splice == Splice::kAlways) {
+    } else {
       spdlog::warn("splice off: pipes of {} are needed, fs.pipe-max-size allows {} KiB",
                    options_.splice == Splice::kAlways ? "1 MiB" : "2 MiB", slots * kPageKiB);
-    } else {
-      // The default: nothing was asked for, and 1 MiB READs gathered serve best here.
-      spdlog::info(
-          "reads are gathered: splicing a 1 MiB READ needs fs.pipe-max-size >= 2 MiB "
-          "(it allows {} KiB)",
-          slots * kPageKiB);
     }
   }
   // Otherwise libfuse's max_write (1 MiB, its buffer size) sets the largest READ, and every

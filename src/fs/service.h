@@ -87,18 +87,17 @@ class Service {
   // Content and attributes never change while mounted (but /steps').
   static constexpr double kTimeout = 24 * 3600.0;
 
-  // When READs of few long runs are staged in a pipe (see SpliceStage): never (-o nosplice);
-  // chosen per READ while other READs are served too (read_mode.h), if pipes may hold a 1 MiB
-  // READ (the default, and -o splice); always, in 512 KiB READs if they may not
-  // (-o splice=always).
+  // When READs of few long runs are staged in a pipe (see SpliceStage): never (the default,
+  // and -o nosplice: a spliced READ's check runs before the kernel copies the source's cached
+  // pages, so an in-place write in between would reach the reader unseen); chosen per READ
+  // while other readers' READs are served too (read_mode.h), if pipes may hold a 1 MiB READ
+  // (-o splice); always, in 512 KiB READs if they may not (-o splice=always).
   enum class Splice { kOff, kAuto, kAlways };
   struct Options {
     bool cache = false;       // keep_cache instead of direct_io
     bool read_ahead = false;  // start a Prefetcher (direct_io mode)
     unsigned max_read = 0;    // -o max_read: the largest READ (0: max_write decides)
-    Splice splice = Splice::kAuto;
-    // The splice mode was asked for (-o splice): say so with a warning when it cannot be had.
-    bool splice_asked = false;
+    Splice splice = Splice::kOff;
     // -o readahead_max: the bytes all open files may hold read ahead together (below one
     // block: no read-ahead).
     size_t read_ahead_max = Prefetcher::kDefaultMaxBytes;

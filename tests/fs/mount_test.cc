@@ -467,18 +467,16 @@ TEST_F(MountTest, SpliceWhileSeveralReadNeedsRoomyPipes) {
   }
 }
 
-TEST_F(MountTest, DefaultSplicesPerReadWherePipesAllowIt) {
-  // No option: splicing is chosen per READ where a pipe may hold a 1 MiB READ, and otherwise
-  // every READ is gathered, said at info level (nothing was asked for that could not be had).
+TEST_F(MountTest, DefaultGathersEveryRead) {
+  // No option: every READ gathered (a gather checks its source after its copy), and nothing is
+  // said about pipes, since nothing was asked for.
   LogCapture log;
   start_foreground(MountOptions{});
   expect_contents_match();
   stop_foreground();
   EXPECT_THAT(log.text(), Not(HasSubstr("splice off")));
-  if (StagePipe::max_slots() < 512)
-    EXPECT_THAT(log.text(), HasSubstr("reads are gathered: splicing a 1 MiB READ needs"));
-  else
-    EXPECT_THAT(log.text(), HasSubstr("splice when busy"));
+  EXPECT_THAT(log.text(), Not(HasSubstr("splice when busy")));
+  EXPECT_EQ(log.spliced(), 0) << log.text();
 }
 
 TEST_F(MountTest, NospliceGathersEveryRead) {
@@ -489,7 +487,6 @@ TEST_F(MountTest, NospliceGathersEveryRead) {
   expect_contents_match();
   stop_foreground();
   EXPECT_THAT(log.text(), Not(HasSubstr("splice when busy")));
-  EXPECT_THAT(log.text(), Not(HasSubstr("reads are gathered")));
   EXPECT_EQ(log.spliced(), 0) << log.text();
 }
 

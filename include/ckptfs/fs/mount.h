@@ -20,13 +20,13 @@ struct MountOptions {
   bool cache = false;  // page-cache mode with keep_cache (mmap users)
   // The -o list, passed on to libfuse (each entry may hold a comma-separated list). Handled
   // here instead: "cache" (same as cache = true), "noreadahead" (no read-ahead thread in
-  // direct_io mode), "nosplice" (every READ gathered; by default READs of few long runs are
-  // spliced while other readers' READs are served too, if pipes may hold 2 MiB), "splice" (the
-  // default, with a warning if pipes may not), "splice=always" (every such READ, in 512 KiB
-  // READs unless pipes may hold 2 MiB), "max_read=N" (also passed on), "max_threads=N",
-  // "max_idle_threads=N", "readahead_max=BYTES" (what all open files may hold read ahead together,
-  // 256M by default; K, M and G suffixes; 0: no read-ahead). "nonempty" (mount over a directory
-  // that is not empty). "ro" is always forced.
+  // direct_io mode), "nosplice" (every READ gathered: the default, since a spliced READ's source
+  // check runs before the kernel's copy), "splice" (READs of few long runs spliced while other
+  // readers' READs are served too, if pipes may hold 2 MiB; a warning if not), "splice=always"
+  // (every such READ, in 512 KiB READs unless pipes may hold 2 MiB), "max_read=N" (also passed on),
+  // "max_threads=N", "max_idle_threads=N", "readahead_max=BYTES" (what all open files may hold read
+  // ahead together, 256M by default; K, M and G suffixes; 0: no read-ahead). "nonempty" (mount over
+  // a directory that is not empty). "ro" is always forced.
   std::vector<std::string> fuse_options;
   // Over encrypted sources (Tree::encrypted) "allow_other" and "allow_root" are refused unless
   // this is set (--allow-other-decrypted), and "cache" and splicing are turned off (with a
