@@ -174,7 +174,7 @@ std::optional<CachedScan> lookup_cached(const Store& store, const source::Source
 
 std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                                  const std::vector<fs::path>& paths,
-                                                 const OnFile& on_file) {
+                                                 const OnFile& on_file, bool check_structure) {
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
   std::exception_ptr error;
@@ -190,7 +190,7 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
         });
     // Size and mtime can be put back after a rewrite in place: the bytes the scan was read
     // from are compared too, before anything is planned from it.
-    if (scan && structure_digest(s.file.fd.get(), name, *scan) != built)
+    if (scan && check_structure && structure_digest(s.file.fd.get(), name, *scan) != built)
       why =
           "was built from other headers than it has now (rewritten in place, its size and mtime "
           "kept?)";

@@ -187,6 +187,23 @@ class LayoutMemo {
     return it->second;
   }
 
+  // The source strategy's parameters in its order (load_order_for walks them for every
+  // target), with what derives from the strategies and the target's stage alone: the role, and
+  // the layouts once asked for a tensor rank. Built once per stage of a view, not per target.
+  struct Row {
+    TargetMaps::Role role = TargetMaps::Role::Drop;
+    const Pair* pair = nullptr;  // for tensor rank `rank`
+    size_t rank = 0;
+  };
+  std::vector<Row>& rows(const TargetMaps& maps) {
+    auto [it, inserted] = rows_.try_emplace(maps.target_stage());
+    if (inserted) {
+      it->second.reserve(src_->params.size());
+      for (const auto& [name, param] : src_->params) it->second.push_back({maps.role(name)});
+    }
+    return it->second;
+  }
+
   // Local ranks holding each block of a layout, by flat block index (C order over splits()).
   const std::vector<std::vector<int64_t>>& holders(uint32_t id) {
     auto [it, inserted] = holders_.try_emplace(id);
@@ -238,6 +255,7 @@ class LayoutMemo {
   std::map<std::pair<int64_t, size_t>, std::unordered_map<std::string_view, Pair>> by_stage_rank_;
   std::unordered_map<uint32_t, std::vector<std::vector<int64_t>>> holders_;
   std::map<std::tuple<uint32_t, uint32_t, int64_t>, Needed> needed_;
+  std::map<int64_t, std::vector<Row>> rows_;  // by target stage
 };
 
 namespace {
@@ -462,14 +480,26 @@ class Planner {
     std::set<int64_t> locals;
     std::set<uint32_t> stages;
     std::unordered_set<const Needed*> merged_lists;
+    std::vector<LayoutMemo::Row>& rows = layouts_.rows(maps);
+    size_t k = 0;
     for (const auto& [name, param] : src_->params) {
+      LayoutMemo::Row& row = rows[k++];
       const uint32_t id = files_.id_of(name);
-      if (role_of(maps, id, name) != TargetMaps::Role::Reshard) continue;
+      if (id != SourceSet::kNoId) per_name_[id].role = row.role;
+      if (row.role != TargetMaps::Role::Reshard) continue;
       // The checkpoint's own tensor rank, so a map of the wrong length is blamed on its file.
       const scan::Param* copy = files_.find_any(id);
       const size_t rank =
           copy ? copy->shape.size() : param.stages.begin()->second.tensor_map.size();
-      const LayoutMemo::Pair& pair = layouts_of(maps, id, name, rank);
+      if (!row.pair || row.rank != rank) {
+        row.pair = &layouts_.layouts(maps, name, rank);  // the memo's nodes do not move
+        row.rank = rank;
+      }
+      const LayoutMemo::Pair& pair = *row.pair;
+      if (id != SourceSet::kNoId) {
+        per_name_[id].pair = row.pair;
+        per_name_[id].rank = rank;
+      }
       const Needed& needed = layouts_.needed(pair, maps.target_local());
       // Thousands of parameters share a few rank lists: each is merged in once.
       if (merged_lists.insert(&needed).second)

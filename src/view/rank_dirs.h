@@ -125,10 +125,12 @@ struct Planning {
     strategy::TransformMemo transform;
   };
 
-  // The same, exposing `ranks_shown` (empty: all).
+  // The same, exposing `ranks_shown` (empty: all). `loads`: the source ranks a shipped index's
+  // summaries say those ranks load (their plan's source_ranks when the index was built from the
+  // same files), which spares a first open the walk over every parameter that finds them.
   plan::Plan plan_ranks(const std::map<int64_t, std::filesystem::path>& files, bool mixed_allowed,
                         const std::vector<int64_t>& ranks_shown, bool report = false,
-                        Memos* memos = nullptr) const {
+                        Memos* memos = nullptr, const std::set<int64_t>* loads = nullptr) const {
     decode_strategies();
     plan::ViewOptions shown = views;
     shown.ranks = ranks_shown;
@@ -142,7 +144,10 @@ struct Planning {
     // Only the sources the exposed ranks read must be there; the others are neither required
     // nor opened (a node's copy may hold just its share).
     std::optional<std::set<int64_t>> needed;
-    if (!shown.ranks.empty()) {
+    if (loads && !shown.ranks.empty()) {
+      plan::check_target_ranks(shown.ranks, dst.get());
+      needed = *loads;
+    } else if (!shown.ranks.empty()) {
       strategy::TransformMemo own;
       needed = needed_sources(shown.ranks, memos ? memos->transform : own);
     }
@@ -150,7 +155,9 @@ struct Planning {
     plan::check_rank_count(ranks, src.get(), root, unusable, needed ? &*needed : nullptr);
     if (needed) keep_only(*needed, ranks, paths);
     std::vector<index::IndexedSource> indexed =
-        store != nullptr ? index::index_sources_shipped(*store, paths)
+        // The index being built: its structure digests were taken from these files' bytes
+        // moments ago, so each target's sources are not read again for them.
+        store != nullptr ? index::index_sources_shipped(*store, paths, {}, false)
                          : index_files(index_dir, shipped, paths, !report || quiet, readers);
     std::map<int64_t, index::IndexedSource> sources;
     for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));

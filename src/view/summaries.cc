@@ -187,6 +187,7 @@ std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) 
   if (args.shipped_index.empty() || planning.views.by_stage) return nullptr;
   std::vector<int64_t> shown = planning.views.ranks;
   std::vector<fs::LazyRanks::File> files;
+  std::map<int64_t, std::set<int64_t>> loads;  // by rank: the sources its plan loads
   {
     std::lock_guard lock(shipped_mutex());
     const index::Store store = index::Store::open_shipped(args.shipped_index);
@@ -233,7 +234,7 @@ std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) 
       planning.compact.emplace(std::move(src), std::move(dst));
     }
     std::set<int64_t> sources;
-    std::vector<std::vector<int64_t>> reads;  // files[i] reads the sources of ranks reads[i]
+    std::vector<std::vector<int64_t>> reads;     // files[i] reads the sources of ranks reads[i]
     for (int64_t t : shown) {
       const std::optional<index::TargetSummary> summary = store.target(t);
       if (!summary) {
@@ -246,6 +247,7 @@ std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) 
         reads.push_back(f.source_ranks);
       }
       sources.insert(summary->source_ranks.begin(), summary->source_ranks.end());
+      loads[t].insert(summary->source_ranks.begin(), summary->source_ranks.end());
     }
     // Each file's access derives from the sources it reads, as an eager mount's does; one that
     // reads none takes that of all the sources the exposed ranks load (an eager mount's plan).
@@ -283,8 +285,11 @@ std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) 
   const std::map<int64_t, std::filesystem::path> chosen = dirs.choice.files;
   const bool mixed = dirs.choice.mixed_allowed;
   auto lazy = std::make_shared<fs::LazyRanks>(
-      std::move(files), [planning_ptr, chosen, mixed](int64_t rank) {
-        plan::Plan plan = planning_ptr->plan_ranks(chosen, mixed, {rank});
+      std::move(files), [planning_ptr, chosen, mixed, loads = std::move(loads)](int64_t rank) {
+        // The sources the build's plan of this rank loaded, from the same pinned files.
+        const auto it = loads.find(rank);
+        plan::Plan plan = planning_ptr->plan_ranks(chosen, mixed, {rank}, false, nullptr,
+                                                   it == loads.end() ? nullptr : &it->second);
         for (const std::string& line : plan.warnings) spdlog::warn("rank {}: {}", rank, line);
         return plan;
       });

@@ -202,6 +202,30 @@ TEST_P(PlannerAgainstGenerator, OneTargetAtATimeWithASharedMemoPlansTheSame) {
   }
 }
 
+// The memo's per-stage table of roles and layouts is built by the first target of a stage and
+// read by the others, in whatever order they come (index build's threads take targets as they
+// free up): targets planned last to first, each twice, give the generator's files too.
+TEST_P(PlannerAgainstGenerator, TargetsInAnyOrderWithASharedMemoPlanTheSame) {
+  ViewOptions views;
+  views.safetensors = false;
+  views.layout_memo = new_layout_memo();
+  const json& targets = fixture_.at("targets");
+  for (size_t k = targets.size(); k-- > 0;) {
+    for (int pass = 0; pass < 2; ++pass) {
+      const json& want = targets[k];
+      const int64_t t = want.at("rank").get<int64_t>();
+      SCOPED_TRACE("target rank " + std::to_string(t) + ", pass " + std::to_string(pass));
+      views.ranks = {t};
+      const Plan plan = this->plan(views);
+      ASSERT_EQ(plan.targets.size(), 1u);
+      const std::string expected =
+          testsupport::read_file(dir_ / want.at("file").get<std::string>());
+      EXPECT_TRUE(materialize(plan, plan.targets[0].file) == expected)
+          << "bytes differ from " << want.at("file");
+    }
+  }
+}
+
 // Layout changes of every kind the generator knows with one strategy file (or directory) per
 // side: M -> N, merge, split, optimizer sharding on either side, pipelines on either side,
 // JSON, multi-axis maps, a non-multiple, chunked sources, CRC trailers and old scalars, a real

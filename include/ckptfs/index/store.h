@@ -252,9 +252,12 @@ BuildResult build_index(Store* store, const std::vector<std::filesystem::path>& 
 // mtime, and its structure bytes (structure.h) must have the digest the entry holds, else
 // Error in one line naming the file, what changed, and how to rebuild. Reads each file's
 // structure bytes once (a safetensors header, every record header of a .ckpt); scans and
-// writes nothing.
+// writes nothing. `check_structure` false skips that read: only for the index this process has
+// just built from these files (index build's target summaries), whose digests were taken from
+// the bytes it scanned moments before; size and mtime are still compared.
 std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                                  const std::vector<std::filesystem::path>& paths,
-                                                 const OnFile& on_file = {});
+                                                 const OnFile& on_file = {},
+                                                 bool check_structure = true);
 
 }  // namespace ckptfs::index
