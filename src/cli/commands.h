@@ -15,5 +15,6 @@ void add_mount_commands(CLI::App& app);  // mount, umount
 void add_index_command(CLI::App& app);
 void add_materialize_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 
 }  // namespace ckptfs::cli
