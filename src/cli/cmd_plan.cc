@@ -18,6 +18,7 @@
 #include "ckptfs/fs/lazy_ranks.h"
 #include "ckptfs/fs/tree.h"
 #include "ckptfs/plan/fetch_cost.h"
+#include "ckptfs/util/remote_fs.h"
 #include "commands.h"
 #include "view.h"
 
@@ -110,16 +111,13 @@ nlohmann::json to_json(const Costed& c) {
   return {{"file", c.name}, {"sources", sources}};
 }
 
-void run(const PlanArgs& args) {
-  ViewNotes notes;
-  const std::unique_ptr<fs::Tree> tree = build_tree(args.view, notes, /*steps=*/false);
-  const std::filesystem::path src = std::filesystem::absolute(args.view.src_dir).lexically_normal();
-  std::vector<Costed> files;
-  // All files together: a block two files read is fetched once. Keyed by path, since lazily
-  // planned ranks each index their own source table.
+// Each file's cost (into `each`, if given) and all the files' together: a block two files read
+// is fetched once. Keyed by path, since lazily planned ranks each index their own source table.
+Costed cost_all(const std::vector<Planned>& planned, const std::filesystem::path& src,
+                std::vector<Costed>* each) {
   std::map<std::string, std::vector<plan::Run>> all_runs;
   std::map<std::string, uint64_t> all_sizes;
-  for (const Planned& p : planned_files(*tree)) {
+  for (const Planned& p : planned) {
     std::vector<std::vector<plan::Run>> runs;
     plan::collect_runs(p.target->file, runs);
     for (size_t s = 0; s < runs.size() && s < p.plan->sources.size(); ++s) {
@@ -128,7 +126,7 @@ void run(const PlanArgs& args) {
       into.insert(into.end(), runs[s].begin(), runs[s].end());
       all_sizes[path] = p.plan->sources[s].file.fingerprint.size;
     }
-    files.push_back(cost_of(p.target->path(), *p.plan, runs, src));
+    if (each) each->push_back(cost_of(p.target->path(), *p.plan, runs, src));
   }
   std::vector<std::vector<plan::Run>> runs;
   std::vector<uint64_t> sizes;
@@ -141,7 +139,15 @@ void run(const PlanArgs& args) {
   Costed all{"all files", {}};
   for (plan::SourceCost& c : plan::fetch_cost(runs, sizes, plan::kCostBlocks))
     all.sources.emplace_back(shown(paths[c.source], src), std::move(c));
+  return all;
+}
 
+void run(const PlanArgs& args) {
+  ViewNotes notes;
+  const std::unique_ptr<fs::Tree> tree = build_tree(args.view, notes, /*steps=*/false);
+  const std::filesystem::path src = std::filesystem::absolute(args.view.src_dir).lexically_normal();
+  std::vector<Costed> files;
+  const Costed all = cost_all(planned_files(*tree), src, &files);
   if (args.json) {
     nlohmann::json out = {{"blocks", plan::kCostBlocks}, {"files", nlohmann::json::array()}};
     for (const Costed& f : files) out["files"].push_back(to_json(f));
@@ -159,6 +165,17 @@ void run(const PlanArgs& args) {
 }
 
 }  // namespace
+
+std::string plan_cost_line(const fs::Tree& tree) {
+  if (tree.lazy() != nullptr) return {};
+  bool remote = false;
+  for (const index::IndexedSource& s : tree.plan().sources)
+    remote = remote || on_remote_filesystem(s.file.fd.get());
+  if (!remote) return {};
+  const Costed all = cost_all(planned_files(tree), {}, nullptr);
+  return fmt::format("sources on a remote filesystem; the {} files together: {}",
+                     tree.plan().targets.size(), summary(all.sources));
+}
 
 void add_plan_command(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
