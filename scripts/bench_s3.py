@@ -17,6 +17,10 @@ GETs, "fetched" the bytes it sent; s3fs is remounted before every run, so every 
   ranks 0   a mount with --ranks 0 reading its one target: bytes fetched / target size
   blocks    the plan of rank 0 (MOUNTPOINT/.ckptfs/plan/rank_0.json): bytes of the source
             blocks its extents touch at 4 KiB, 64 KiB, 1 MiB and 8 MiB / bytes it needs
+  goals     issue 33's, each with its figure and ratio to the goal: a cold cat of the view
+            >= 0.9x the MB/s of one cat per source in parallel (paired per run); a remount with
+            the default index fetches no tensor data (bytes sent while mounting); `mount
+            --index` over s3fs <= 0.2 s
 
     scripts/bench_s3.py [--size-gib 0.25] [--runs 3] [--work build/bench-s3]
 """
@@ -110,6 +114,7 @@ class Bench:
         self.s3 = os.path.join(self.work, "s3")
         self.mnt = os.path.join(self.work, "view")
         self.failures = []
+        self.goals = []  # (name, figure text, ratio to the goal: >= 1 met)
 
     def fresh_s3fs(self):
         """s3fs mounted anew: nothing of an earlier run is cached in it or in the kernel."""
@@ -222,6 +227,15 @@ class Bench:
                   f"({median([v[2] for v in vals]) / self.src_bytes:.2f}x the sources); "
                   f"scans from the index per run: "
                   f"{', '.join(f'{v[3]}/{v[4]}' if v[4] else 'lazy' for v in vals)}")
+        remount = median([v[2] for v in rows["index remount"]])
+        # Headers are a few KiB per source; tensor data would be most of a source.
+        limit = 64 * 1024 * len(self.sources)
+        self.goals.append(("remount with the default index fetches no tensor data",
+                           f"{remount / 1024:.0f} KiB fetched (goal <= {limit // 1024} KiB)",
+                           limit / remount if remount else float("inf")))
+        shipped = median([v[0] for v in rows["shipped index"]])
+        self.goals.append(("mount --index over s3fs <= 0.2 s", f"{shipped:.3f} s",
+                           0.2 / shipped))
         return rows
 
     def cat_figures(self, runs):
@@ -250,6 +264,8 @@ class Bench:
             ratios = [(self.target_bytes / v[0]) / (size / o[0]) for v, o in zip(view, other)]
             print(f"  ratio view / sources ({label}): median {median(ratios):.2f} "
                   f"(runs {', '.join(f'{x:.2f}' for x in ratios)})")
+        self.goals.append(("cold cat of the view >= 0.9x parallel cat of the sources",
+                           f"{median(ratios):.2f}x (goal 0.9x)", median(ratios) / 0.9))
 
     def ranks0_figures(self, runs):
         target = self.fx.expected_files()[0]
@@ -306,6 +322,9 @@ def main(argv=None):
             bench.ranks0_figures(args.runs)
         finally:
             s3harness.unmount_s3fs(bench.s3)
+    print(f"\ngoals (load average {os.getloadavg()[0]:.1f}):")
+    for name, figure, ratio in bench.goals:
+        print(f"  {'met ' if ratio >= 1 else 'MISS'} {name}: {figure}; {ratio:.2f} of the goal")
     for f in bench.failures:
         print(f"MISMATCH {f}")
     return 1 if bench.failures else 0

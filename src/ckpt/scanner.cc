@@ -28,6 +28,7 @@
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/pread.h"
 #include "ckptfs/util/quote.h"
+#include "ckptfs/util/remote_fs.h"
 #include "ckptfs/util/shape_text.h"
 #include "ckptfs/util/view_reach.h"
 
@@ -44,6 +45,21 @@ namespace {
 // and reading more would pull tensor bytes nobody asked for. Sequential reads use the window.
 constexpr size_t kWindowBytes = 64 * 1024;
 constexpr size_t kJumpReadBytes = 4 * 1024;
+// On a remote filesystem each read is a request (s3fs: a ranged GET, and a miss pulls a large
+// prefetch), so every read is one large window: tensors smaller than it are read through rather
+// than jumped, and the file passes in order, a few requests per window. Bounded: a tensor
+// larger than the window is still stepped over.
+constexpr size_t kLargeReadBytes = 8 * 1024 * 1024;
+
+struct ReadSizes {
+  size_t window;
+  size_t jump;
+};
+
+ReadSizes read_sizes(ReadPattern pattern) {
+  return pattern == ReadPattern::large ? ReadSizes{kLargeReadBytes, kLargeReadBytes}
+                                       : ReadSizes{kWindowBytes, kJumpReadBytes};
+}
 constexpr size_t kCrcBlockBytes = 1024 * 1024;
 
 // Names and type strings are held in memory; these bounds keep a hostile length prefix from
@@ -66,8 +82,11 @@ enum WireType : uint32_t {
 // and a small one should not cost a zero-filled 64 KiB.
 class Window {
  public:
-  Window(const ReadExact& read, uint64_t end)
-      : read_(read), end_(end), buf_(static_cast<size_t>(std::min<uint64_t>(kWindowBytes, end))) {}
+  Window(const ReadExact& read, uint64_t end, ReadSizes sizes)
+      : read_(read),
+        end_(end),
+        jump_(sizes.jump),
+        buf_(static_cast<size_t>(std::min<uint64_t>(sizes.window, end))) {}
 
   // Up to n bytes at pos, fewer only where `limit` (<= end) cuts them.
   std::span<const uint8_t> peek(uint64_t pos, size_t n, uint64_t limit) {
@@ -97,7 +116,7 @@ class Window {
   void fill(uint64_t pos, size_t need) {
     // Reading on from inside the window (a header straddling its end) is sequential too.
     const bool sequential = pos >= buf_off_ && pos <= buf_off_ + buf_len_;
-    size_t want = std::max(need, sequential ? buf_.size() : kJumpReadBytes);
+    size_t want = std::max(need, sequential ? buf_.size() : jump_);
     want = static_cast<size_t>(std::min<uint64_t>(want, end_ - pos));
     read_(pos, std::span<uint8_t>(buf_.data(), want));
     buf_off_ = pos;
@@ -106,6 +125,7 @@ class Window {
 
   const ReadExact& read_;
   uint64_t end_;
+  size_t jump_;
   std::vector<uint8_t> buf_;
   uint64_t buf_off_ = 0;
   size_t buf_len_ = 0;
@@ -145,8 +165,9 @@ std::string describe(const What& what) {
 // names that message in errors ("file", "Checkpoint.Value", ...).
 class Parser {
  public:
-  Parser(const ReadExact& read, const std::string& name, uint64_t end, std::string_view top_scope)
-      : name_(name), end_(end), top_scope_(top_scope), in_(read, end) {}
+  Parser(const ReadExact& read, const std::string& name, uint64_t end, std::string_view top_scope,
+         ReadSizes sizes)
+      : name_(name), end_(end), top_scope_(top_scope), in_(read, end, sizes) {}
 
   bool at(uint64_t limit) const { return pos_ >= limit; }
 
@@ -557,9 +578,10 @@ void verify_crc(const ReadExact& read, const std::string& name, uint64_t body_si
 
 // The body's records, grouped into parameters in file order.
 std::vector<Param> scan_params(const ReadExact& read, const std::string& name, uint64_t body_size,
-                               bool has_crc_trailer) {
+                               bool has_crc_trailer, ReadPattern pattern) {
   Parser parser(read, name, body_size,
-                has_crc_trailer ? "checkpoint body (before the CRC trailer)" : "file");
+                has_crc_trailer ? "checkpoint body (before the CRC trailer)" : "file",
+                read_sizes(pattern));
   Grouper grouper(name, body_size);
   parser.walk([&](Record r) { grouper.add(std::move(r)); });
   return grouper.finish();
@@ -576,8 +598,11 @@ FileScan scan_checkpoint_fd(int fd, const std::string& display_name, const ScanO
   struct stat st;
   if (::fstat(fd, &st) != 0) fail("{}: cannot stat: {}", display_name, errno_text(errno));
   if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", display_name);
+  ScanOptions opts = options;
+  if (opts.reads == ReadPattern::automatic)
+    opts.reads = on_remote_filesystem(fd) ? ReadPattern::large : ReadPattern::small;
   return scan_checkpoint_bytes(read_exact_from(fd, display_name), static_cast<uint64_t>(st.st_size),
-                               display_name, options);
+                               display_name, opts);
 }
 
 FileScan scan_checkpoint_bytes(const ReadExact& read, uint64_t size,
@@ -591,7 +616,8 @@ FileScan scan_checkpoint_bytes(const ReadExact& read, uint64_t size,
     scan.body_size = size - kCrcTrailerBytes;
     if (options.verify_crc) verify_crc(read, display_name, scan.body_size, *trailer);
   }
-  scan.params = scan_params(read, display_name, scan.body_size, scan.has_crc_trailer);
+  scan.params =
+      scan_params(read, display_name, scan.body_size, scan.has_crc_trailer, options.reads);
   return scan;
 }
 

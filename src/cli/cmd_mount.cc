@@ -1,4 +1,5 @@
 // ckptfs mount / umount: source scan -> index -> strategies -> plan -> FUSE.
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -121,7 +122,12 @@ void run_mount(MountArgs& args) {
   // A tree planned on first open has no sources yet to name the mount after.
   if (tree->lazy() != nullptr)
     options.fsname = std::filesystem::absolute(args.view.src_dir).lexically_normal().string();
-  options.on_mounted = [&notes] { notes.say(); };
+  // Over a network or S3 filesystem the operator sees the read amplification before reading.
+  const std::string cost = args.view.quiet ? std::string() : plan_cost_line(*tree);
+  options.on_mounted = [&notes, &cost] {
+    notes.say();
+    if (!cost.empty()) fmt::print(stderr, "ckptfs: {}\n", cost);
+  };
   options.chosen = notes.chosen;
   const Owner owner = take_owner(options.fuse_options);
   tree->set_owner(owner.uid, owner.gid, owner.umask);

@@ -237,6 +237,7 @@ int main(int argc, char** argv) {
   ckptfs::cli::add_mount_commands(app);
   ckptfs::cli::add_materialize_command(app);
   ckptfs::cli::add_verify_command(app);
+  ckptfs::cli::add_plan_command(app);
 
   std::vector<const char*> cargs;
   for (const std::string& a : args) cargs.push_back(a.c_str());

@@ -102,7 +102,21 @@ Service::Settled Service::start(const Offer& offer) {
       spdlog::warn("read-ahead off: {}", e.what());
     }
   }
+  start_source_prefetch();
   return settled;
+}
+
+void Service::start_source_prefetch() noexcept {
+  if (options_.read_ahead_max == 0) return;
+  try {
+    if (!SourcePrefetch::any_remote(tree_)) return;
+    source_prefetch_ = std::make_unique<SourcePrefetch>(
+        tree_, SourcePrefetch::Options{.max_bytes = options_.read_ahead_max});
+    spdlog::info("sources on a remote filesystem: reading ahead up to {} MiB of them in parallel",
+                 options_.read_ahead_max >> 20);
+  } catch (const std::exception& e) {
+    spdlog::warn("source read-ahead off: {}", e.what());
+  }
 }
 
 std::string Service::mode(bool direct_io_mmap_offered) const {
@@ -121,6 +135,7 @@ void Service::stop() noexcept {
   if (std::exchange(stopped_, true)) return;
   std::erase(spdlog::default_logger()->sinks(), status_->log_sink());
   const Counters c = counters();
+  source_prefetch_.reset();
   prefetcher_.reset();
   size_t left = 0;
   {
@@ -315,6 +330,7 @@ void Service::read(uint64_t ino, uint64_t fh, int64_t off, size_t size, bool pag
     sink.bytes({});
     return;
   }
+  if (source_prefetch_) source_prefetch_->note(ino, at, size);
   // Our own reference: once the reply is out, the reader may close the file and its RELEASE
   // may free the handle on another thread before the read-ahead is started.
   std::shared_ptr<Prefetcher::Stream> stream;

@@ -32,6 +32,7 @@
 #include "prefetcher.h"
 #include "read_mode.h"
 #include "reply_buffer.h"
+#include "source_prefetch.h"
 #include "splice_stage.h"
 #include "status.h"
 
@@ -223,6 +224,8 @@ class Service {
 
   // The steps of a READ.
   void read_status(const Handle& handle, int64_t off, size_t size, ReadSink& sink) const;
+  // At start(): the sources' read-ahead, if one is remote and -o readahead_max allows it.
+  void start_source_prefetch() noexcept;
   bool splice_wanted(uint64_t ino, const ReadsInFlight::Guard& reading) const;
   // Stages the READ in this thread's pipe and replies from it; declined: nothing replied.
   ReadResult reply_spliced(uint64_t ino, uint64_t off, size_t size, ReadSink& sink);
@@ -236,6 +239,7 @@ class Service {
   std::unique_ptr<SpliceStage> stage_;
   // Started by start() and stopped by stop(). In page-cache mode the kernel reads ahead itself.
   std::unique_ptr<Prefetcher> prefetcher_;
+  std::unique_ptr<SourcePrefetch> source_prefetch_;  // when a source is remote
   std::string readahead_knob_;
   std::once_flag readahead_once_;
   MappedFiles mapped_;

@@ -15,8 +15,17 @@
 
 namespace ckptfs::ckpt {
 
+// How the header walk reads. `small`: a 64 KiB window, 4 KiB after a jump over tensor bytes
+// (a local disk: read only what is headers). `large`: every read an 8 MiB window, tensors
+// smaller than that read through, so the file passes in order in few requests (a network or
+// S3 filesystem, where a request costs far more than its bytes). `automatic`: `large` when the
+// file is on a remote filesystem (util/remote_fs.h), else `small`; bytes read through a
+// ReadExact (scan_checkpoint_bytes) count as local.
+enum class ReadPattern { automatic, small, large };
+
 struct ScanOptions {
   bool verify_crc = false;  // compare the CRC trailer (if any) with a CRC-32 of the body
+  ReadPattern reads = ReadPattern::automatic;
 };
 
 // Scans a checkpoint. Throws Error naming `path` and the byte offset for truncated or malformed

@@ -1,0 +1,220 @@
+#include "source_prefetch.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <exception>
+#include <memory>
+#include <string_view>
+#include <system_error>
+#include <unordered_set>
+
+#include "ckptfs/util/eintr.h"
+#include "ckptfs/util/remote_fs.h"
+
+namespace ckptfs::fs {
+
+namespace {
+
+// A helper's buffer: the bytes are only brought into the page cache, then dropped.
+constexpr size_t kReadBytes = size_t{1} << 20;
+
+struct Stretch {
+  uint32_t source;
+  uint64_t begin, end;
+};
+
+// The runs' source bytes, per source, joined where they are less than kGapBytes apart.
+std::vector<Stretch> stretches(std::vector<plan::Run>& runs) {
+  std::erase_if(runs, [](const plan::Run& r) { return r.mem != nullptr || r.length == 0; });
+  std::sort(runs.begin(), runs.end(), [](const plan::Run& a, const plan::Run& b) {
+    return a.source != b.source ? a.source < b.source : a.offset < b.offset;
+  });
+  std::vector<Stretch> out;
+  for (const plan::Run& r : runs) {
+    if (!out.empty() && out.back().source == r.source &&
+        r.offset <= out.back().end + SourcePrefetch::kGapBytes) {
+      out.back().end = std::max(out.back().end, r.offset + r.length);
+      continue;
+    }
+    out.push_back({r.source, r.offset, r.offset + r.length});
+  }
+  return out;
+}
+
+}  // namespace
+
+bool SourcePrefetch::any_remote(const Tree& tree) {
+  for (const index::IndexedSource& s : tree.plan().sources)
+    if (on_remote_filesystem(s.file.fd.get())) return true;
+  if (const LazyRanks* lazy = tree.lazy()) {
+    std::unordered_set<std::string_view> seen;
+    for (const LazyRanks::File& f : lazy->files())
+      for (const std::string& path : f.sources) {
+        if (!seen.insert(path).second) continue;
+        struct statfs st;
+        if (::statfs(path.c_str(), &st) == 0 &&
+            is_remote_fs_magic(static_cast<uint64_t>(static_cast<uint32_t>(st.f_type))))
+          return true;
+      }
+  }
+  return false;
+}
+
+SourcePrefetch::SourcePrefetch(const Tree& tree, Options options) : tree_(tree), options_(options) {
+  if (const LazyRanks* lazy = tree.lazy())
+    for (size_t i = 0; i < lazy->files().size(); ++i) lazy_files_.emplace(tree.target_ino(i), i);
+}
+
+SourcePrefetch::~SourcePrefetch() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    jobs_.clear();
+  }
+  wake_.notify_all();
+  for (std::thread& t : helpers_) t.join();
+  if (!helpers_.empty())
+    spdlog::info("source read-ahead: {} MiB fetched ahead", fetched_.load() >> 20);
+}
+
+std::pair<const Tree*, uint64_t> SourcePrefetch::serving(uint64_t ino) const {
+  if (Tree::in_steps(ino)) return {nullptr, 0};
+  if (tree_.lazy() == nullptr) return {&tree_, ino};
+  const auto it = lazy_files_.find(ino);
+  return it == lazy_files_.end() ? std::pair<const Tree*, uint64_t>{nullptr, 0}
+                                 : tree_.lazy()->planned(it->second);
+}
+
+void SourcePrefetch::note(uint64_t ino, uint64_t off, size_t len) noexcept {
+  if (options_.max_bytes == 0) return;
+  try {
+    const auto [tree, local] = serving(ino);
+    const plan::VirtualFile* file = tree ? tree->file(local) : nullptr;
+    if (file == nullptr) return;
+    uint64_t begin = 0;
+    const uint64_t end = std::min(file->size(), off + len + kAheadBytes);
+    {
+      std::lock_guard lock(mutex_);
+      uint64_t& planned = planned_to_[ino];
+      // Far enough ahead already; a reader that jumped beyond (or back) plans from where it is.
+      if (planned >= off && planned >= std::min(file->size(), off + len + kAheadBytes / 2)) return;
+      begin = planned >= off && planned <= end ? planned : off;
+      if (begin >= end) return;
+      planned = end;
+    }
+    std::vector<plan::Run> runs;
+    file->map(begin, end - begin, runs);
+    const std::vector<Stretch> wanted = stretches(runs);
+    const auto& sources = tree->plan().sources;
+    std::lock_guard lock(mutex_);
+    for (const Stretch& s : wanted) {
+      if (s.source >= sources.size()) continue;
+      const source::SourceFile& f = sources[s.source].file;
+      auto [it, added] = sources_.try_emplace(f.path.string());
+      if (added) {
+        it->second.fd = f.fd.get();
+        it->second.remote = options_.local_too || on_remote_filesystem(it->second.fd);
+      }
+      if (it->second.remote) queue(it->second, s.begin, s.end);
+    }
+  } catch (const std::exception& e) {
+    spdlog::debug("source read-ahead skipped: {}", e.what());
+  }
+}
+
+void SourcePrefetch::queue(Source& source, uint64_t begin, uint64_t end) {
+  auto& covered = source.covered;
+  std::vector<std::pair<uint64_t, uint64_t>> gaps;
+  uint64_t at = begin;
+  auto it = covered.upper_bound(begin);
+  if (it != covered.begin() && std::prev(it)->second > at) at = std::prev(it)->second;
+  for (; at < end; ++it) {
+    const uint64_t next = it == covered.end() ? end : std::min(end, it->first);
+    if (next > at) gaps.emplace_back(at, next);
+    if (it == covered.end()) break;
+    at = std::max(at, it->second);
+  }
+  bool queued = false;
+  for (auto [b, e] : gaps) {
+    if (pending_bytes_ >= options_.max_bytes) break;
+    e = std::min(e, b + (options_.max_bytes - pending_bytes_));
+    for (uint64_t p = b; p < e; p += kPieceBytes) {
+      const uint64_t q = std::min(e, p + kPieceBytes);
+      jobs_.push_back({source.fd, p, q});
+    }
+    pending_bytes_ += e - b;
+    queued = true;
+    spdlog::debug("source read-ahead: fd {} bytes {}-{} queued", source.fd, b, e);
+    // Record [b, e), joined with its neighbours so the map stays small.
+    uint64_t nb = b, ne = e;
+    auto after = covered.lower_bound(b);
+    if (after != covered.begin() && std::prev(after)->second >= b) --after;
+    while (after != covered.end() && after->first <= ne) {
+      nb = std::min(nb, after->first);
+      ne = std::max(ne, after->second);
+      after = covered.erase(after);
+    }
+    covered.emplace(nb, ne);
+  }
+  if (!queued) return;
+  while (helpers_.size() < std::max(1u, options_.helpers)) {
+    try {
+      helpers_.emplace_back([this] { helper_loop(); });
+    } catch (const std::system_error& e) {
+      if (helpers_.empty()) {
+        spdlog::warn("source read-ahead off: cannot start a thread: {}", e.what());
+        jobs_.clear();
+        pending_bytes_ = 0;
+        return;
+      }
+      break;
+    }
+  }
+  wake_.notify_all();
+}
+
+void SourcePrefetch::helper_loop() {
+  std::unique_ptr<char[]> buf(new (std::nothrow) char[kReadBytes]);
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    if (stopping_) return;
+    const Job job = jobs_.front();
+    jobs_.pop_front();
+    ++running_;
+    lock.unlock();
+    uint64_t done = 0;
+    for (uint64_t at = job.begin; buf && at < job.end;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kReadBytes, job.end - at));
+      const ssize_t got =
+          retry_eintr([&] { return ::pread(job.fd, buf.get(), n, static_cast<off_t>(at)); });
+      if (got <= 0) break;  // the reader's own gather meets and reports what went wrong
+      at += static_cast<uint64_t>(got);
+      done += static_cast<uint64_t>(got);
+    }
+    fetched_.fetch_add(done, std::memory_order_relaxed);
+    lock.lock();
+    --running_;
+    pending_bytes_ -= job.end - job.begin;
+    if (jobs_.empty() && running_ == 0) idle_.notify_all();
+  }
+}
+
+void SourcePrefetch::wait_idle() {
+  std::unique_lock lock(mutex_);
+  idle_.wait(lock, [&] { return stopping_ || (jobs_.empty() && running_ == 0); });
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> SourcePrefetch::covered_ranges(
+    const std::string& path) const {
+  std::lock_guard lock(mutex_);
+  const auto it = sources_.find(path);
+  if (it == sources_.end()) return {};
+  return {it->second.covered.begin(), it->second.covered.end()};
+}
+
+}  // namespace ckptfs::fs
