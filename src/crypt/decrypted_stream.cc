@@ -4,6 +4,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -35,6 +37,38 @@ struct DecryptedStream::Slot {
   uint64_t used = 0;  // the tick of the last read (least recently used goes first)
 };
 
+// The pages of every stream in the process, charged to one bound. `mutex` guards all but
+// `clock` and `waiting`; under it a stream's mutex is only try-locked.
+struct DecryptedStream::Budget {
+  std::mutex mutex;
+  std::condition_variable freed;  // a read ended, or pages were given back
+  uint64_t max = kDefaultDecryptBudget;
+  uint64_t held = 0;
+  std::vector<DecryptedStream*> members;  // the streams alive
+  std::atomic<uint64_t> clock{0};
+  std::atomic<unsigned> waiting{0};
+
+  static Budget& get() {
+    static Budget budget;
+    return budget;
+  }
+};
+
+void set_decrypt_budget(uint64_t max_bytes) {
+  DecryptedStream::Budget& b = DecryptedStream::Budget::get();
+  {
+    std::lock_guard lock(b.mutex);
+    b.max = max_bytes;
+  }
+  b.freed.notify_all();
+}
+
+uint64_t decrypt_budget_held() {
+  DecryptedStream::Budget& b = DecryptedStream::Budget::get();
+  std::lock_guard lock(b.mutex);
+  return b.held;
+}
+
 DecryptedStream::DecryptedStream(ReadExact read, uint64_t file_size, std::string name, Key key,
                                  StreamOptions options)
     : source_(std::move(read)), name_(std::move(name)), key_(std::move(key)) {
@@ -58,9 +92,64 @@ DecryptedStream::DecryptedStream(ReadExact read, uint64_t file_size, std::string
           ? framing_.full_cipher_length
           : std::min(std::max(options.cbc_page_length / 16 * 16, 16u), framing_.full_cipher_length);
   max_slots_ = std::max<size_t>(options.cache_pages, 1);
+  Budget& b = Budget::get();
+  std::lock_guard lock(b.mutex);
+  b.members.push_back(this);
 }
 
-DecryptedStream::~DecryptedStream() = default;
+DecryptedStream::~DecryptedStream() {
+  Budget& b = Budget::get();
+  {
+    // Once out of the list no other stream can reach this one; its pages are freed below.
+    std::lock_guard lock(b.mutex);
+    std::erase(b.members, this);
+    b.held -= charged_;
+    charged_ = 0;
+  }
+  b.freed.notify_all();
+}
+
+uint64_t DecryptedStream::drop_pages() {
+  slots_.clear();  // each Slot wipes and unmaps its page
+  const uint64_t n = charged_;
+  charged_ = 0;
+  return n;
+}
+
+bool DecryptedStream::charge_page(bool wait) {
+  Budget& b = Budget::get();
+  std::unique_lock lock(b.mutex);
+  for (;;) {
+    if (b.held == 0 || b.held + page_length_ <= b.max) {
+      b.held += page_length_;
+      charged_ += page_length_;
+      return true;
+    }
+    if (!wait) return false;
+    // Take back every page of the stream read least recently whose reads are not under way.
+    std::vector<DecryptedStream*> others;
+    for (DecryptedStream* s : b.members)
+      if (s != this && s->charged_ > 0) others.push_back(s);
+    std::sort(others.begin(), others.end(), [](const DecryptedStream* x, const DecryptedStream* y) {
+      return x->last_read_.load(std::memory_order_relaxed) <
+             y->last_read_.load(std::memory_order_relaxed);
+    });
+    bool took = false;
+    for (DecryptedStream* s : others) {
+      std::unique_lock other(s->mutex_, std::try_to_lock);
+      if (!other.owns_lock()) continue;
+      b.held -= s->drop_pages();
+      took = true;
+      break;
+    }
+    if (took) continue;
+    // Every page is in a read under way, and a stream reading reuses its own pages: one ends
+    // soon and its pages can then be taken back.
+    ++b.waiting;
+    b.freed.wait_for(lock, std::chrono::milliseconds(10));
+    --b.waiting;
+  }
+}
 
 uint32_t DecryptedStream::plain_length(uint64_t index) const {
   return index + 1 == framing_.block_count ? last_plain_length_ : full_plain_length_;
@@ -95,8 +184,18 @@ DecryptedStream::Slot& DecryptedStream::slot_for(uint64_t index, uint32_t page) 
       return *slot;
     }
   Slot* slot = nullptr;
-  if (slots_.size() < max_slots_) {
-    slots_.push_back(std::make_unique<Slot>(page_length_));
+  // A stream holding no page waits for the budget; one holding a page adds another only if
+  // the budget has room, and otherwise reuses its least recently read page.
+  if (slots_.size() < max_slots_ && charge_page(slots_.empty())) {
+    try {
+      slots_.push_back(std::make_unique<Slot>(page_length_));
+    } catch (...) {
+      Budget& b = Budget::get();
+      std::lock_guard lock(b.mutex);
+      b.held -= page_length_;
+      charged_ -= page_length_;
+      throw;
+    }
     slot = slots_.back().get();
   } else {
     slot = std::min_element(slots_.begin(), slots_.end(), [](const auto& a, const auto& b) {
@@ -130,6 +229,14 @@ void DecryptedStream::read(uint64_t offset, std::span<uint8_t> out) {
   if (offset > plain_size_ || out.size() > plain_size_ - offset)
     fail("{}: decrypted byte offset {}: reading {} bytes past the end of the {}-byte plaintext",
          name_, offset, out.size(), plain_size_);
+  Budget& b = Budget::get();
+  last_read_.store(++b.clock, std::memory_order_relaxed);
+  struct Ended {  // wakes the streams waiting for pages once this read lets its own go
+    Budget& b;
+    ~Ended() {
+      if (b.waiting.load() > 0) b.freed.notify_all();
+    }
+  } ended{b};
   std::lock_guard lock(mutex_);
   size_t done = 0;
   while (done < out.size()) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -199,6 +200,43 @@ TEST(Decrypt, ConcurrentReadersGetTheOraclesBytes) {
     });
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(wrong.load(), 0);
+}
+
+// Many streams read by many threads at once hold no more pages together than the process's
+// budget, and every read still gives the oracle's bytes, whichever stream's pages were taken
+// back in between.
+TEST(Decrypt, ManyStreamsShareOneBudget) {
+  const std::string oracle = load("single/plain.ckpt").bytes;
+  const MemoryFile file = load("single/aes_gcm.ckpt");  // 4 KiB blocks: a page is 4 KiB
+  std::vector<std::unique_ptr<DecryptedStream>> streams;
+  for (int i = 0; i < 16; ++i)
+    streams.push_back(std::make_unique<DecryptedStream>(
+        file.reader(), file.bytes.size(), file.name, test_key(32), StreamOptions{std::nullopt, 2}));
+  const uint64_t page = streams[0]->framing().full_cipher_length;
+  set_decrypt_budget(3 * page);
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  std::atomic<uint64_t> most{0};
+  for (int t = 0; t < 6; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<uint8_t> out(1500);
+      for (int i = 0; i < 300; ++i) {
+        DecryptedStream& stream = *streams[static_cast<size_t>(t * 5 + i * 7) % streams.size()];
+        const uint64_t at = (static_cast<uint64_t>(t) * 7919 + i * 3001) % (oracle.size() - 1500);
+        stream.read(at, out);
+        if (std::string(out.begin(), out.end()) != oracle.substr(at, out.size())) ++wrong;
+        const uint64_t held = decrypt_budget_held();
+        for (uint64_t m = most.load(); held > m && !most.compare_exchange_weak(m, held);) {
+        }
+      }
+    });
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(most.load(), 0u);
+  EXPECT_LE(most.load(), 3 * page);
+  streams.clear();
+  EXPECT_EQ(decrypt_budget_held(), 0u);  // every page given back with its stream
+  set_decrypt_budget(kDefaultDecryptBudget);
 }
 
 TEST(Decrypt, ModeAndKeyLengthMismatchesAreRefused) {
