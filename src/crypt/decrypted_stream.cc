@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -155,7 +156,40 @@ uint32_t DecryptedStream::plain_length(uint64_t index) const {
   return index + 1 == framing_.block_count ? last_plain_length_ : full_plain_length_;
 }
 
+namespace {
+
+// The IVs of at most this many blocks are compared (24 bytes each): MindSpore's 64 MiB blocks
+// reach it at 64 TiB, and a hostile file of tiny blocks cannot make the check grow past 24 MiB.
+constexpr uint64_t kMaxComparedIvs = uint64_t{1} << 20;
+
+// Refuses a file two of whose blocks have the same nonce: MindSpore draws a fresh random IV for
+// every block, so that is a block copied over another, which every tag would pass (nothing binds
+// a block to its place). AES-GCM's nonce is the IV's first 12 bytes (the other 4 are unused, so
+// not compared: changing them does not hide a copy); CBC uses all 16.
+void refuse_repeated_ivs(const ReadExact& read, const Framing& framing, const std::string& name) {
+  const size_t used = framing.mode == Mode::kAesGcm ? kGcmNonceLength : kIvLength;
+  std::vector<std::pair<std::array<uint8_t, kIvLength>, uint64_t>> ivs;
+  const uint64_t n = std::min(framing.block_count, kMaxComparedIvs);
+  ivs.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    std::array<uint8_t, kIvLength> iv = read_block_header(read, framing, framing.block(i), name).iv;
+    std::fill(iv.begin() + static_cast<std::ptrdiff_t>(used), iv.end(), uint8_t{0});
+    ivs.emplace_back(iv, i);
+  }
+  std::sort(ivs.begin(), ivs.end());
+  for (size_t k = 1; k < ivs.size(); ++k)
+    if (ivs[k].first == ivs[k - 1].first)
+      fail(
+          "{}: block {} at byte offset {}: its IV repeats block {}'s; MindSpore draws a new "
+          "random IV for every block, so a block was copied over another: damaged or tampered "
+          "file",
+          name, ivs[k].second, framing.block(ivs[k].second).header_offset, ivs[k - 1].second);
+}
+
+}  // namespace
+
 void DecryptedStream::verify() const {
+  refuse_repeated_ivs(source_, framing_, name_);
   for (uint64_t i = 0; i < framing_.block_count; ++i) {
     if (framing_.mode == Mode::kAesGcm) {
       verify_block(source_, framing_, key_, i, name_);

@@ -158,6 +158,37 @@ TEST(Decrypt, FlippedGcmCiphertextByteIsRefusedInItsBlockOnly) {
   EXPECT_EQ(error_of([&] { stream.read(2 * 4096 + 50, out); }), expected);  // not cached
 }
 
+// A whole block copied over another passes every tag (or padding) check, and would serve the
+// copied plaintext where the overwritten block's was: plausible, wrong bytes. Its IV, which
+// MindSpore draws at random for every block, gives it away.
+TEST(Decrypt, BlockCopiedOverAnotherIsRefusedByItsRepeatedIv) {
+  const std::string oracle = load("single/plain.ckpt").bytes;
+  for (const Fixture& fx : {kSingle[0], kSingle[2], kSingle[3]}) {
+    SCOPED_TRACE(fx.file);
+    MemoryFile file = load(fx.file);
+    const uint64_t stride = fx.mode == Mode::kAesGcm ? 48 + 4096 : 32 + 4112;
+    file.bytes.replace(2 * stride, stride, file.bytes.substr(stride, stride));  // 1 over 2
+    DecryptedStream stream = open(file, test_key(fx.key_length), {fx.mode, 1});
+    std::vector<uint8_t> out(4096);
+    stream.read(2 * 4096, out);  // what would be served: block 1's bytes in block 2's place
+    EXPECT_EQ(std::string(out.begin(), out.end()), oracle.substr(4096, 4096));
+    EXPECT_EQ(error_of([&] { stream.verify(); }),
+              file.name + ": block 2 at byte offset " + std::to_string(2 * stride) +
+                  ": its IV repeats block 1's; MindSpore draws a new random IV for every block, "
+                  "so a block was copied over another: damaged or tampered file");
+  }
+}
+
+// The 4 IV bytes AES-GCM does not use (its nonce is the first 12) cannot hide such a copy.
+TEST(Decrypt, GcmBlockCopyWithOtherUnusedIvBytesIsRefused) {
+  MemoryFile file = load("single/aes_gcm.ckpt");
+  const uint64_t stride = 48 + 4096;
+  file.bytes.replace(2 * stride, stride, file.bytes.substr(stride, stride));
+  file.bytes[2 * stride + 28 + 13] ^= 0x5A;  // IV byte 13: outside the nonce
+  DecryptedStream stream = open(file, test_key(32));
+  EXPECT_NE(error_of([&] { stream.verify(); }).find("its IV repeats block 1's"), std::string::npos);
+}
+
 TEST(Decrypt, FlippedGcmTagByteIsRefused) {
   MemoryFile file = load("single/aes_gcm_oneblock.ckpt");
   file.bytes[4 + 15] ^= 0x80;
