@@ -165,7 +165,8 @@ void add_mount_commands(CLI::App& app) {
                    "long runs while several readers read, if fs.pipe-max-size >= 2 MiB; a "
                    "warning if not; by default every read is gathered: nosplice), "
                    "splice=always, max_read=N, max_threads=N, "
-                   "readahead_max=BYTES (read-ahead memory of all files, 256M; 0: none), or any "
+                   "readahead_max=BYTES (read-ahead memory of all files, 256M; 0: none), "
+                   "decrypt_max=BYTES (decrypted pages of all encrypted sources, 256M), "
                    "uid=N, gid=N, umask=OCTAL (owner and modes shown; by default a file has its "
                    "sources' owner and no read bit a source lacks, directories are 0555), or any "
                    "libfuse option such as allow_other")

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckptfs/crypt/decrypted_stream.h"
 #include "ckptfs/error.h"
 #include "ckptfs/util/eintr.h"
 #include "ckptfs/util/open_path.h"
@@ -137,6 +138,8 @@ struct ParsedOptions {
   bool nonempty = false;
   // The read-ahead of all open files together.
   size_t read_ahead_max = Prefetcher::kDefaultMaxBytes;
+  // The decrypted pages of all encrypted sources together.
+  uint64_t decrypt_max = crypt::kDefaultDecryptBudget;
 };
 
 // The number after "name=" in `option`, from `lo` to `hi`; `what` names it in the error.
@@ -194,6 +197,8 @@ ParsedOptions parse_options(const MountOptions& options) {
         out.fuse.push_back(std::move(option));
       } else if (o.starts_with("readahead_max=")) {
         out.read_ahead_max = parse_bytes(o, 14);
+      } else if (o.starts_with("decrypt_max=")) {
+        out.decrypt_max = parse_bytes(o, 12);
       } else if (o.starts_with("max_threads=")) {
         out.max_threads = parse_number(o, 12, 1, 1024, "count");
       } else if (o.starts_with("max_idle_threads=")) {
@@ -591,6 +596,7 @@ void restrict_for_encrypted(ParsedOptions& parsed, const MountOptions& options) 
 int mount(const std::filesystem::path& mountpoint, const Tree& tree, const MountOptions& options) {
   ParsedOptions parsed = parse_options(options);
   if (tree.encrypted()) restrict_for_encrypted(parsed, options);
+  crypt::set_decrypt_budget(parsed.decrypt_max);
   std::string log_file;
   if (!options.log_file.empty()) log_file = stdfs::absolute(options.log_file).string();
   const stdfs::path where = resolve_mount(mountpoint, parsed, log_file);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -157,6 +158,37 @@ TEST(Decrypt, FlippedGcmCiphertextByteIsRefusedInItsBlockOnly) {
   EXPECT_EQ(error_of([&] { stream.read(2 * 4096 + 50, out); }), expected);  // not cached
 }
 
+// A whole block copied over another passes every tag (or padding) check, and would serve the
+// copied plaintext where the overwritten block's was: plausible, wrong bytes. Its IV, which
+// MindSpore draws at random for every block, gives it away.
+TEST(Decrypt, BlockCopiedOverAnotherIsRefusedByItsRepeatedIv) {
+  const std::string oracle = load("single/plain.ckpt").bytes;
+  for (const Fixture& fx : {kSingle[0], kSingle[2], kSingle[3]}) {
+    SCOPED_TRACE(fx.file);
+    MemoryFile file = load(fx.file);
+    const uint64_t stride = fx.mode == Mode::kAesGcm ? 48 + 4096 : 32 + 4112;
+    file.bytes.replace(2 * stride, stride, file.bytes.substr(stride, stride));  // 1 over 2
+    DecryptedStream stream = open(file, test_key(fx.key_length), {fx.mode, 1});
+    std::vector<uint8_t> out(4096);
+    stream.read(2 * 4096, out);  // what would be served: block 1's bytes in block 2's place
+    EXPECT_EQ(std::string(out.begin(), out.end()), oracle.substr(4096, 4096));
+    EXPECT_EQ(error_of([&] { stream.verify(); }),
+              file.name + ": block 2 at byte offset " + std::to_string(2 * stride) +
+                  ": its IV repeats block 1's; MindSpore draws a new random IV for every block, "
+                  "so a block was copied over another: damaged or tampered file");
+  }
+}
+
+// The 4 IV bytes AES-GCM does not use (its nonce is the first 12) cannot hide such a copy.
+TEST(Decrypt, GcmBlockCopyWithOtherUnusedIvBytesIsRefused) {
+  MemoryFile file = load("single/aes_gcm.ckpt");
+  const uint64_t stride = 48 + 4096;
+  file.bytes.replace(2 * stride, stride, file.bytes.substr(stride, stride));
+  file.bytes[2 * stride + 28 + 13] ^= 0x5A;  // IV byte 13: outside the nonce
+  DecryptedStream stream = open(file, test_key(32));
+  EXPECT_NE(error_of([&] { stream.verify(); }).find("its IV repeats block 1's"), std::string::npos);
+}
+
 TEST(Decrypt, FlippedGcmTagByteIsRefused) {
   MemoryFile file = load("single/aes_gcm_oneblock.ckpt");
   file.bytes[4 + 15] ^= 0x80;
@@ -199,6 +231,43 @@ TEST(Decrypt, ConcurrentReadersGetTheOraclesBytes) {
     });
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(wrong.load(), 0);
+}
+
+// Many streams read by many threads at once hold no more pages together than the process's
+// budget, and every read still gives the oracle's bytes, whichever stream's pages were taken
+// back in between.
+TEST(Decrypt, ManyStreamsShareOneBudget) {
+  const std::string oracle = load("single/plain.ckpt").bytes;
+  const MemoryFile file = load("single/aes_gcm.ckpt");  // 4 KiB blocks: a page is 4 KiB
+  std::vector<std::unique_ptr<DecryptedStream>> streams;
+  for (int i = 0; i < 16; ++i)
+    streams.push_back(std::make_unique<DecryptedStream>(
+        file.reader(), file.bytes.size(), file.name, test_key(32), StreamOptions{std::nullopt, 2}));
+  const uint64_t page = streams[0]->framing().full_cipher_length;
+  set_decrypt_budget(3 * page);
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  std::atomic<uint64_t> most{0};
+  for (int t = 0; t < 6; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<uint8_t> out(1500);
+      for (int i = 0; i < 300; ++i) {
+        DecryptedStream& stream = *streams[static_cast<size_t>(t * 5 + i * 7) % streams.size()];
+        const uint64_t at = (static_cast<uint64_t>(t) * 7919 + i * 3001) % (oracle.size() - 1500);
+        stream.read(at, out);
+        if (std::string(out.begin(), out.end()) != oracle.substr(at, out.size())) ++wrong;
+        const uint64_t held = decrypt_budget_held();
+        for (uint64_t m = most.load(); held > m && !most.compare_exchange_weak(m, held);) {
+        }
+      }
+    });
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(most.load(), 0u);
+  EXPECT_LE(most.load(), 3 * page);
+  streams.clear();
+  EXPECT_EQ(decrypt_budget_held(), 0u);  // every page given back with its stream
+  set_decrypt_budget(kDefaultDecryptBudget);
 }
 
 TEST(Decrypt, ModeAndKeyLengthMismatchesAreRefused) {

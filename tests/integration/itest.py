@@ -229,6 +229,15 @@ def stderr_lines(proc):
     return [line for line in proc.stderr.splitlines() if line.strip()]
 
 
+def status_kib(pid, field):
+    """A KiB figure of /proc/PID/status, such as VmRSS or VmHWM."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
 def daemon_pids(ckptfs, mnt):
     """Processes of the binary `ckptfs` serving `mnt`: a mount command whose arguments name it."""
     binary = os.path.realpath(ckptfs).encode()

@@ -31,14 +31,6 @@ def margin(cap):
     return MARGIN + (cap // 8 if itest.SANITIZED else 0)
 
 
-def status_kib(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/{pid}/status")
-
-
 def stats(mnt):
     with open(os.path.join(mnt, ".ckptfs", "stats.json")) as f:
         return json.load(f)
@@ -67,7 +59,7 @@ def half_read_handles(args, name, options, handles, cap):
         pid = pids[0]
         with open(target, "rb", buffering=0) as f:  # the daemon's first buffers, once
             f.read(2 * MIB)
-        base = status_kib(pid, "VmRSS") * 1024
+        base = itest.status_kib(pid, "VmRSS") * 1024
         with open(f"/proc/{pid}/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current RSS
         fds = []
@@ -81,7 +73,7 @@ def half_read_handles(args, name, options, handles, cap):
                 # busy then); a loader moving from one file to the next is slower than that.
                 time.sleep(0.003)
             time.sleep(0.3)  # the helpers finish the blocks queued last
-            peak = status_kib(pid, "VmHWM") * 1024
+            peak = itest.status_kib(pid, "VmHWM") * 1024
             grown = peak - base
             print(f"     -> {handles} half-read handles: daemon RSS {base / MIB:.0f} MiB before, "
                   f"peak {peak / MIB:.0f} MiB (+{grown / MIB:.0f} MiB; cap {cap / MIB:.0f} MiB)",

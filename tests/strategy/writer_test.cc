@@ -155,6 +155,23 @@ TEST(DecideLayouts, RefusesBadOptions) {
   EXPECT_NO_THROW(check_new_strategy(rules(2, {replicate(".*")})));
 }
 
+// Patterns whose matching or compiling takes exponential time in glibc's matcher are refused at
+// once, in one line: back-references (a name of 200 characters took minutes) and repetition
+// counts that multiply out past 256 copies (three nested {0,30} never finished compiling).
+TEST(DecideLayouts, RefusesCatastrophicPatterns) {
+  const std::vector<TensorShape> model = {{std::string(200, 'x'), {4}}};
+  EXPECT_THAT(error_of(model, rules(2, {split("(.*)(.*)(.*)(.*)(.*)\\5y", 0)})),
+              HasSubstr("--split '(.*)(.*)(.*)(.*)(.*)\\5y=0': a back-reference (\\5)"));
+  EXPECT_THAT(error_of(model, rules(2, {split("((x{0,30}){0,30}){0,30}", 0)})),
+              HasSubstr("repeats its parts more than 256 times"));
+  EXPECT_THAT(error_of(model, rules(2, {split("x{1,300}", 0)})),
+              HasSubstr("repeats its parts more than 256 times"));
+  // Ordinary rules, counts and bracket expressions that hold `\1` or braces are fine.
+  EXPECT_NO_THROW(decide_layouts(model, rules(2, {split("x{1,200}", 0)})));
+  EXPECT_NO_THROW(decide_layouts({{"layers.12.wq", {4}}},
+                                 rules(2, {split("layers\\.[0-9]{1,3}\\.w[q\\1{]", 0)})));
+}
+
 // The spec's wire form (§2.1, §2.6), written out byte by byte: current_stage 1; a strategy item
 // (node, stage 0, split counts [2,1]); a layout item with dev_matrix [2], tensor_map [0,-1]
 // unpacked (-1 as the 10-byte varint), empty ParamSplitShape and IndicesOffset, field, step and

@@ -5,17 +5,24 @@
 // bytes MindSpore would have written unencrypted, so ckpt::scan_checkpoint_bytes runs on
 // reader() unchanged.
 //
-// Memory: at most `cache_pages` buffers of one page: in AES-GCM a block's ciphertext length
-// (MindSpore's blocks are 64 MiB: 256 MiB for the default 4), in CBC 1 MiB; mapped with
-// MADV_DONTDUMP so that no core dump holds plaintext, and wiped (OPENSSL_cleanse) on destruction,
-// as is the key.
+// Memory: at most `cache_pages` buffers of one page per stream: in AES-GCM a block's ciphertext
+// length (MindSpore's blocks are 64 MiB), in CBC 1 MiB; mapped with MADV_DONTDUMP so that no core
+// dump holds plaintext, and wiped (OPENSSL_cleanse) on destruction, as is the key. And the pages
+// of all streams of the process together stay within one budget (set_decrypt_budget, 256 MiB by
+// default): a stream that holds no page and finds the budget spent takes back every page of the
+// stream read least recently that is not being read, or waits for a read to end; a stream that
+// holds a page reuses its own. One page may always be held, so a budget below one page means one
+// page at a time. Many open sources thus cost at most the budget, not their number of pages.
 //
 // Thread-safety: read() and reader()'s function may be called from many threads at once; one
 // mutex guards the cache and is held while a missing page is decrypted (concurrent reads of one
 // file are served one decryption at a time). verify() takes no lock and may run
 // concurrently with reads. `read` (the source file's bytes) must be safe to call concurrently.
+// The budget's lock is taken under a stream's mutex; under it another stream's mutex is only
+// ever try-locked (to take its pages back), so no two streams wait for each other.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,6 +44,13 @@ struct StreamOptions {
   // CBC's page (rounded down to a multiple of 16, at least 16); tests make it small.
   uint32_t cbc_page_length = 1u << 20;
 };
+
+// The bytes all streams' decrypted pages may hold together (-o decrypt_max); takes effect for
+// the pages taken from then on. Thread-safe.
+void set_decrypt_budget(uint64_t max_bytes);
+inline constexpr uint64_t kDefaultDecryptBudget = uint64_t{256} << 20;
+// The bytes charged to the budget now (tests).
+uint64_t decrypt_budget_held();
 
 class DecryptedStream {
  public:
@@ -66,9 +80,16 @@ class DecryptedStream {
   // read() as a ReadExact; valid while this stream lives.
   ReadExact reader();
 
+  struct Budget;  // the process's one page budget (decrypted_stream.cc)
+
  private:
   struct Slot;
   Slot& slot_for(uint64_t index, uint32_t page);  // with mutex_ held
+  // With mutex_ held: charges one page to the budget. `wait`: until it fits (taking back other
+  // streams' pages); else only if it fits now.
+  bool charge_page(bool wait);
+  // With the budget's lock and mutex_ held: frees every page, returns the bytes they were charged.
+  uint64_t drop_pages();
   [[noreturn]] void refuse_length(const BlockPlace& place, size_t length) const;
 
   ReadExact source_;
@@ -83,6 +104,8 @@ class DecryptedStream {
   size_t max_slots_ = 1;
   std::vector<std::unique_ptr<Slot>> slots_;
   uint64_t tick_ = 0;
+  uint64_t charged_ = 0;  // guarded by the budget's lock: the bytes charged for slots_
+  std::atomic<uint64_t> last_read_{0};  // the budget's clock at this stream's last read
 };
 
 }  // namespace ckptfs::crypt

@@ -25,8 +25,10 @@ struct MountOptions {
   // readers' READs are served too, if pipes may hold 2 MiB; a warning if not), "splice=always"
   // (every such READ, in 512 KiB READs unless pipes may hold 2 MiB), "max_read=N" (also passed on),
   // "max_threads=N", "max_idle_threads=N", "readahead_max=BYTES" (what all open files may hold read
-  // ahead together, 256M by default; K, M and G suffixes; 0: no read-ahead). "nonempty" (mount over
-  // a directory that is not empty). "ro" is always forced.
+  // ahead together, 256M by default; K, M and G suffixes; 0: no read-ahead), "decrypt_max=BYTES"
+  // (what the decrypted pages of all encrypted sources may hold together, 256M by default; one
+  // page is always allowed). "nonempty" (mount over a directory that is not empty). "ro" is always
+  // forced.
   std::vector<std::string> fuse_options;
   // Over encrypted sources (Tree::encrypted) "allow_other" and "allow_root" are refused unless
   // this is set (--allow-other-decrypted), and "cache" and splicing are turned off (with a
