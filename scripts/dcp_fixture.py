@@ -35,6 +35,23 @@ pickle, changed as named, and pickled again (the data files are fsdp's); `bad_si
   no_storage   a chunk whose storage entry is missing
 
     python scripts/dcp_fixture.py --bad OUTDIR   only (re)writes OUTDIR/bad from OUTDIR/fsdp
+
+Models (for the conformance lane's resharding checks, not tests/data/dcp):
+    python scripts/dcp_fixture.py --models OUTDIR
+writes OUTDIR/<case>/ for a small MLP (two Linear layers and a LayerNorm, seeded) saved through
+`get_model_state_dict` by 4 processes:
+  fsdp2_model  FSDP2: `fully_shard` on a 4-rank mesh (every parameter Shard(0))
+  tp_model     `parallelize_module`: ColwiseParallel w1 (Shard(0)), RowwiseParallel w2 (weight
+               Shard(1), bias replicated), LayerNorm plain on every rank
+and
+    python scripts/dcp_fixture.py --load LAYOUT SRC OUT
+loads SRC with `dcp.load` into 2 processes laid out another way and writes what each process
+holds, OUT/rank_<k>.safetensors (the local shard of every tensor, the whole tensor if it is
+replicated or plain there):
+  tp       the MLP under `parallelize_module` (ColwiseParallel w1, RowwiseParallel w2)
+  fsdp2    the MLP under `fully_shard` (every parameter Shard(0))
+  shard0   DTensors built from SRC's .metadata: Shard(0) where the first dimension splits in
+           two, otherwise plain tensors
 """
 
 import json
@@ -133,6 +150,98 @@ def worker(rank, world, case, out, port):
         dist.destroy_process_group()
 
 
+MODEL_WORLD = 4
+LOAD_WORLD = 2
+
+
+def mlp():
+    import torch.nn as nn
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1 = nn.Linear(16, 32)
+            self.w2 = nn.Linear(32, 16)
+            self.norm = nn.LayerNorm(16)
+
+    torch.manual_seed(7)  # the same full parameters in every process
+    model = MLP()
+    with torch.no_grad():  # LayerNorm starts as ones and zeros: make it worth comparing
+        model.norm.weight.uniform_(0.5, 1.5)
+        model.norm.bias.uniform_(-0.5, 0.5)
+    return model
+
+
+def laid_out(model, layout, world):
+    from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    mesh = init_device_mesh("cpu", (world,))
+    if layout == "tp":
+        return parallelize_module(model, mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def model_worker(rank, world, case, out, port):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = laid_out(mlp(), "tp" if case == "tp_model" else "fsdp2", world)
+        dcp.save(get_model_state_dict(model), storage_writer=dcp.FileSystemWriter(out))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def load_worker(rank, world, layout, src, out, port):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        if layout == "shard0":
+            mesh = init_device_mesh("cpu", (world,))
+            md = dcp.FileSystemReader(src).read_metadata()
+            state = {}
+            for name, item in md.state_dict_metadata.items():
+                if not hasattr(item, "chunks"):
+                    continue
+                empty = torch.zeros(item.size, dtype=item.properties.dtype)
+                split = len(item.size) > 0 and item.size[0] % world == 0
+                state[name] = distribute_tensor(empty, mesh, [Shard(0)]) if split else empty
+        else:
+            model = mlp()
+            with torch.no_grad():  # nothing of the seeded values may survive the load
+                for p in model.parameters():
+                    p.zero_()
+            state = get_model_state_dict(laid_out(model, layout, world))
+        dcp.load(state, checkpoint_id=src)
+        local = {k: (v.to_local() if isinstance(v, DTensor) else v).contiguous()
+                 for k, v in state.items()}
+        save_file(local, os.path.join(out, f"rank_{rank}.safetensors"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    """A port no one listens on now: fixed ports collide with other runs of this script."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def make_bad(root):
     import argparse
     import copy
@@ -208,14 +317,27 @@ def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--bad":
         make_bad(sys.argv[2])
         return
+    if len(sys.argv) == 3 and sys.argv[1] == "--models":
+        for case in ["fsdp2_model", "tp_model"]:
+            out = os.path.join(sys.argv[2], case)
+            os.makedirs(out, exist_ok=True)
+            mp.spawn(model_worker, args=(MODEL_WORLD, case, out, free_port()), nprocs=MODEL_WORLD,
+                     join=True)
+        return
+    if len(sys.argv) == 5 and sys.argv[1] == "--load":
+        layout, src, out = sys.argv[2:]
+        os.makedirs(out, exist_ok=True)
+        mp.spawn(load_worker, args=(LOAD_WORLD, layout, src, out, free_port()), nprocs=LOAD_WORLD,
+                 join=True)
+        return
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     root = sys.argv[1]
     os.makedirs(root, exist_ok=True)
-    for i, case in enumerate(["plain", "fsdp", "tp", "objects", "threads"]):
+    for case in ["plain", "fsdp", "tp", "objects", "threads"]:
         out = os.path.join(root, case)
         os.makedirs(out, exist_ok=True)
-        mp.spawn(worker, args=(WORLD[case], case, out, 29600 + i), nprocs=WORLD[case], join=True)
+        mp.spawn(worker, args=(WORLD[case], case, out, free_port()), nprocs=WORLD[case], join=True)
         save_file({k: v.contiguous() for k, v in full_tensors(case).items()},
                   os.path.join(root, case + ".reference.safetensors"))
         if case == "objects":

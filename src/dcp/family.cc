@@ -193,6 +193,46 @@ void assemble(const Tensor& t, const std::vector<const Piece*>& stored, const st
          dir, t.fqn, added, n, kMetadataName);
 }
 
+// The chunks as one grid when they tile `t` as one (a DTensor's shards always do), else null and
+// the Assembler walks (and checks) them range by range: a grid costs O(chunks) memory where ranges
+// cost O(rows x chunks) for a column-split tensor.
+std::shared_ptr<const plan::GridContent> as_grid(const Tensor& t,
+                                                 const std::vector<const Piece*>& stored) {
+  if (stored.size() < 2) return nullptr;
+  auto grid = std::make_shared<plan::GridContent>();
+  grid->element_size = t.element_size;
+  grid->shape = t.shape;
+  size_t cells = 1;
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    std::set<int64_t> cuts{0, t.shape[d]};
+    for (const Piece* p : stored) {
+      cuts.insert(p->offsets[d]);
+      cuts.insert(p->offsets[d] + p->param->shape[d]);
+    }
+    if (*cuts.begin() != 0 || *cuts.rbegin() != t.shape[d]) return nullptr;
+    grid->cuts.emplace_back(cuts.begin(), cuts.end());
+    cells *= cuts.size() - 1;
+  }
+  if (cells != stored.size()) return nullptr;
+  grid->cells.resize(cells);
+  for (const Piece* p : stored) {
+    if (p->view->element_size != t.element_size) return nullptr;
+    size_t cell = 0;
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      const std::vector<int64_t>& c = grid->cuts[d];
+      const auto at = std::lower_bound(c.begin(), c.end(), p->offsets[d]);
+      const auto i = static_cast<size_t>(at - c.begin());
+      if (at == c.end() || *at != p->offsets[d] || i + 1 == c.size() ||
+          c[i + 1] != p->offsets[d] + p->param->shape[d])
+        return nullptr;
+      cell = cell * (c.size() - 1) + i;
+    }
+    if (grid->cells[cell]) return nullptr;
+    grid->cells[cell] = p->view;
+  }
+  return grid;
+}
+
 VirtualFile merged_file(const Pieces& pieces, const Metadata& metadata, const std::string& dir) {
   std::vector<safetensors::HeaderEntry> header;
   for (const Tensor& t : metadata.tensors) {
@@ -206,11 +246,15 @@ VirtualFile merged_file(const Pieces& pieces, const Metadata& metadata, const st
   builder.add_bytes(safetensors::encode_header(header, kMetadata));
   for (size_t i : order) {
     const Tensor& t = metadata.tensors[i];
-    assemble(t, stored_chunks(pieces, t, dir), dir,
-             [&builder](const Piece& piece, uint64_t first, uint64_t count) {
-               const uint64_t e = piece.view->element_size;
-               builder.add_strided(piece.view, first * e, (first + count) * e);
-             });
+    const std::vector<const Piece*> stored = stored_chunks(pieces, t, dir);
+    if (auto grid = as_grid(t, stored)) {
+      builder.add_grid(std::move(grid));
+      continue;
+    }
+    assemble(t, stored, dir, [&builder](const Piece& piece, uint64_t first, uint64_t count) {
+      const uint64_t e = piece.view->element_size;
+      builder.add_strided(piece.view, first * e, (first + count) * e);
+    });
   }
   return builder.finish();
 }

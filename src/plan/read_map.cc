@@ -159,4 +159,55 @@ std::vector<uint32_t> StridedContent::sources() const {
   return out;
 }
 
+uint64_t GridContent::nbytes() const {
+  uint64_t n = element_size;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+void GridContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) const {
+  const uint64_t e = element_size;
+  const size_t k = shape.size();
+  if (begin >= end || e == 0) return;
+  if (k == 0) return cells[0]->map(begin, end, out);
+  // `split`: the last dimension cut into several cells (every cell is whole after it).
+  size_t split = 0;
+  for (size_t d = 0; d < k; ++d)
+    if (cuts[d].size() > 2) split = d;
+  uint64_t inner = 1;
+  for (size_t d = split + 1; d < k; ++d) inner *= static_cast<uint64_t>(shape[d]);
+  std::vector<int64_t> x(k);
+  for (uint64_t q = begin / e; q * e < end;) {
+    uint64_t rest = q;
+    for (size_t d = k; d-- > 0;) {
+      x[d] = static_cast<int64_t>(rest % static_cast<uint64_t>(shape[d]));
+      rest /= static_cast<uint64_t>(shape[d]);
+    }
+    // The cell holding x, and x's element index in that cell's C order.
+    uint64_t cell = 0, local = 0;
+    int64_t split_end = 0;
+    for (size_t d = 0; d < k; ++d) {
+      const std::vector<int64_t>& c = cuts[d];
+      const size_t i =
+          static_cast<size_t>(std::upper_bound(c.begin(), c.end(), x[d]) - c.begin()) - 1;
+      cell = cell * (c.size() - 1) + i;
+      local = local * static_cast<uint64_t>(c[i + 1] - c[i]) + static_cast<uint64_t>(x[d] - c[i]);
+      if (d == split) split_end = c[i + 1];
+    }
+    const uint64_t within = q % inner;
+    const uint64_t run = static_cast<uint64_t>(split_end - x[split]) * inner - within;
+    const uint64_t run_begin = std::max(q * e, begin);
+    const uint64_t run_end = std::min((q + run) * e, end);
+    cells[cell]->map(local * e + (run_begin - q * e), local * e + (run_end - q * e), out);
+    q += run;
+  }
+}
+
+std::vector<uint32_t> GridContent::sources() const {
+  std::vector<uint32_t> out;
+  for (const auto& cell : cells)
+    for (uint32_t s : cell->sources()) out.push_back(s);
+  return out;
+}
+
 }  // namespace ckptfs::plan

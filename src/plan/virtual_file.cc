@@ -10,17 +10,17 @@ namespace ckptfs::plan {
 
 namespace {
 
-enum class PieceKind : uint8_t { Bytes, Source, Tensor, Strided };
+enum class PieceKind : uint8_t { Bytes, Source, Tensor, Strided, Grid };
 
 // A contiguous part of the virtual file. `pos` is the start in the header arena (Bytes), in the
-// source file (Source) or in the tensor's content (Tensor, Strided). 32 bytes: a target file has
-// two pieces per record, and a mount plans millions of records.
+// source file (Source) or in the tensor's content (Tensor, Strided, Grid). 32 bytes: a target file
+// has two pieces per record, and a mount plans millions of records.
 struct Piece {
   uint64_t start = 0;
   uint64_t length = 0;
   uint64_t pos = 0;
   uint32_t ref =
-      0;  // Source: the source index; Tensor, Strided: index into Impl's tensors, strided
+      0;  // Source: the source index; otherwise index into Impl's tensors, strided, grids
   PieceKind kind = PieceKind::Bytes;
 };
 static_assert(sizeof(Piece) == 32);
@@ -47,6 +47,7 @@ struct VirtualFile::Impl {
   std::vector<Piece> pieces;
   std::vector<std::shared_ptr<const TensorContent>> tensors;   // Piece::ref of a Tensor piece
   std::vector<std::shared_ptr<const StridedContent>> strided;  // Piece::ref of a Strided piece
+  std::vector<std::shared_ptr<const GridContent>> grids;       // Piece::ref of a Grid piece
   std::vector<uint32_t> sources;
   std::vector<CopiedRecord> copied;
   uint64_t size = 0;
@@ -96,6 +97,9 @@ uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& ou
         break;
       case PieceKind::Strided:
         f.strided[it->ref]->map(it->pos + from, it->pos + to, out);
+        break;
+      case PieceKind::Grid:
+        f.grids[it->ref]->map(it->pos + from, it->pos + to, out);
         break;
     }
   }
@@ -159,6 +163,16 @@ void VirtualFile::Builder::add_strided(std::shared_ptr<const StridedContent> con
   impl_->add(piece);
 }
 
+void VirtualFile::Builder::add_grid(std::shared_ptr<const GridContent> content) {
+  Piece piece;
+  piece.kind = PieceKind::Grid;
+  piece.length = content->nbytes();
+  for (uint32_t source : content->sources()) impl_->add_source(source);
+  impl_->grids.push_back(std::move(content));
+  piece.ref = static_cast<uint32_t>(impl_->grids.size() - 1);
+  impl_->add(piece);
+}
+
 void VirtualFile::Builder::reserve(size_t pieces) { impl_->pieces.reserve(pieces); }
 
 namespace {
@@ -181,6 +195,7 @@ VirtualFile VirtualFile::Builder::finish() {
   shrink_if_loose(impl_->pieces);
   shrink_if_loose(impl_->tensors);
   shrink_if_loose(impl_->strided);
+  shrink_if_loose(impl_->grids);
   shrink_if_loose(impl_->copied);
   VirtualFile file;
   file.impl_ = std::exchange(impl_, std::make_unique<Impl>());

@@ -4,6 +4,7 @@ skipped case failing the run, and this lane's rows added to the results table th
 lane wrote (--conformance-results)."""
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -30,6 +31,42 @@ def ckptfs(request):
     path = request.config.getoption("--ckptfs")
     assert os.access(path, os.X_OK), f"{path}: no ckptfs binary (run scripts/conformance.sh)"
     return path
+
+
+def dcp_fixture(*args):
+    """Runs scripts/dcp_fixture.py with `args` (torch writing or loading checkpoints). A gloo
+    group now and then hangs at teardown after a finished save, so the script runs under a
+    timeout, once more if it must."""
+    for attempt in (1, 2):
+        try:
+            subprocess.run([sys.executable, os.path.join(REPO, "scripts", "dcp_fixture.py"),
+                            *args], check=True, timeout=600)
+            return
+        except subprocess.TimeoutExpired:
+            if attempt == 2:
+                raise
+
+
+@pytest.fixture(scope="session")
+def torch_script():
+    """scripts/dcp_fixture.py, as a function of its arguments (dcp_fixture above)."""
+    return dcp_fixture
+
+
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory):
+    """Every case saved by torch now (scripts/dcp_fixture.py)."""
+    out = str(tmp_path_factory.mktemp("dcp"))
+    dcp_fixture(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """The MLP saved by FSDP2 and by tensor parallelism (scripts/dcp_fixture.py --models)."""
+    out = str(tmp_path_factory.mktemp("dcp_models"))
+    dcp_fixture("--models", out)
+    return out
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,6 @@ the same directory: `dcp_to_torch_save`'s file, `dcp.load` into full tensors, an
 `safetensors.torch` loaders reading the mounted file."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,22 +18,6 @@ import itest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASES = ["plain", "fsdp", "tp", "objects", "threads"]
-
-
-@pytest.fixture(scope="session")
-def saved(tmp_path_factory):
-    """Every case saved by torch now (scripts/dcp_fixture.py). A gloo group now and then hangs at
-    teardown after a finished save, so the script runs under a timeout, once more if it must."""
-    out = str(tmp_path_factory.mktemp("dcp"))
-    for attempt in (1, 2):
-        try:
-            subprocess.run([sys.executable, os.path.join(REPO, "scripts", "dcp_fixture.py"), out],
-                           check=True, timeout=600)
-            return out
-        except subprocess.TimeoutExpired:
-            if attempt == 2:
-                raise
-    return out
 
 
 def flatten(tree, prefix=""):

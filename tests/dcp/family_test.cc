@@ -204,6 +204,25 @@ TEST(DcpFamily, MergesChunksThatTileATensorAnyWay) {
   EXPECT_EQ(got.at("e"), "");
 }
 
+TEST(DcpFamily, MergesColumnSplitChunksAsTheirGrid) {
+  Synthetic s;
+  // Shard(1) of 10 columns over 4 ranks as torch.chunk cuts them (3, 3, 3, 1) plus an empty
+  // shard at offset == dim, one chunk stored column-major, one after padding: 33 rows.
+  s.tensor("col", {33, 10});
+  s.chunk({0, 3}, {33, 3}, {1, 33});
+  s.chunk({0, 0}, {33, 3});
+  s.chunk({0, 9}, {33, 1}, {}, 7);
+  s.chunk({0, 6}, {33, 3});
+  s.chunk({0, 10}, {33, 0});
+  // Shard(0) x Shard(1) on a 2x2 mesh, with a third, whole-row block below: a 3x2 grid.
+  s.tensor("mesh", {5, 4});
+  for (int64_t r : {0, 2, 4})
+    for (int64_t c : {0, 2}) s.chunk({r, c}, {r == 4 ? 1 : 2, 2});
+  const std::map<std::string, std::string> got = tensors_of(s.view());
+  EXPECT_TRUE(got.at("col") == s.expected[0]);
+  EXPECT_TRUE(got.at("mesh") == s.expected[1]);
+}
+
 TEST(DcpFamily, ChunksThatDoNotTileAreRefusedNamingTheTensor) {
   Synthetic s;
   s.tensor("x", {4, 6});

@@ -320,5 +320,75 @@ TEST(StridedContent, PiecesAndBoxesMatchElementwiseIndexing) {
   EXPECT_EQ(whole.sources(), (std::vector<uint32_t>{0, 1, 2, 3}));
 }
 
+// GridContent against element-by-element indexing: chunks tiling a tensor as a grid (uneven
+// cuts, column splits, chunks stored transposed or at a storage offset, each in its own file):
+// every byte window maps to the (file, offset) pairs that hold exactly those bytes, as cutting the
+// tensor cell by cell gives them.
+TEST(GridContent, EveryWindowMatchesElementwiseIndexing) {
+  struct GridCase {
+    Shape shape;
+    std::vector<Shape> cuts;
+    bool transpose_odd;  // odd-numbered cells stored with reversed strides
+  };
+  const std::vector<GridCase> cases{
+      {{4, 9}, {{0, 4}, {0, 3, 6, 9}}, false},               // Shard(1): column-split
+      {{5, 7, 3}, {{0, 2, 5}, {0, 1, 4, 7}, {0, 3}}, true},  // uneven, two dims cut
+      {{6, 4}, {{0, 2, 4, 5, 6}, {0, 4}}, true},             // Shard(0), uneven
+      {{3, 4, 6}, {{0, 3}, {0, 4}, {0, 5, 6}}, false},       // only the last dim cut
+  };
+  const uint32_t e = 2;
+  for (const GridCase& c : cases) {
+    GridContent g;
+    g.element_size = e;
+    g.shape = c.shape;
+    g.cuts = c.cuts;
+    Shape grid;
+    for (const Shape& cut : c.cuts) grid.push_back(static_cast<int64_t>(cut.size()) - 1);
+    std::vector<StridedContent> views;
+    for (int64_t i = 0; i < product(grid); ++i) {
+      const Shape cell = unflatten(i, grid);
+      StridedContent v;
+      v.source = static_cast<uint32_t>(i);
+      v.base = 100 * static_cast<uint64_t>(i + 1);
+      v.element_size = e;
+      v.storage_offset = static_cast<uint64_t>(i % 3);
+      for (size_t d = 0; d < cell.size(); ++d)
+        v.shape.push_back(c.cuts[d][cell[d] + 1] - c.cuts[d][cell[d]]);
+      v.strides.assign(v.shape.size(), 1);
+      if (c.transpose_odd && i % 2 == 1)
+        for (size_t d = 1; d < v.shape.size(); ++d)
+          v.strides[d] = v.strides[d - 1] * v.shape[d - 1];
+      else
+        for (size_t d = v.shape.size(); d-- > 1;) v.strides[d - 1] = v.strides[d] * v.shape[d];
+      views.push_back(v);
+      g.cells.push_back(std::make_shared<const StridedContent>(v));
+    }
+    std::vector<std::pair<uint32_t, uint64_t>> want;
+    for (int64_t i = 0; i < product(c.shape); ++i) {
+      const Shape x = unflatten(i, c.shape);
+      Shape cell(x.size());
+      for (size_t d = 0; d < x.size(); ++d)
+        while (c.cuts[d][cell[d] + 1] <= x[d]) ++cell[d];
+      const StridedContent& v = views[static_cast<size_t>(flatten(cell, grid))];
+      uint64_t elem = v.storage_offset;
+      for (size_t d = 0; d < x.size(); ++d)
+        elem += static_cast<uint64_t>((x[d] - c.cuts[d][cell[d]]) * v.strides[d]);
+      for (uint32_t b = 0; b < e; ++b) want.emplace_back(v.source, v.base + elem * e + b);
+    }
+    ASSERT_EQ(g.nbytes(), want.size());
+    for (uint64_t begin = 0; begin < want.size(); begin += 3)
+      for (uint64_t end : {begin + 1, begin + 7, begin + 29, uint64_t{want.size()}}) {
+        if (end > want.size()) continue;
+        std::vector<plan::Run> runs;
+        g.map(begin, end, runs);
+        std::vector<std::pair<uint32_t, uint64_t>> got;
+        for (const plan::Run& r : runs)
+          for (uint64_t k = 0; k < r.length; ++k) got.emplace_back(r.source, r.offset + k);
+        ASSERT_EQ(got, decltype(want)(want.begin() + begin, want.begin() + end))
+            << "window " << begin << ".." << end;
+      }
+  }
+}
+
 }  // namespace
 }  // namespace ckptfs::plan

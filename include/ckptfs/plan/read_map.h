@@ -72,4 +72,27 @@ struct StridedContent {
   void emit_storage_bytes(uint64_t pos, uint64_t length, std::vector<Run>& out) const;
 };
 
+// A tensor whose chunks tile it as a grid (a DTensor's shards over a device mesh, even or
+// uneven): the cut points along each dimension and, per grid cell, the strided view of the chunk
+// holding it. One of these stands for the whole tensor, whatever its row count: describing a
+// column-split tensor range by range would take one range per row and chunk. map() walks the
+// tensor in C order; from the last dimension cut into several cells every cell holds whole
+// trailing rows, so each run is one cell's part of one row there (O(rank log cells) arithmetic,
+// then the cell's own map()).
+struct GridContent {
+  uint32_t element_size = 0;
+  std::vector<int64_t> shape;
+  // Per dimension, ascending from 0 to shape[d], each cell of non-zero extent.
+  std::vector<std::vector<int64_t>> cuts;
+  // Product over d of (cuts[d].size() - 1) cells, C order over the grid; each one's shape is its
+  // cell's extent.
+  std::vector<std::shared_ptr<const StridedContent>> cells;
+
+  uint64_t nbytes() const;
+  // Appends runs for content bytes [begin, end) (begin <= end <= nbytes()).
+  void map(uint64_t begin, uint64_t end, std::vector<Run>& out) const;
+  // Every source file the cells may read.
+  std::vector<uint32_t> sources() const;
+};
+
 }  // namespace ckptfs::plan

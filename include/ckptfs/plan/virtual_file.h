@@ -23,6 +23,8 @@ struct Run {
 struct TensorContent;
 // Content of one strided view of a source storage (torch.save tensors).
 struct StridedContent;
+// A tensor assembled from strided chunks that tile it as a grid (DCP's merged view).
+struct GridContent;
 
 // A record copied whole from a source (a map tensor's, in a .ckpt view): its header is among
 // the source's bytes, not the file's, so its place and name are kept beside the file to describe
@@ -73,6 +75,8 @@ class VirtualFile::Builder {
   void add_tensor(std::shared_ptr<const TensorContent> content, uint64_t begin, uint64_t end);
   // Bytes [begin, end) of a strided view, in C order.
   void add_strided(std::shared_ptr<const StridedContent> content, uint64_t begin, uint64_t end);
+  // The whole of a grid-tiled tensor, in C order: one piece, whatever its row count.
+  void add_grid(std::shared_ptr<const GridContent> content);
   VirtualFile finish();
 
  private:
