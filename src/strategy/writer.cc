@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <regex.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +13,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/util/eintr.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/posix_regex.h"
 #include "ckptfs/util/quote.h"
 #include "strategy.pb.h"
 
@@ -23,37 +23,12 @@ namespace {
 
 namespace pb = mindspore::straspb;
 
-// A rule's pattern as a POSIX extended expression (grep -E's), anchored at both ends so that it
-// must match the whole name. Not std::regex: its matcher recurses once per character, and a
-// checkpoint's tensor name may be as long as its file makes it (a 200 kB name overflows the
-// stack); glibc's matcher works in bounded stack.
-class Pattern {
- public:
-  explicit Pattern(const LayoutRule& rule) {
-    const int err = ::regcomp(&re_, ("^(" + rule.pattern + ")$").c_str(), REG_EXTENDED | REG_NOSUB);
-    if (err != 0) {
-      char why[256];
-      ::regerror(err, &re_, why, sizeof why);
-      fail("{}: not a regular expression ({})", rule.text, why);
-    }
-  }
-  Pattern(const Pattern&) = delete;
-  Pattern& operator=(const Pattern&) = delete;
-  ~Pattern() { ::regfree(&re_); }
-  // The whole name, NUL bytes included (REG_STARTEND: the bounds, not a terminator).
-  bool matches(const std::string& name) const {
-    regmatch_t bounds{0, static_cast<regoff_t>(name.size())};
-    return ::regexec(&re_, name.c_str(), 1, &bounds, REG_STARTEND) == 0;
-  }
-
- private:
-  regex_t re_;
-};
-
-std::vector<std::unique_ptr<Pattern>> compile(const std::vector<LayoutRule>& rules) {
-  std::vector<std::unique_ptr<Pattern>> out;
+// A rule's pattern must match the whole name (util/posix_regex.h).
+std::vector<std::unique_ptr<util::PosixRegex>> compile(const std::vector<LayoutRule>& rules) {
+  std::vector<std::unique_ptr<util::PosixRegex>> out;
   out.reserve(rules.size());
-  for (const LayoutRule& rule : rules) out.push_back(std::make_unique<Pattern>(rule));
+  for (const LayoutRule& rule : rules)
+    out.push_back(std::make_unique<util::PosixRegex>(rule.pattern, rule.text));
   return out;
 }
 
@@ -132,7 +107,7 @@ std::vector<NewLayout> decide_layouts(const std::vector<TensorShape>& tensors,
                                       const NewStrategy& options) {
   check_new_strategy(options);
   if (tensors.empty()) fail("no tensor to write a layout for");
-  const std::vector<std::unique_ptr<Pattern>> patterns = compile(options.rules);
+  const std::vector<std::unique_ptr<util::PosixRegex>> patterns = compile(options.rules);
   std::unordered_set<std::string_view> seen;
   std::vector<NewLayout> out;
   out.reserve(tensors.size());
