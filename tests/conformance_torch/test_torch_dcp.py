@@ -5,6 +5,7 @@ files per rank), and ckptfs's merged view of each is compared with what torch's 
 the same directory: `dcp_to_torch_save`'s file, `dcp.load` into full tensors, and the
 `safetensors.torch` loaders reading the mounted file."""
 
+import gc
 import json
 import os
 import re
@@ -138,9 +139,12 @@ def test_sharded_view_loads_like_save_pretrained(ckptfs, saved, case, tmp_path):
             "weight_map": {n: files[i] for i, names in enumerate(shards) for n in names}}
         loaded = {}
         for name in sorted(set(index["weight_map"].values())):
-            shard = load_file(os.path.join(mnt, name))
+            # Copies: load_file's tensors map the file, which must be closed to unmount.
+            shard = {k: v.clone() for k, v in load_file(os.path.join(mnt, name)).items()}
             assert sorted(shard) == sorted(n for n, f in index["weight_map"].items() if f == name)
             loaded.update(shard)
+            del shard
+        gc.collect()
     assert sorted(loaded) == sorted(full)
     for name, t in full.items():
         assert same(loaded[name], t), name
@@ -167,7 +171,8 @@ def test_rename_map_gives_a_loaders_names(ckptfs, saved, tmp_path):
     mnt = str(tmp_path / "mnt")
     with itest.mounted(ckptfs, src, mnt, index_dir=str(tmp_path / "index"),
                        extra_args=["--rename", str(rules)]):
-        mounted = load_file(os.path.join(mnt, "model.safetensors"))
+        mounted = {k: v.clone() for k, v in load_file(os.path.join(mnt, "model.safetensors")).items()}
+        gc.collect()
     assert sorted(mounted) == sorted(renamed)
     for name, t in renamed.items():
         assert same(mounted[name], t), name
