@@ -154,6 +154,7 @@ struct NewOptions {
   std::string unmatched = "replicate";
   std::string src_strategy;
   std::string step = "latest";
+  std::string rename;
   CLI::Option* split_option = nullptr;
   CLI::Option* replicate_option = nullptr;
 };
@@ -229,7 +230,7 @@ void run_new(const CLI::App& command, const NewOptions& o) {
   options.rules = rules_in_order(command, o);
   options.unmatched_replicate = o.unmatched == "replicate";
   strategy::check_new_strategy(options);
-  const TensorList list = tensor_shapes(o.src, o.src_strategy, o.step);
+  const TensorList list = tensor_shapes(o.src, o.src_strategy, o.step, o.rename);
   if (list.tensors.empty())
     fail("{}: no tensor of 1 or more dimensions to lay out ({})", o.src, list.what);
   const std::vector<strategy::NewLayout> layouts = strategy::decide_layouts(list.tensors, options);
@@ -295,6 +296,9 @@ void add_strategy_command(CLI::App& app) {
   add->add_option("--step", o->step,
                   "Which checkpoint of each rank (as mount's --step) or MindFormers iteration")
       ->capture_default_str();
+  add->add_option("--rename", o->rename,
+                  "The rename map the view will be mounted with (mount's --rename): the strategy "
+                  "then names the tensors as the view serves them");
   add->add_option("-o,--output", o->output,
                   "The strategy file to write: JSON if the name ends in .json, else protobuf "
                   "(MindSpore's .ckpt strategy format)")

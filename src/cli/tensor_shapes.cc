@@ -61,16 +61,19 @@ bool is_json_name(const std::string& path) {
 }  // namespace
 
 TensorList tensor_shapes(const std::string& src, const std::string& src_strategy,
-                         const std::string& step) {
+                         const std::string& step, const std::string& rename) {
   if (is_json_name(src)) {
     if (!src_strategy.empty())
       fail("{}: a shapes file gives global shapes already; omit --src-strategy", src);
+    if (!rename.empty())
+      fail("{}: a shapes file names the tensors as a strategy will; omit --rename", src);
     return from_json(src);
   }
   view::ViewArgs args;
   args.src_dir = src;
   args.src_strategy = src_strategy;
   args.step = step;
+  args.rename = rename;
   args.quiet = true;
   family::ModelTensors model = view::model_tensors(args);
   TensorList out;

@@ -24,8 +24,9 @@ struct TensorList {
 //   its own strategy) rank_0 is one full checkpoint and its tensors are taken as they are; with
 //   one, the tensors it lays out, each global shape from the first rank of a stage holding it
 //   (its slice shape times the layout's splits), in file order, stage by stage.
-// Throws Error in one line naming the file or directory at fault.
+// With `rename` (a --rename file), the names a merged view serves (a family whose view takes
+// no rename map refuses it). Throws Error in one line naming the file or directory at fault.
 TensorList tensor_shapes(const std::string& src, const std::string& src_strategy,
-                         const std::string& step);
+                         const std::string& step, const std::string& rename = "");
 
 }  // namespace ckptfs::cli

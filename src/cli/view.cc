@@ -44,6 +44,15 @@ CLI::App* add_view_command(CLI::App& app, std::string name, std::string descript
       "--ranks", args.ranks,
       "Only these target ranks, e.g. 0-7,16 (one node's share): only the source "
       "files they load are opened, scanned and planned, and only they need be there");
+  command->add_option(
+      "--shard-size", args.shard_size,
+      "A merged model.safetensors (PyTorch DCP, hfai) larger than this is served as "
+      "model-0000k-of-0000n.safetensors plus model.safetensors.index.json, as save_pretrained "
+      "writes them: e.g. 5GB (the default), 2GiB, bytes; 0 or none: never cut");
+  command->add_option("--rename", args.rename,
+                      "A file of rules `REGEX REPLACEMENT`, one a line: each tensor is served "
+                      "under the replacement of the first rule whose REGEX (POSIX extended) "
+                      "matches its whole key (\\1 ... \\9 its groups), else under its key");
   command->add_option("--index", args.shipped_index,
                       "A shipped index (`ckptfs index build SRC --output DIR`) to take every scan "
                       "from, read-only and lock-free; refused if a source changed since it was "

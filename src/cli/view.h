@@ -22,7 +22,8 @@ using view::ViewNotes;
 
 // Adds the subcommand `name` of a command that works on a view (mount, materialize, verify) with
 // the SRC_DIR positional (first, so the caller's positionals follow it), --src-strategy,
-// --dst-strategy, --step, --allow-mixed-steps, --view, --prefix, --by-stage, --ranks, --index,
+// --dst-strategy, --step, --allow-mixed-steps, --view, --prefix, --by-stage, --ranks,
+// --shard-size, --rename, --index,
 // --index-dir and -q/--quiet, filled into `args`.
 CLI::App* add_view_command(CLI::App& app, std::string name, std::string description,
                            ViewArgs& args);

@@ -233,30 +233,30 @@ std::shared_ptr<const plan::GridContent> as_grid(const Tensor& t,
   return grid;
 }
 
-VirtualFile merged_file(const Pieces& pieces, const Metadata& metadata, const std::string& dir) {
-  std::vector<safetensors::HeaderEntry> header;
-  for (const Tensor& t : metadata.tensors) {
+// The merged model: every tensor under its served name, read in C order from its chunks.
+std::vector<plan::ModelEntry> merged_model(const Pieces& pieces, const Metadata& metadata,
+                                           const std::vector<std::string>& names,
+                                           const std::string& dir) {
+  std::vector<plan::ModelEntry> model;
+  model.reserve(metadata.tensors.size());
+  for (size_t i = 0; i < metadata.tensors.size(); ++i) {
+    const Tensor& t = metadata.tensors[i];
     uint64_t n = t.element_size;
     for (int64_t s : t.shape) n *= static_cast<uint64_t>(s);
-    header.push_back({t.fqn, t.code, t.shape, n});
+    model.push_back({names[i], t.code, t.shape, n, [&pieces, &t, &dir](VirtualFile::Builder& b) {
+                       const std::vector<const Piece*> stored = stored_chunks(pieces, t, dir);
+                       if (auto grid = as_grid(t, stored)) {
+                         b.add_grid(std::move(grid));
+                         return;
+                       }
+                       assemble(t, stored, dir,
+                                [&b](const Piece& piece, uint64_t first, uint64_t count) {
+                                  const uint64_t e = piece.view->element_size;
+                                  b.add_strided(piece.view, first * e, (first + count) * e);
+                                });
+                     }});
   }
-  const std::vector<size_t> order = safetensors::sort_like_writer(header);
-  static const std::vector<std::pair<std::string, std::string>> kMetadata{{"format", "pt"}};
-  VirtualFile::Builder builder;
-  builder.add_bytes(safetensors::encode_header(header, kMetadata));
-  for (size_t i : order) {
-    const Tensor& t = metadata.tensors[i];
-    const std::vector<const Piece*> stored = stored_chunks(pieces, t, dir);
-    if (auto grid = as_grid(t, stored)) {
-      builder.add_grid(std::move(grid));
-      continue;
-    }
-    assemble(t, stored, dir, [&builder](const Piece& piece, uint64_t first, uint64_t count) {
-      const uint64_t e = piece.view->element_size;
-      builder.add_strided(piece.view, first * e, (first + count) * e);
-    });
-  }
-  return builder.finish();
+  return model;
 }
 
 // Whether a chunk's view reads its storage element after element.
@@ -304,7 +304,8 @@ plan::FullTensor full_tensor(const Pieces& pieces, const Tensor& t, const std::s
 
 plan::Plan make_dcp_plan(std::vector<index::IndexedSource> files, const Metadata& metadata,
                          const std::string& dir, const strategy::Strategy* dst,
-                         const plan::ViewOptions& views) {
+                         const plan::ViewOptions& views,
+                         const plan::ModelFileOptions& model_files) {
   plan::Plan plan;
   plan.sources = std::move(files);
   for (size_t r = 0; r < plan.sources.size(); ++r)
@@ -312,26 +313,29 @@ plan::Plan make_dcp_plan(std::vector<index::IndexedSource> files, const Metadata
   for (const Tensor& t : metadata.tensors)
     if (!safetensors::dtype_by_code(t.code))
       fail("{}: tensor {} is of type {}, which a safetensors file cannot hold", dir, t.fqn, t.code);
+  std::vector<std::string> names;
+  names.reserve(metadata.tensors.size());
+  for (const Tensor& t : metadata.tensors) names.push_back(t.fqn);
+  if (model_files.rename) names = model_files.rename->apply_all(names);
   const Pieces pieces = pieces_by_tensor(plan.sources);
   if (dst) {
     std::vector<plan::FullTensor> model;
-    for (const Tensor& t : metadata.tensors) model.push_back(full_tensor(pieces, t, dir));
+    for (size_t i = 0; i < metadata.tensors.size(); ++i) {
+      model.push_back(full_tensor(pieces, metadata.tensors[i], dir));
+      model.back().name = names[i];
+    }
     plan::add_full_views(plan, model, *dst, views);
   } else {
-    plan::TargetFile target;
-    target.rank = plan::kRootRank;
-    target.name = "model.safetensors";
-    target.file = merged_file(pieces, metadata, dir);
-    plan.targets.push_back(std::move(target));
+    plan::add_model_files(plan, merged_model(pieces, metadata, names, dir), model_files.shard_size);
   }
 
   if (!metadata.objects.empty()) {
-    std::vector<std::string> names;
-    for (const Object& o : metadata.objects) names.push_back(o.fqn);
+    std::vector<std::string> objects;
+    for (const Object& o : metadata.objects) objects.push_back(o.fqn);
     plan.warnings.push_back(
         fmt::format("{}: {} non-tensor items are not served (DCP BYTE_IO objects, never "
                     "unpickled): {}",
-                    dir, names.size(), fmt::join(names, ", ")));
+                    dir, objects.size(), fmt::join(objects, ", ")));
   }
   return plan;
 }
@@ -377,6 +381,7 @@ plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
                             md.tensors.size(), md.files.size());
   const strategy::Strategy* dst = in.dst();
   const plan::ViewOptions views = in.views();
+  const plan::ModelFileOptions model_files = in.model_files();
   if (!dst && !views.safetensors)
     fail("{}: a DCP checkpoint is served as model.safetensors only; omit --view ckpt", dir);
   if (!dst && (!views.ranks.empty() || views.by_stage))
@@ -386,7 +391,7 @@ plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
   for (const std::string& file : md.files) paths.push_back(in.found / file);
   std::vector<index::IndexedSource> files = in.scan(paths);
   rescan_stale(files, md);
-  return make_dcp_plan(std::move(files), md, dir, dst, views);
+  return make_dcp_plan(std::move(files), md, dir, dst, views, model_files);
 }
 
 // Every tensor's global shape, from .metadata alone.
@@ -396,7 +401,13 @@ family::ModelTensors tensors(const family::ViewInputs& in) {
   family::ModelTensors out;
   out.what = fmt::format("{}: a PyTorch DCP checkpoint of {} tensors", in.src_dir.string(),
                          md.tensors.size());
-  for (const Tensor& t : md.tensors) out.tensors.push_back({t.fqn, t.shape});
+  // A strategy lays out the names the view serves.
+  std::vector<std::string> names;
+  for (const Tensor& t : md.tensors) names.push_back(t.fqn);
+  if (const plan::ModelFileOptions model_files = in.model_files(); model_files.rename)
+    names = model_files.rename->apply_all(names);
+  for (size_t i = 0; i < md.tensors.size(); ++i)
+    out.tensors.push_back({names[i], md.tensors[i].shape});
   return out;
 }
 

@@ -31,9 +31,10 @@ plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
   text.chosen = fmt::format("{}: an hfai checkpoint of {} PART files", dir, files.size());
   const strategy::Strategy* dst = in.dst();
   plan::ViewOptions views = in.views();
+  const plan::ModelFileOptions model_files = in.model_files();
   std::vector<index::IndexedSource> parts = in.scan(files);
   const Merged merged = merge(parts);
-  return make_hfai_plan(std::move(parts), merged, dst, views);
+  return make_hfai_plan(std::move(parts), merged, dst, views, model_files);
 }
 
 // The merged model's tensors, in hfai's merged order.
@@ -43,7 +44,13 @@ family::ModelTensors tensors(const family::ViewInputs& in) {
   const Merged merged = merge(in.scan(files));
   family::ModelTensors out;
   out.what = fmt::format("an hfai checkpoint of {} PART files (its merged model)", files.size());
-  for (const Tensor& t : merged.model) out.tensors.push_back({t.name, t.shape});
+  // A strategy lays out the names the view serves.
+  std::vector<std::string> names;
+  for (const Tensor& t : merged.model) names.push_back(t.name);
+  if (const plan::ModelFileOptions model_files = in.model_files(); model_files.rename)
+    names = model_files.rename->apply_all(names);
+  for (size_t i = 0; i < names.size(); ++i)
+    out.tensors.push_back({names[i], merged.model[i].shape});
   return out;
 }
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <memory>
+#include <set>
+#include <string_view>
 
 #include "ckptfs/error.h"
 #include "ckptfs/plan/read_map.h"
@@ -106,8 +108,44 @@ std::shared_ptr<const StridedContent> whole(const std::vector<index::IndexedSour
 
 }  // namespace
 
+namespace {
+
+// The merged model under its served names: model_files.rename's, else hfai's.
+std::vector<Tensor> renamed_model(const Merged& merged, const plan::ModelFileOptions& model_files) {
+  std::vector<Tensor> model = merged.model;
+  if (!model_files.rename) return model;
+  std::vector<std::string> names;
+  names.reserve(model.size());
+  for (const Tensor& t : model) names.push_back(t.name);
+  names = model_files.rename->apply_all(names);
+  for (size_t i = 0; i < model.size(); ++i) model[i].name = std::move(names[i]);
+  return model;
+}
+
+// The model's files at the root, save_pretrained's way (plan::add_model_files).
+void add_model(Plan& plan, const std::vector<Tensor>& model, uint64_t shard_size) {
+  std::vector<plan::ModelEntry> entries;
+  entries.reserve(model.size());
+  std::set<std::string_view> seen;
+  for (const Tensor& t : model) {
+    const std::optional<safetensors::Dtype> d = safetensors::dtype_by_code(t.code);
+    if (!d)
+      fail("model.safetensors: tensor {} is of type {}, which model.safetensors cannot hold",
+           t.name, t.code);
+    if (!seen.insert(t.name).second) fail("model.safetensors: two tensors named {}", t.name);
+    uint64_t n = t.element_size;
+    for (int64_t s : t.shape) n *= static_cast<uint64_t>(s);
+    entries.push_back({t.name, std::string(d->code), t.shape, n,
+                       [&plan, &t](VirtualFile::Builder& b) { add_content(b, plan.sources, t); }});
+  }
+  plan::add_model_files(plan, entries, shard_size);
+}
+
+}  // namespace
+
 Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const Merged& merged,
-                    const strategy::Strategy* dst, const ViewOptions& views) {
+                    const strategy::Strategy* dst, const ViewOptions& views,
+                    const plan::ModelFileOptions& model_files) {
   Plan plan;
   plan.sources = std::move(parts);
   for (size_t r = 0; r < plan.sources.size(); ++r)
@@ -115,9 +153,10 @@ Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const Merged& merge
   if (!dst && (!views.ranks.empty() || views.by_stage))
     fail("an hfai checkpoint is shown as one merged model; {} needs a --dst-strategy to cut it by",
          views.by_stage ? "--by-stage" : "--ranks");
+  const std::vector<Tensor> served = renamed_model(merged, model_files);
   if (dst) {
     std::vector<FullTensor> model;
-    for (const Tensor& t : merged.model) {
+    for (const Tensor& t : served) {
       const std::optional<safetensors::Dtype> d = safetensors::dtype_by_code(t.code);
       if (!d)
         fail("tensor {} is of type {}, which a MindSpore checkpoint cannot hold", t.name, t.code);
@@ -132,8 +171,7 @@ Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const Merged& merge
     t.file = std::move(file);
     plan.targets.push_back(std::move(t));
   };
-  if (!dst)
-    add("model.safetensors", safetensors_file(plan.sources, merged.model, "model.safetensors"));
+  if (!dst) add_model(plan, served, model_files.shard_size);
   if (!merged.optimizer.empty())
     add("optimizer.safetensors",
         safetensors_file(plan.sources, merged.optimizer, "optimizer.safetensors"));

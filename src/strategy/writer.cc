@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <regex.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +13,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/util/eintr.h"
 #include "ckptfs/util/fd.h"
+#include "ckptfs/util/posix_regex.h"
 #include "ckptfs/util/quote.h"
 #include "strategy.pb.h"
 
@@ -23,121 +23,12 @@ namespace {
 
 namespace pb = mindspore::straspb;
 
-// A rule's pattern as a POSIX extended expression (grep -E's), anchored at both ends so that it
-// must match the whole name. Not std::regex: its matcher recurses once per character, and a
-// checkpoint's tensor name may be as long as its file makes it (a 200 kB name overflows the
-// stack); glibc's matcher works in bounded stack.
-// glibc's regcomp expands every repetition count (`{m,n}` makes n copies, nested ones multiply)
-// and its matcher backtracks on back-references: a rule of 25 characters could then run for
-// hours. A rule may hold no back-reference and repeat its parts at most this many times in all.
-constexpr uint64_t kMaxExpanded = 256;
-
-// Throws Error naming `rule` for a back-reference or a pattern whose repetition counts expand
-// past kMaxExpanded atoms. A bound, not a parser: regcomp still decides what is valid.
-void check_cost(const LayoutRule& rule) {
-  const std::string& p = rule.pattern;
-  struct Group {
-    uint64_t total = 0;  // the atoms of the group so far, repetitions expanded
-    uint64_t last = 0;   // those of its last item, which a repetition count applies to
-  };
-  std::vector<Group> groups(1);
-  auto add = [&](uint64_t n) {
-    groups.back().total += n;
-    groups.back().last = n;
-  };
-  auto too_large = [&] {
-    fail(
-        "{}: the pattern repeats its parts more than {} times in all (its {{m,n}} counts, "
-        "nested ones multiplied); write it with * or + instead",
-        rule.text, kMaxExpanded);
-  };
-  for (size_t i = 0; i < p.size(); ++i) {
-    const char c = p[i];
-    if (c == '\\') {
-      if (i + 1 < p.size() && p[i + 1] >= '1' && p[i + 1] <= '9')
-        fail(
-            "{}: a back-reference (\\{}) is not allowed: matching it can take exponential time; "
-            "write the pattern without it",
-            rule.text, p[i + 1]);
-      ++i;
-      add(1);
-    } else if (c == '[') {  // a bracket expression is one atom, whatever it holds
-      size_t j = i + 1;
-      if (j < p.size() && p[j] == '^') ++j;
-      if (j < p.size() && p[j] == ']') ++j;
-      while (j < p.size() && p[j] != ']') {
-        if (p[j] == '[' && j + 1 < p.size() &&
-            (p[j + 1] == ':' || p[j + 1] == '=' || p[j + 1] == '.')) {
-          const size_t end = p.find(std::string{p[j + 1], ']'}, j + 2);
-          j = end == std::string::npos ? p.size() : end + 2;
-        } else {
-          ++j;
-        }
-      }
-      i = j;
-      add(1);
-    } else if (c == '(') {
-      groups.emplace_back();
-    } else if (c == ')' && groups.size() > 1) {
-      const uint64_t n = groups.back().total;
-      groups.pop_back();
-      add(n);
-    } else if (c == '{') {
-      uint64_t high = 0;
-      size_t j = i + 1;
-      for (; j < p.size() && p[j] >= '0' && p[j] <= '9'; ++j)
-        high = std::min<uint64_t>(high * 10 + static_cast<uint64_t>(p[j] - '0'), kMaxExpanded + 1);
-      if (j < p.size() && p[j] == ',') {
-        const size_t upper = ++j;
-        uint64_t n = 0;
-        for (; j < p.size() && p[j] >= '0' && p[j] <= '9'; ++j)
-          n = std::min<uint64_t>(n * 10 + static_cast<uint64_t>(p[j] - '0'), kMaxExpanded + 1);
-        if (j > upper) high = n;  // {m,}: m copies and a star
-      }
-      i = j;  // the closing brace (regcomp refuses a count left open)
-      Group& g = groups.back();
-      if (high > 1) {
-        if (g.last * (high - 1) > kMaxExpanded) too_large();
-        g.total += g.last * (high - 1);
-        g.last *= high;
-      }
-    } else if (c == '|') {
-      groups.back().last = 0;
-    } else if (c != '*' && c != '+' && c != '?') {
-      add(1);
-    }
-    if (groups.back().total > kMaxExpanded) too_large();
-  }
-}
-
-class Pattern {
- public:
-  explicit Pattern(const LayoutRule& rule) {
-    check_cost(rule);
-    const int err = ::regcomp(&re_, ("^(" + rule.pattern + ")$").c_str(), REG_EXTENDED | REG_NOSUB);
-    if (err != 0) {
-      char why[256];
-      ::regerror(err, &re_, why, sizeof why);
-      fail("{}: not a regular expression ({})", rule.text, why);
-    }
-  }
-  Pattern(const Pattern&) = delete;
-  Pattern& operator=(const Pattern&) = delete;
-  ~Pattern() { ::regfree(&re_); }
-  // The whole name, NUL bytes included (REG_STARTEND: the bounds, not a terminator).
-  bool matches(const std::string& name) const {
-    regmatch_t bounds{0, static_cast<regoff_t>(name.size())};
-    return ::regexec(&re_, name.c_str(), 1, &bounds, REG_STARTEND) == 0;
-  }
-
- private:
-  regex_t re_;
-};
-
-std::vector<std::unique_ptr<Pattern>> compile(const std::vector<LayoutRule>& rules) {
-  std::vector<std::unique_ptr<Pattern>> out;
+// A rule's pattern must match the whole name (util/posix_regex.h).
+std::vector<std::unique_ptr<util::PosixRegex>> compile(const std::vector<LayoutRule>& rules) {
+  std::vector<std::unique_ptr<util::PosixRegex>> out;
   out.reserve(rules.size());
-  for (const LayoutRule& rule : rules) out.push_back(std::make_unique<Pattern>(rule));
+  for (const LayoutRule& rule : rules)
+    out.push_back(std::make_unique<util::PosixRegex>(rule.pattern, rule.text));
   return out;
 }
 
@@ -216,7 +107,7 @@ std::vector<NewLayout> decide_layouts(const std::vector<TensorShape>& tensors,
                                       const NewStrategy& options) {
   check_new_strategy(options);
   if (tensors.empty()) fail("no tensor to write a layout for");
-  const std::vector<std::unique_ptr<Pattern>> patterns = compile(options.rules);
+  const std::vector<std::unique_ptr<util::PosixRegex>> patterns = compile(options.rules);
   std::unordered_set<std::string_view> seen;
   std::vector<NewLayout> out;
   out.reserve(tensors.size());

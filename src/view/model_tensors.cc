@@ -91,9 +91,14 @@ family::ModelTensors from_rank_dirs(const family::Family& fam, const ViewArgs& a
 family::ModelTensors model_tensors(const ViewArgs& args) {
   util::require_directory(args.src_dir, "source directory");
   const Detected detected = detect(args.src_dir, args.step);
-  if (!detected.family->tensors) return from_rank_dirs(*detected.family, args);
+  if (!detected.family->tensors) {
+    refuse_model_file_options(args, detected.family->name);
+    return from_rank_dirs(*detected.family, args);
+  }
   const FamilyInputs inputs(*detected.family, detected.found, args);
-  return detected.family->tensors(inputs.in);
+  family::ModelTensors out = detected.family->tensors(inputs.in);
+  if (!inputs.model_files_asked()) refuse_model_file_options(args, detected.family->name);
+  return out;
 }
 
 }  // namespace ckptfs::view

@@ -50,6 +50,10 @@ void report_planning(plan::ViewOptions& views, Progress& progress);
 
 std::optional<std::filesystem::path> index_dir(const ViewArgs& args);
 
+// Throws Error in one line if --shard-size or --rename was given for a `family` whose view has
+// no merged model.safetensors (it never asked for them).
+void refuse_model_file_options(const ViewArgs& args, std::string_view family);
+
 // What a family with its own view is given (family::ViewInputs) for `args`, with the state its
 // callbacks keep: the destination strategy and the planning progress, each made once. Lives as
 // long as the family's call; neither copied nor moved (the callbacks point into it).
@@ -59,8 +63,11 @@ struct FamilyInputs {
   FamilyInputs& operator=(const FamilyInputs&) = delete;
 
   family::ViewInputs in;
+  // Whether the family asked for --shard-size and --rename (in.model_files).
+  bool model_files_asked() const { return model_files_.has_value(); }
 
  private:
+  std::optional<plan::ModelFileOptions> model_files_;
   std::optional<strategy::Strategy> dst_;
   bool dst_read_ = false;
   std::optional<Progress> progress_;

@@ -80,6 +80,16 @@ plan::ViewOptions view_options(const ViewArgs& args) {
   return out;
 }
 
+plan::ModelFileOptions model_file_options(const ViewArgs& args) {
+  plan::ModelFileOptions out;
+  if (!args.shard_size.empty()) {
+    out.shard_size = plan::parse_shard_size(args.shard_size);
+    out.shard_size_given = true;
+  }
+  if (!args.rename.empty()) out.rename = plan::RenameMap::read(args.rename);
+  return out;
+}
+
 namespace {
 
 using namespace detail;
@@ -87,6 +97,14 @@ using namespace detail;
 }  // namespace
 
 namespace detail {
+
+void refuse_model_file_options(const ViewArgs& args, std::string_view family) {
+  if (!args.shard_size.empty() || !args.rename.empty())
+    fail(
+        "{}: {} applies to a merged model.safetensors (PyTorch DCP, hfai), which a {} checkpoint "
+        "is not served as; omit it",
+        args.src_dir, args.shard_size.empty() ? "--rename" : "--shard-size", family);
+}
 
 // The strategy and the view options are parsed once, when the family first asks for them, so
 // that it refuses in its own order.
@@ -107,6 +125,17 @@ FamilyInputs::FamilyInputs(const family::Family& fam, const std::filesystem::pat
     report_planning(views, *progress_);
     return views;
   };
+  in.model_files = [this, &args] {
+    if (!model_files_) {
+      model_files_ = model_file_options(args);
+      if (model_files_->shard_size_given && in.dst())
+        fail(
+            "{}: --shard-size cuts the merged model.safetensors; with --dst-strategy every rank "
+            "holds one file; omit one of them",
+            args.src_dir);
+    }
+    return *model_files_;
+  };
   in.scan = [&fam, &args](const std::vector<std::filesystem::path>& paths) {
     return index_files(index_dir(args), args.shipped_index, paths, args.quiet, fam.readers());
   };
@@ -123,6 +152,7 @@ std::unique_ptr<fs::Tree> build_family_tree(const family::Family& fam,
   const FamilyInputs inputs(fam, found, args);
   family::ViewText text;
   plan::Plan plan = fam.plan(inputs.in, text);
+  if (!inputs.model_files_asked()) refuse_model_file_options(args, fam.name);
   notes.chosen = std::move(text.chosen);
   notes.detail = std::move(text.detail);
   return std::make_unique<fs::Tree>(std::move(plan));
@@ -162,6 +192,7 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
   const Detected detected = detect(args.src_dir, args.step);
   if (!is_rank_dirs(*detected.family))
     return build_family_tree(*detected.family, detected.found, args, notes);
+  refuse_model_file_options(args, detected.family->name);
   // A node of a large job: with a shipped index of this view and the strategies given, the
   // source directory is not even listed (no /steps then: the index pins one step).
   bool tried_lazy = false;  // once refused (logged), the listed files would be refused too

@@ -256,6 +256,26 @@ def daemon_pids(ckptfs, mnt):
     return pids
 
 
+def hf_split(order, sizes, max_size):
+    """save_pretrained's shards (lists of names): huggingface_hub's documented rule, written here
+    from its docs. Names in `order` fill the current shard; a new one starts when the next would
+    take it over max_size; a name whose size (sizes[name]) is over max_size is appended alone in a
+    shard of its own when met, the current shard staying open."""
+    shards, current, current_size = [], [], 0
+    for name in order:
+        if sizes[name] > max_size:
+            shards.append([name])
+            continue
+        if current_size + sizes[name] > max_size:
+            shards.append(current)
+            current, current_size = [], 0
+        current.append(name)
+        current_size += sizes[name]
+    if current:
+        shards.append(current)
+    return shards
+
+
 def read_file(path):
     with open(path, "rb") as f:
         return f.read()

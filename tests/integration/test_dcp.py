@@ -18,6 +18,7 @@ import itest
 import test_hfai  # its safetensors parser
 
 CASES = ["plain", "fsdp", "tp", "objects", "threads"]
+SHARED_DCP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "dcp")
 
 
 def read_safetensors(path):
@@ -217,6 +218,175 @@ def check_reshard(args, case):
                 assert got[name][2] == want, f"{case} rank {rank}: tensor {name} differs"
 
 
+def metadata_order(case):
+    """The tensors' keys in the order the saved state dict held them, read from the case's
+    .metadata with Python's own unpickler, every class it names stood in for by a stub (so no
+    torch is needed and nothing of ckptfs is used)."""
+    import pickle
+
+    class Meta(type):
+        def __getattr__(cls, name):  # enum members pickled as getattr(Class, 'NAME')
+            return cls
+
+    class Stub(metaclass=Meta):
+        def __init__(self, *args, **kwargs):
+            self.args = args
+
+        def __setstate__(self, state):
+            self.state = state
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) == ("builtins", "getattr"):
+                return getattr
+            return type(name, (Stub,), {})
+
+    with open(os.path.join(SHARED_DCP, case, ".metadata"), "rb") as f:
+        md = Unpickler(f).load()
+    return [k for k, v in md.state["state_dict_metadata"].items()
+            if type(v).__name__ == "TensorStorageMetadata"]
+
+
+def expected_shards(case, max_size, rename=lambda k: k):
+    """{file: [served names]} and the index.json bytes save_pretrained would write for the
+    case's reference tensors (None: one model.safetensors)."""
+    _, reference = read_safetensors(os.path.join(SHARED_DCP, case + ".reference.safetensors"))
+    sizes = {rename(k): len(data) for k, (_, _, data) in reference.items()}
+    shards = itest.hf_split([rename(k) for k in metadata_order(case)], sizes, max_size)
+    if len(shards) == 1:
+        return {"model.safetensors": shards[0]}, None
+    files = {f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors": keys
+             for i, keys in enumerate(shards)}
+    index = {"metadata": {"total_size": sum(sizes.values())},
+             "weight_map": {k: f for f, keys in files.items() for k in keys}}
+    return files, json.dumps(index, indent=2, sort_keys=True) + "\n"
+
+
+def check_served_files(mnt, case, files, index, rename=lambda k: k):
+    """The mount lists exactly `files` (and the index); the index has save_pretrained's bytes;
+    each file holds its tensors with the reference's dtype, shape and bytes, read by the tests'
+    parser and by the safetensors package."""
+    _, reference = read_safetensors(os.path.join(SHARED_DCP, case + ".reference.safetensors"))
+    expected = {rename(k): v for k, v in reference.items()}
+    names = sorted(files) + ([] if index is None else ["model.safetensors.index.json"])
+    assert sorted(os.listdir(mnt)) == names, (os.listdir(mnt), names)
+    if index is not None:
+        got = itest.read_file(os.path.join(mnt, "model.safetensors.index.json")).decode()
+        assert got == index, (got, index)
+    for name, keys in files.items():
+        path = os.path.join(mnt, name)
+        meta, got = read_safetensors(path)
+        assert meta == {"format": "pt"}, (name, meta)
+        assert sorted(got) == sorted(keys), (name, sorted(got), sorted(keys))
+        for key in keys:
+            assert got[key] == expected[key], f"{case} {name}: tensor {key} differs"
+        check_safe_open(path, {k: expected[k] for k in keys})
+
+
+# Per case, a --shard-size that cuts its few hundred bytes into several shards, one tensor over
+# the size at least.
+SHARD_SIZES = {"plain": 64, "fsdp": 100, "tp": 300, "threads": 64}
+
+
+def check_sharded(args, case):
+    """--shard-size: model-0000k-of-0000n.safetensors and model.safetensors.index.json exactly
+    as save_pretrained would write them from the reference tensors."""
+    files, index = expected_shards(case, SHARD_SIZES[case])
+    assert index is not None and len(files) > 2, files
+    src = copy_case(args, case, "_sharded")
+    mnt = os.path.join(args.work, "mnt_sharded_" + case)
+    with itest.mounted(args.ckptfs, src, mnt, index_dir=os.path.join(args.work, "index"),
+                       extra_args=["--shard-size", str(SHARD_SIZES[case])]):
+        check_served_files(mnt, case, files, index)
+
+
+def check_shard_size_forms(args):
+    """A model within the size, and --shard-size 0 or none, give one model.safetensors; sizes
+    with units are read as save_pretrained reads them."""
+    src = copy_case(args, "fsdp", "_forms")
+    mnt = os.path.join(args.work, "mnt_forms")
+    for size in ["0", "none", "692", "1KB", "5GB"]:  # fsdp's tensors hold 692 bytes
+        with itest.mounted(args.ckptfs, src, mnt, index_dir=os.path.join(args.work, "index"),
+                           extra_args=["--shard-size", size]):
+            assert os.listdir(mnt) == ["model.safetensors"], (size, os.listdir(mnt))
+    with itest.mounted(args.ckptfs, src, mnt, index_dir=os.path.join(args.work, "index"),
+                       extra_args=["--shard-size", "0.1KB"]):
+        check_served_files(mnt, "fsdp", *expected_shards("fsdp", 100))
+
+
+FSDP_RULES = ("# fsdp's keys as a loader names them\n"
+              "layers\\.([0-9]+)\\.w\tmodel.layers.\\1.weight\n"
+              "layers\\.([0-9]+)\\.(.)   model.layers.\\1.\\2\n"
+              "(odd|few)  extra.\\1\n")
+FSDP_RENAMED = {"layers.0.w": "model.layers.0.weight", "layers.0.b": "model.layers.0.b",
+                "odd": "extra.odd", "few": "extra.few", "big": "big"}
+
+
+def write_rules(args, name, text):
+    path = os.path.join(args.work, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def check_rename(args):
+    """--rename: every tensor served under the first matching rule's name, in the merged file,
+    in the shards and their index, and in every rank's file of --dst-strategy."""
+    rules = write_rules(args, "rename_fsdp.txt", FSDP_RULES)
+    rename = FSDP_RENAMED.__getitem__
+    src = copy_case(args, "fsdp", "_rename")
+    mnt = os.path.join(args.work, "mnt_rename")
+    index = os.path.join(args.work, "index")
+    with itest.mounted(args.ckptfs, src, mnt, index_dir=index, extra_args=["--rename", rules]):
+        check_served_files(mnt, "fsdp", *expected_shards("fsdp", 5 * 10**9, rename), rename)
+    with itest.mounted(args.ckptfs, src, mnt, index_dir=index,
+                       extra_args=["--rename", rules, "--shard-size", "100"]):
+        check_served_files(mnt, "fsdp", *expected_shards("fsdp", 100, rename), rename)
+    # A strategy names the served names; `strategy new` with --rename lists them.
+    strategy = os.path.join(args.work, "dst_rename.json")
+    itest.run([args.ckptfs, "strategy", "new", src, "--rename", rules, "--devices", "2",
+               "--split", r"model\.layers\.0\.weight=1", "--replicate", ".*", "-o", strategy])
+    _, reference = read_safetensors(os.path.join(SHARED_DCP, "fsdp.reference.safetensors"))
+    with itest.mounted(args.ckptfs, src, mnt, index_dir=index, dst_strategy=strategy,
+                       extra_args=["--rename", rules]):
+        for rank in range(2):
+            _, got = read_safetensors(os.path.join(mnt, f"rank_{rank}",
+                                                   f"checkpoint_{rank}.safetensors"))
+            assert sorted(got) == sorted(FSDP_RENAMED.values()), sorted(got)
+            for key, (dtype, shape, data) in reference.items():
+                dim = 1 if key == "layers.0.w" else None
+                want = expected_block(dtype, shape, data, dim, rank, 2)
+                assert got[rename(key)][2] == want, f"rank {rank}: tensor {key} differs"
+
+
+def check_rename_refusals(args):
+    """A bad rename map, and the options where they cannot apply, are refused in one line."""
+    src = copy_case(args, "fsdp", "_rename_bad")
+    bad = write_rules(args, "rename_bad.txt", "# ok\nodd extra.odd\nlayers\\.(0 x\n")
+    refused(args, src, "rename_bad.txt:3", "not a regular expression", extra_args=["--rename", bad])
+    fields = write_rules(args, "rename_fields.txt", "odd\n")
+    refused(args, src, "rename_fields.txt:1", "REGEX REPLACEMENT",
+            extra_args=["--rename", fields])
+    same = write_rules(args, "rename_same.txt", "(odd|few) extra\n")
+    refused(args, src, "rename_same.txt", '"odd"', '"few"', "both be served as",
+            extra_args=["--rename", same])
+    empty = write_rules(args, "rename_empty.txt", "big\\.?(.*) \\1\n")
+    refused(args, src, "rename_empty.txt:1", '"big"', "empty name", extra_args=["--rename", empty])
+    refused(args, src, "missing.txt", "--rename",
+            extra_args=["--rename", os.path.join(args.work, "missing.txt")])
+    refused(args, src, "--shard-size 5XB", extra_args=["--shard-size", "5XB"])
+    strategy = os.path.join(args.work, "dst_forms.json")
+    itest.run([args.ckptfs, "strategy", "new", src, "--devices", "2", "--replicate", ".*", "-o",
+               strategy])
+    refused(args, src, src, "--shard-size", "--dst-strategy", dst_strategy=strategy,
+            extra_args=["--shard-size", "100"])
+    # A view with no merged model.safetensors: MindSpore rank directories.
+    plain = os.path.join(args.work, "not_dcp")
+    os.makedirs(plain, exist_ok=True)
+    refused(args, plain, plain, "--rename", "mindspore-rank-dirs", extra_args=["--rename", same])
+    refused(args, plain, plain, "--shard-size", extra_args=["--shard-size", "1GB"])
+
+
 def check_inspect(args):
     """inspect of a .distcp file lists its chunks (name, dtype, chunk shape, bytes) and its
     non-tensor items, without the .metadata being unpickled at read time."""
@@ -250,7 +420,9 @@ def check_index_build(args):
 
 
 def main():
+    global SHARED_DCP
     args = itest.parse_args()
+    SHARED_DCP = os.path.join(args.shared, "dcp")
     checks = itest.Checks(args.only)
     for case in CASES:
         checks.run(f"merged model.safetensors of {case} equals the reference", check_case, args,
@@ -258,6 +430,12 @@ def main():
     for case in RESHARD:
         checks.run(f"--dst-strategy of {case} cuts every tensor from the reference", check_reshard,
                    args, case)
+    for case in SHARD_SIZES:
+        checks.run(f"--shard-size cuts {case} as save_pretrained would", check_sharded, args, case)
+    checks.run("--shard-size forms, and a model within the size", check_shard_size_forms, args)
+    checks.run("--rename names every view's tensors", check_rename, args)
+    checks.run("a bad rename map or --shard-size is refused in one line", check_rename_refusals,
+               args)
     checks.run("each damaged DCP directory is refused in one line", check_bad, args)
     checks.run("options the merged view cannot honour are refused in one line",
                check_refused_options, args)

@@ -335,6 +335,43 @@ def merged_arrays(data, name):
     return out
 
 
+def check_sharded_renamed(args, name):
+    """--shard-size and --rename on an hfai checkpoint's merged model, as on a DCP one: the
+    shards and index save_pretrained would write of the expected merged tensors (hfai's merged
+    order), each tensor under its renamed name; optimizer.safetensors and the rest unchanged."""
+    data = os.path.join(args.shared, "hfai")
+    tag = name.split("_")[1]
+    _, tensors = read_safetensors(os.path.join(data, "expected", f"merged_model_{tag}.safetensors"))
+    order = ["hf." + key for key, _, _ in merged_arrays(data, name)]
+    sizes = {"hf." + k: len(raw) for k, (_, raw) in tensors.items()}
+    max_size = sum(sizes.values()) // 3
+    shards = itest.hf_split(order, sizes, max_size)
+    assert len(shards) > 2, shards
+    files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    index = json.dumps({"metadata": {"total_size": sum(sizes.values())},
+                        "weight_map": {k: files[i] for i, keys in enumerate(shards) for k in keys}},
+                       indent=2, sort_keys=True) + "\n"
+    rules = os.path.join(args.work, "rename_hfai.txt")
+    with open(rules, "w") as f:
+        f.write("(.*) hf.\\1\n")
+    mnt = os.path.join(args.work, "mnt_sharded_" + name)
+    with itest.mounted(args.ckptfs, os.path.join(data, name), mnt,
+                       index_dir=os.path.join(args.work, "index"),
+                       extra_args=["--shard-size", str(max_size), "--rename", rules]):
+        assert sorted(os.listdir(mnt)) == sorted(files + [
+            "model.safetensors.index.json", "extra.json", "optimizer.safetensors",
+            "others.safetensors"]), os.listdir(mnt)
+        assert itest.read_file(os.path.join(mnt, "model.safetensors.index.json")).decode() == index
+        for fname, keys in zip(files, shards):
+            meta, got = read_safetensors(os.path.join(mnt, fname))
+            assert meta == {"format": "pt"} and sorted(got) == sorted(keys), (fname, sorted(got))
+            for key in keys:
+                want_entry, want = tensors[key[len("hf."):]]
+                entry, raw = got[key]
+                assert (entry["dtype"], entry["shape"], raw) == (
+                    want_entry["dtype"], want_entry["shape"], want), f"{fname}: {key} differs"
+
+
 def expected_rank(model, layouts, rank):
     """(.ckpt bytes, .safetensors bytes) of one target rank, cut with the fixture generator's
     layout math: named tensors first, in merged order, then the others whole."""
@@ -528,6 +565,8 @@ def main():
     for name in ["hfai_t113_n4", "hfai_t113_n1", "hfai_t26_n2"]:
         checks.run(f"--dst-strategy cuts the merged model of {name}", check_dst_strategy, args, name)
     checks.run("--dst-strategy of two pipeline stages", check_dst_pipeline, args)
+    checks.run("--shard-size and --rename of hfai_t26_n2's merged model", check_sharded_renamed,
+               args, "hfai_t26_n2")
     checks.run("bad hfai directories are refused in one line", check_refusals, args)
     checks.run("strategies that do not fit the model are refused in one line", check_dst_refusals,
                args)

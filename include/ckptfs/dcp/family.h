@@ -11,24 +11,28 @@
 #include "ckptfs/dcp/dcp.h"
 #include "ckptfs/family/family.h"
 #include "ckptfs/index/store.h"
+#include "ckptfs/plan/model_files.h"
 #include "ckptfs/plan/planner.h"
 #include "ckptfs/strategy/strategy.h"
 
 namespace ckptfs::dcp {
 
 // The views of the checkpoint `metadata` describes, whose data files are `files` (the scans of
-// metadata.files, in that order, each taken against this very .metadata). Without `dst`: one
-// root file model.safetensors ({"format":"pt"}, the safetensors writer's layout) holding every
-// tensor under its checkpoint key. Each tensor's bytes are read in C order from its chunks, which
-// may tile it in any way (DTensor's Shard(d) splits, uneven and empty last shards, replicas saved
-// once), each chunk a strided view. With `dst`: the tensors, in .metadata's order, cut for every
-// target rank of `dst` (plan::add_full_views); a tensor of several chunks must then have each
-// stored in C order. Non-tensor items are not served: the plan's warnings name them in one line.
-// `dir` names the checkpoint in messages. Throws Error naming the tensor for a scan that does not
-// match the metadata, a dtype safetensors cannot hold, and what add_full_views refuses.
+// metadata.files, in that order, each taken against this very .metadata). Each tensor is served
+// under its checkpoint key, or the name model_files.rename gives it. Without `dst`: the root
+// files plan::add_model_files makes ({"format":"pt"}, the safetensors writer's layout): one
+// model.safetensors, or save_pretrained's shards of model_files.shard_size and their index. Each
+// tensor's bytes are read in C order from its chunks, which may tile it in any way (DTensor's
+// Shard(d) splits, uneven and empty last shards, replicas saved once), each chunk a strided view.
+// With `dst`: the tensors, in .metadata's order, cut for every target rank of `dst`
+// (plan::add_full_views); a tensor of several chunks must then have each stored in C order.
+// Non-tensor items are not served: the plan's warnings name them in one line. `dir` names the
+// checkpoint in messages. Throws Error naming the tensor for a scan that does not match the
+// metadata, a dtype safetensors cannot hold, what the rename map and add_full_views refuse.
 plan::Plan make_dcp_plan(std::vector<index::IndexedSource> files, const Metadata& metadata,
                          const std::string& dir, const strategy::Strategy* dst = nullptr,
-                         const plan::ViewOptions& views = {});
+                         const plan::ViewOptions& views = {},
+                         const plan::ModelFileOptions& model_files = {});
 
 // The DCP family: detect, the .distcp reader, the merged view, the data files to index.
 extern const family::Family kFamily;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ckptfs/index/store.h"
+#include "ckptfs/plan/model_files.h"
 #include "ckptfs/plan/planner.h"
 #include "ckptfs/scan/reader.h"
 #include "ckptfs/strategy/strategy.h"
@@ -47,6 +48,10 @@ struct ViewInputs {
   // --view, --prefix, --by-stage, --ranks as plan options (checked on the first call), with the
   // planning progress hooked in.
   std::function<plan::ViewOptions()> views;
+  // --shard-size and --rename (read on the first call; --shard-size with --dst-strategy is
+  // refused). A family whose view serves a merged model.safetensors takes them; for any other,
+  // the view refuses them when they are given, as it sees that the family never asked.
+  std::function<plan::ModelFileOptions()> model_files;
   // Scans `paths` with this family's readers through the index (the cache, or a shipped index),
   // reporting progress; in the order given. Throws Error naming the file.
   std::function<std::vector<index::IndexedSource>(const std::vector<std::filesystem::path>&)> scan;

@@ -17,6 +17,7 @@
 
 #include "ckptfs/fs/tree.h"
 #include "ckptfs/index/store.h"
+#include "ckptfs/plan/model_files.h"
 #include "ckptfs/plan/planner.h"
 
 namespace ckptfs::view {
@@ -41,6 +42,10 @@ struct ViewArgs {
   // environment variable holding it in hex. Never the key itself (argv is public).
   std::string dec_key_file;
   std::string dec_key_env;
+  // A merged model.safetensors's options (plan::ModelFileOptions): --shard-size as given ("":
+  // the default) and --rename's file ("": none).
+  std::string shard_size;
+  std::string rename;
 };
 
 // Reads the key ViewArgs names (at most one of --dec-key-file and --dec-key-env) into the
@@ -50,6 +55,9 @@ void load_key(const ViewArgs& args);
 
 // --view, --prefix, --by-stage and --ranks as plan options. Throws Error naming the option.
 plan::ViewOptions view_options(const ViewArgs& args);
+
+// --shard-size and --rename as a merged view takes them. Throws Error naming the option or file.
+plan::ModelFileOptions model_file_options(const ViewArgs& args);
 
 // What a command says about its view once it is sure to use it: said only then, so that a
 // refusal stays one line.
