@@ -59,6 +59,7 @@ struct FamilyInputs {
   FamilyInputs& operator=(const FamilyInputs&) = delete;
 
   family::ViewInputs in;
+  bool unstack_asked = false;  // the family asked in.unstack_layers
 
  private:
   std::optional<strategy::Strategy> dst_;
