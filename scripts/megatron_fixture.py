@@ -32,12 +32,27 @@ import json
 import os
 import sys
 
-import torch
+# No pool of compile workers (Megatron imports torch.compile'd fusions): the ranks leave with
+# os._exit, which would leave such a pool behind.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import torch  # noqa: E402
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
 
 ITERATION = 7
+
+
+def leave():
+    """A gloo group now and then hangs at teardown after a finished save: the save is complete
+    (its collectives are done), so a rank leaves without one, ending first the worker processes
+    the save started (they would outlive it)."""
+    import multiprocessing
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join(10)
+    os._exit(0)
 
 
 def cpu_stand_ins():
@@ -113,9 +128,7 @@ def worker(rank, world, tp, pp, out, port):
     dist.barrier()
     dist_checkpointing.save(sharded, iter_dir)
     torch.save(shards, os.path.join(out, f"shards_{rank}.pt"))
-    # A gloo group now and then hangs at teardown after a finished save: the save is complete
-    # (its collectives are done), so leave without one.
-    os._exit(0)
+    leave()
 
 
 def write_reference(out, gathered):
@@ -156,7 +169,7 @@ def load_worker(rank, iter_dir, out, port):
         t = full.setdefault(key, torch.full(shape, float("nan"), dtype=data.dtype))
         t[tuple(slice(o, o + s) for o, s in zip(offset, data.shape))] = data
     save_file(full, out)
-    os._exit(0)
+    leave()
 
 
 def main():
