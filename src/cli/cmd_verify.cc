@@ -23,6 +23,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/index/readers.h"
+#include "ckptfs/megatron/megatron.h"
 #include "ckptfs/scan/dtype.h"
 #include "ckptfs/scan/reader.h"
 #include "ckptfs/source/discover.h"
@@ -107,6 +108,21 @@ void verify_sources(const VerifyArgs& args) {
       std::error_code ec;
       progress.advance(stdfs::file_size(path, ec));
       progress.item_done();
+    }
+  }
+
+  // 1b. A Megatron-Core iteration's integrity.json (the SHA-256 of each of its files), if any.
+  if (!rank_dirs) {
+    try {
+      if (const auto bad = megatron::check_integrity(detected.found)) {
+        for (const std::string& line : *bad) findings.add(line);
+        if (bad->empty())
+          checked = fmt::format("{}: every file {} names matches its SHA-256",
+                                (detected.found / megatron::kIntegrityName).string(),
+                                megatron::kIntegrityName);
+      }
+    } catch (const Error& e) {
+      findings.add(e.what());
     }
   }
 

@@ -11,8 +11,10 @@ CLI::App* add_view_command(CLI::App& app, std::string name, std::string descript
       ->add_option("SRC_DIR", args.src_dir,
                    "Directory holding rank_<N>/*.ckpt or *.safetensors, a MindFormers "
                    "output/ directory, a MindFormers metadata checkpoint (the directory of "
-                   "latest_checkpointed_iteration.txt, or one iteration_<N>/), or an hfai "
-                   "checkpoint (a directory of PART_000.pt ...)")
+                   "latest_checkpointed_iteration.txt, or one iteration_<N>/), an hfai "
+                   "checkpoint (a directory of PART_000.pt ...), a PyTorch DCP directory, or a "
+                   "Megatron-Core torch_dist save (the directory of "
+                   "latest_checkpointed_iteration.txt, or one iter_<N>/)")
       ->required();  // checked by the command, in its one line: a missing one is bad input
   command->add_option("--src-strategy", args.src_strategy,
                       "Strategy the sources were saved with: protobuf file, .json file, or a "
@@ -24,7 +26,7 @@ CLI::App* add_view_command(CLI::App& app, std::string name, std::string descript
       ->add_option("--step", args.step,
                    "Which checkpoint of each rank: latest (the newest step saved on every rank), "
                    "EPOCH_STEP such as 10_100, breakpoint, or a file-name glob; for a MindFormers "
-                   "metadata checkpoint, latest or an iteration number")
+                   "metadata or Megatron-Core checkpoint, latest or an iteration number")
       ->capture_default_str();
   command->add_flag("--allow-mixed-steps", args.allow_mixed_steps,
                     "With --step FILE-GLOB: serve the named files even if they are of different "
@@ -40,6 +42,9 @@ CLI::App* add_view_command(CLI::App& app, std::string name, std::string descript
   command->add_flag("--by-stage", args.by_stage,
                     "One _part<stage> file per source pipeline stage, as MindSpore's by-stage "
                     "transform writes");
+  command->add_flag("--unstack-layers", args.unstack_layers,
+                    "Megatron-Core torch_dist: serve each stacked tensor [num_layers, ...] "
+                    "(decoder.layers.NAME) as per-layer tensors decoder.layers.<i>.NAME");
   command->add_option(
       "--ranks", args.ranks,
       "Only these target ranks, e.g. 0-7,16 (one node's share): only the source "

@@ -367,31 +367,13 @@ void rescan_stale(std::vector<index::IndexedSource>& files, const Metadata& md) 
   }
 }
 
-void refuse_src_strategy(const family::ViewInputs& in) {
-  if (!in.src_strategy.empty())
-    fail("{}: a DCP checkpoint records its layout in {}; omit --src-strategy", in.src_dir.string(),
-         kMetadataName);
-}
-
 plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
   const std::string dir = in.src_dir.string();
   refuse_src_strategy(in);
-  const Metadata md = read_metadata(in.found);
+  Metadata md = read_metadata(in.found);
   text.chosen = fmt::format("{}: a PyTorch DCP checkpoint of {} tensors in {} data files", dir,
                             md.tensors.size(), md.files.size());
-  const strategy::Strategy* dst = in.dst();
-  const plan::ViewOptions views = in.views();
-  const plan::ModelFileOptions model_files = in.model_files();
-  if (!dst && !views.safetensors)
-    fail("{}: a DCP checkpoint is served as model.safetensors only; omit --view ckpt", dir);
-  if (!dst && (!views.ranks.empty() || views.by_stage))
-    fail("{}: a DCP checkpoint is shown as one merged model; {} needs a --dst-strategy", dir,
-         views.by_stage ? "--by-stage" : "--ranks");
-  std::vector<fs::path> paths;
-  for (const std::string& file : md.files) paths.push_back(in.found / file);
-  std::vector<index::IndexedSource> files = in.scan(paths);
-  rescan_stale(files, md);
-  return make_dcp_plan(std::move(files), md, dir, dst, views, model_files);
+  return plan_dcp_view(in, std::move(md), dir);
 }
 
 // Every tensor's global shape, from .metadata alone.
@@ -412,6 +394,31 @@ family::ModelTensors tensors(const family::ViewInputs& in) {
 }
 
 }  // namespace
+
+void refuse_src_strategy(const family::ViewInputs& in) {
+  if (!in.src_strategy.empty())
+    fail("{}: a DCP checkpoint records its layout in {}; omit --src-strategy", in.src_dir.string(),
+         kMetadataName);
+}
+
+plan::Plan plan_dcp_view(const family::ViewInputs& in, Metadata md, const std::string& dir,
+                         const Adjust& adjust) {
+  refuse_src_strategy(in);
+  const strategy::Strategy* dst = in.dst();
+  const plan::ViewOptions views = in.views();
+  const plan::ModelFileOptions model_files = in.model_files();
+  if (!dst && !views.safetensors)
+    fail("{}: a DCP checkpoint is served as model.safetensors only; omit --view ckpt", dir);
+  if (!dst && (!views.ranks.empty() || views.by_stage))
+    fail("{}: a DCP checkpoint is shown as one merged model; {} needs a --dst-strategy", dir,
+         views.by_stage ? "--by-stage" : "--ranks");
+  std::vector<fs::path> paths;
+  for (const std::string& file : md.files) paths.push_back(in.found / file);
+  std::vector<index::IndexedSource> files = in.scan(paths);
+  rescan_stale(files, md);
+  if (adjust) adjust(md, files);
+  return make_dcp_plan(std::move(files), md, dir, dst, views, model_files);
+}
 
 const family::Family kFamily{"pytorch-dcp", detect, readers, view, index_files, tensors};
 

@@ -96,7 +96,9 @@ Metadata parse_metadata(std::string_view bytes, const std::string& name) {
       bytes, name, [](std::string_view) { return std::nullopt; }, torchzip::Allow::DcpMetadata);
   const Tree t{name};
   const json& root = object.tree;
-  if (!t.is(root, "Metadata"))
+  // Megatron-Core v0.8-v0.15 pickle their subclass of it, whose extra fields are not needed here.
+  if (!t.is(root, "Metadata") &&
+      t.cls(root) != "megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata")
     t.bad("the pickle holds {}, not {}Metadata",
           root.is_object() && root.contains("$object") ? root["$object"].get<std::string>()
                                                        : std::string("another value"),

@@ -123,6 +123,15 @@ constexpr std::array<std::string_view, 3> kDcpMemoryFormats{
 constexpr std::array<std::string_view, 7> kDcpMetadataClasses{
     "Metadata",      "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
     "MetadataIndex", "TensorProperties",      "StorageMeta"};
+// Megatron-Core's torch_dist saves (spec §3.5) may add every rank's SavePlan to .metadata
+// (all_local_plans, v0.11+), and v0.8-v0.15 pickle its Metadata and SavePlan subclasses.
+constexpr std::string_view kDcpPlannerModule = "torch.distributed.checkpoint.planner";
+constexpr std::array<std::string_view, 4> kDcpPlannerClasses{"SavePlan", "WriteItem",
+                                                             "TensorWriteData", "BytesIOWriteData"};
+// planner.WriteItemType's members by value.
+constexpr std::array<std::string_view, 3> kDcpWriteItemTypes{"TENSOR", "SHARD", "BYTE_IO"};
+constexpr std::string_view kMcoreModule = "megatron.core.dist_checkpointing.strategies.torch";
+constexpr std::array<std::string_view, 2> kMcoreClasses{"MCoreMetadata", "MCoreSavePlan"};
 
 struct Value {
   Kind kind;
@@ -385,8 +394,17 @@ class Machine {
           if (name == cls) return make_global(Fn::DcpClass);
         if (name == "_MEM_FORMAT_ENCODING") return make_global(Fn::DcpEnum);
       }
-      if (module == "torch.distributed.checkpoint.filesystem" && name == "_StorageInfo")
+      if (module == "torch.distributed.checkpoint.filesystem" &&
+          (name == "_StorageInfo" || name == "_StoragePrefix"))
         return make_global(Fn::DcpClass);
+      if (module == kDcpPlannerModule) {
+        for (std::string_view cls : kDcpPlannerClasses)
+          if (name == cls) return make_global(Fn::DcpClass);
+        if (name == "WriteItemType") return make_global(Fn::DcpEnum);
+      }
+      if (module == kMcoreModule)
+        for (std::string_view cls : kMcoreClasses)
+          if (name == cls) return make_global(Fn::DcpClass);
       if (module == "torch.serialization" && name == "_get_layout")
         return make_global(Fn::DcpLayout);
       if (module == "pathlib" && name == "PosixPath") return make_global(Fn::DcpPath);
@@ -398,8 +416,9 @@ class Machine {
           if (name == kDtypes[i].torch_name) return make_global(Fn::Dtype, i);
       }
       error(
-          "unsupported object {} (a DCP .metadata holds only DCP's metadata classes, "
-          "torch.Size, dtypes, a layout and a path; nothing is executed)",
+          "unsupported object {} (a DCP .metadata holds only DCP's metadata and save-plan "
+          "classes, Megatron-Core's MCoreMetadata and MCoreSavePlan, torch.Size, dtypes, a "
+          "layout and a path; nothing is executed)",
           file_text(full));
     }
     if (module == "collections" && name == "OrderedDict") return make_global(Fn::OrderedDict);
@@ -612,10 +631,14 @@ class Machine {
         if (n != 2 || !is(a[0], Kind::Global) || as_global(a[0]).fn != Fn::DcpEnum ||
             !is(a[1], Kind::Str))
           return bad();
-        const auto member =
-            std::find(kDcpMemoryFormats.begin(), kDcpMemoryFormats.end(), str(a[1]));
-        if (member == kDcpMemoryFormats.end()) return bad();
-        const uint32_t value = int_value(member - kDcpMemoryFormats.begin());
+        const bool write_item = as_global(a[0]).name.starts_with(kDcpPlannerModule);
+        const std::span<const std::string_view> members =
+            write_item ? std::span<const std::string_view>(kDcpWriteItemTypes)
+                       : std::span<const std::string_view>(kDcpMemoryFormats);
+        const auto member = std::find(members.begin(), members.end(), str(a[1]));
+        if (member == members.end()) return bad();
+        // WriteItemType numbers its members from 1 (enum.auto), _MEM_FORMAT_ENCODING from 0.
+        const uint32_t value = int_value(member - members.begin() + (write_item ? 1 : 0));
         return make_object(as_global(a[0]).name, make_container(Kind::Tuple, {value}));
       }
       case Fn::DcpLayout:

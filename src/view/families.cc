@@ -8,6 +8,7 @@
 #include "ckptfs/family/unified.h"
 #include "ckptfs/hfai/view.h"
 #include "ckptfs/index/readers.h"
+#include "ckptfs/megatron/family.h"
 #include "ckptfs/mindformers/family.h"
 
 namespace ckptfs::view {
@@ -27,7 +28,8 @@ const family::Family kRankDirs{
     "mindspore-rank-dirs", any_directory, index::mindspore_readers, nullptr, nullptr, nullptr};
 
 const family::Family* const kFamilies[] = {
-    &dcp::kFamily, &hfai::kFamily, &mindformers::kFamily, &family::kUnified, &kRankDirs,
+    &megatron::kFamily,    &dcp::kFamily,     &hfai::kFamily,
+    &mindformers::kFamily, &family::kUnified, &kRankDirs,
 };
 
 }  // namespace

@@ -65,6 +65,7 @@ struct FamilyInputs {
   family::ViewInputs in;
   // Whether the family asked for --shard-size and --rename (in.model_files).
   bool model_files_asked() const { return model_files_.has_value(); }
+  bool unstack_asked = false;  // the family asked in.unstack_layers
 
  private:
   std::optional<plan::ModelFileOptions> model_files_;

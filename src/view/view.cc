@@ -136,6 +136,10 @@ FamilyInputs::FamilyInputs(const family::Family& fam, const std::filesystem::pat
     }
     return *model_files_;
   };
+  in.unstack_layers = [this, &args] {
+    unstack_asked = true;
+    return args.unstack_layers;
+  };
   in.scan = [&fam, &args](const std::vector<std::filesystem::path>& paths) {
     return index_files(index_dir(args), args.shipped_index, paths, args.quiet, fam.readers());
   };
@@ -145,6 +149,14 @@ FamilyInputs::FamilyInputs(const family::Family& fam, const std::filesystem::pat
 
 namespace {
 
+// --unstack-layers applies to checkpoints with stacked layers only: never silently ignored.
+void refuse_unused_unstack(const ViewArgs& args, bool asked, const std::string& src,
+                           std::string_view family) {
+  if (args.unstack_layers && !asked)
+    fail("--unstack-layers: {} is a {} checkpoint, which has no stacked layers; omit it", src,
+         family);
+}
+
 // A checkpoint of a family that plans its own view (view/families.h).
 std::unique_ptr<fs::Tree> build_family_tree(const family::Family& fam,
                                             const std::filesystem::path& found,
@@ -153,6 +165,7 @@ std::unique_ptr<fs::Tree> build_family_tree(const family::Family& fam,
   family::ViewText text;
   plan::Plan plan = fam.plan(inputs.in, text);
   if (!inputs.model_files_asked()) refuse_model_file_options(args, fam.name);
+  refuse_unused_unstack(args, inputs.unstack_asked, args.src_dir, fam.name);
   notes.chosen = std::move(text.chosen);
   notes.detail = std::move(text.detail);
   return std::make_unique<fs::Tree>(std::move(plan));
@@ -208,6 +221,7 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
       }
     }
   }
+  refuse_unused_unstack(args, false, args.src_dir, detected.family->name);
   const RankDirs dirs = prepare_rank_dirs(*detected.family, args, notes);
   require_step_if_partial(dirs, args);
   const std::shared_ptr<Planning>& planning = dirs.planning;

@@ -38,8 +38,42 @@ TEST(DcpMetadataPickle, TorchSaveGlobalsAreRefused) {
   const std::string p = "\x80\x04" + stack_global("torch._utils", "_rebuild_tensor_v2") + ".";
   EXPECT_EQ(refusal(p, Allow::DcpMetadata),
             "f: pickle byte offset 36: unsupported object \"torch._utils._rebuild_tensor_v2\" (a "
-            "DCP .metadata holds only DCP's metadata classes, torch.Size, dtypes, a layout and a "
-            "path; nothing is executed)");
+            "DCP .metadata holds only DCP's metadata and save-plan classes, Megatron-Core's "
+            "MCoreMetadata and MCoreSavePlan, torch.Size, dtypes, a layout and a path; nothing is "
+            "executed)");
+}
+
+// Megatron-Core's torch_dist saves (spec §3.5): its Metadata and SavePlan subclasses, and the
+// planner's classes all_local_plans holds, are made; a neighbour of them is refused by name.
+TEST(DcpMetadataPickle, MegatronGlobalsAreAllowedAndNoOthers) {
+  const std::string mcore = "megatron.core.dist_checkpointing.strategies.torch";
+  const std::string planner = "torch.distributed.checkpoint.planner";
+  for (const std::string& p : {
+           "\x80\x04" + stack_global(mcore, "MCoreMetadata") + ")\x81}b.",
+           "\x80\x04" + stack_global(mcore, "MCoreSavePlan") + ")\x81}b.",
+           "\x80\x04" + stack_global(planner, "SavePlan") + ")\x81}b.",
+           "\x80\x04" + stack_global(planner, "WriteItem") + ")\x81}b.",
+           "\x80\x04" + stack_global(planner, "TensorWriteData") + ")\x81}b.",
+           "\x80\x04" + stack_global(planner, "BytesIOWriteData") + ")\x81}b.",
+           "\x80\x04" + stack_global("torch.distributed.checkpoint.filesystem", "_StoragePrefix") +
+               ")\x81}b.",
+           "\x80\x04" + stack_global(planner, "WriteItemType") + "K\x02\x85R.",
+           "\x80\x04" + stack_global("builtins", "getattr") +
+               stack_global(planner, "WriteItemType") + "\x8c\x05SHARD\x86R.",
+       })
+    EXPECT_EQ(refusal(p, Allow::DcpMetadata), "accepted") << p;
+  EXPECT_NE(
+      refusal("\x80\x04" + stack_global(mcore, "MCoreLoadPlan") + ")\x81.", Allow::DcpMetadata)
+          .find("unsupported object \"" + mcore + ".MCoreLoadPlan\""),
+      std::string::npos);
+  EXPECT_NE(refusal("\x80\x04" + stack_global(planner, "LoadPlan") + ")\x81.", Allow::DcpMetadata)
+                .find("unsupported object \"" + planner + ".LoadPlan\""),
+            std::string::npos);
+  // getattr of WriteItemType takes only its members' names.
+  EXPECT_NE(refusal("\x80\x04" + stack_global("builtins", "getattr") +
+                        stack_global(planner, "WriteItemType") + "\x8c\x06SYSTEM\x86R.",
+                    Allow::DcpMetadata),
+            "accepted");
 }
 
 TEST(DcpMetadataPickle, DcpClassesAreRefusedInTorchSave) {

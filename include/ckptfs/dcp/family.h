@@ -5,6 +5,7 @@
 // an immutable constant.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,19 @@ plan::Plan make_dcp_plan(std::vector<index::IndexedSource> files, const Metadata
                          const std::string& dir, const strategy::Strategy* dst = nullptr,
                          const plan::ViewOptions& views = {},
                          const plan::ModelFileOptions& model_files = {});
+
+// What a family whose checkpoints are DCP directories with more around them (Megatron-Core's
+// torch_dist) changes before planning: the parsed .metadata and the scans of its data files.
+using Adjust = std::function<void(Metadata& metadata, std::vector<index::IndexedSource>& files)>;
+
+// The DCP view of the checkpoint at in.found whose .metadata is `metadata` (`dir` names it in
+// messages): refuses --src-strategy, --view without safetensors and --ranks or --by-stage without
+// --dst-strategy; scans metadata.files through in.scan, each scan taken again if it was made
+// against another .metadata; calls `adjust` (if any); then make_dcp_plan.
+plan::Plan plan_dcp_view(const family::ViewInputs& in, Metadata metadata, const std::string& dir,
+                         const Adjust& adjust = nullptr);
+// Throws Error unless in.src_strategy is empty: the layout is .metadata's.
+void refuse_src_strategy(const family::ViewInputs& in);
 
 // The DCP family: detect, the .distcp reader, the merged view, the data files to index.
 extern const family::Family kFamily;

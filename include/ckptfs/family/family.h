@@ -55,6 +55,9 @@ struct ViewInputs {
   // Scans `paths` with this family's readers through the index (the cache, or a shipped index),
   // reporting progress; in the order given. Throws Error naming the file.
   std::function<std::vector<index::IndexedSource>(const std::vector<std::filesystem::path>&)> scan;
+  // --unstack-layers given? A family with stacked layers (Megatron-Core's) asks; one that never
+  // asks has the option refused for it, so that it is never silently ignored.
+  std::function<bool()> unstack_layers;
 };
 
 // What a view says about itself once it is used (view::ViewNotes takes it over).

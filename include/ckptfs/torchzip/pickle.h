@@ -69,10 +69,14 @@ inline constexpr uint64_t kMemoryPerByte = 48;
 
 // Which globals a pickle may use. TorchSave: torch.save's data.pkl (the list above; NEWOBJ is
 // refused). DcpMetadata: a DCP checkpoint's .metadata (torch-dcp-megatron.md §1.6, as torch 2.6
-// writes it), and nothing of torch.save's: DCP's seven metadata dataclasses and
-// filesystem._StorageInfo (made by NEWOBJ with no arguments, their state set once by BUILD),
-// metadata._MEM_FORMAT_ENCODING, torch.serialization._get_layout and pathlib.PosixPath (made by
-// REDUCE of ints or strings), torch.Size and dtypes by name. In the tree such an object is
+// writes it), and nothing of torch.save's: DCP's seven metadata dataclasses,
+// filesystem._StorageInfo and, for Megatron-Core's torch_dist saves (§3.5: all_local_plans,
+// MCoreMetadata), planner.{SavePlan, WriteItem, TensorWriteData, BytesIOWriteData},
+// filesystem._StoragePrefix and megatron.core.dist_checkpointing.strategies.torch.{MCoreMetadata,
+// MCoreSavePlan} (made by NEWOBJ with no arguments, their state set once by BUILD),
+// metadata._MEM_FORMAT_ENCODING and planner.WriteItemType, torch.serialization._get_layout and
+// pathlib.PosixPath (made by REDUCE of ints or strings), torch.Size and dtypes by name. In the tree
+// such an object is
 // {"$object": "module.Class", "state": <its __dict__ or tuple>} or {..., "args": [...]}; an
 // object used as a dict key stays one key per object (equal MetadataIndex keys are not merged:
 // the caller sees both).

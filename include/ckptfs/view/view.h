@@ -33,8 +33,9 @@ struct ViewArgs {
   std::vector<std::string> views{"ckpt", "safetensors"};
   std::string prefix = "checkpoint_";
   bool by_stage = false;
-  std::string ranks;   // "--ranks 0-7,16"; empty: every target rank
-  bool quiet = false;  // no progress lines, no line saying which checkpoints were chosen
+  bool unstack_layers = false;  // Megatron's stacked layers served per layer
+  std::string ranks;            // "--ranks 0-7,16"; empty: every target rank
+  bool quiet = false;           // no progress lines, no line saying which checkpoints were chosen
   // materialize without --view: only the sources' format (plan::ViewOptions::source_format),
   // so that the output is itself a source.
   bool source_format = false;
