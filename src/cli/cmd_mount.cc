@@ -17,6 +17,7 @@
 #include "ckptfs/fs/tree.h"
 #include "ckptfs/util/open_path.h"
 #include "commands.h"
+#include "s3_source.h"
 #include "view.h"
 
 namespace ckptfs::cli {
@@ -121,6 +122,7 @@ void run_mount(MountArgs& args) {
   // A tree planned on first open has no sources yet to name the mount after.
   if (tree->lazy() != nullptr)
     options.fsname = std::filesystem::absolute(args.view.src_dir).lexically_normal().string();
+  if (!s3_source_url().empty()) options.fsname = s3_source_url();
   options.on_mounted = [&notes] { notes.say(); };
   options.chosen = notes.chosen;
   const Owner owner = take_owner(options.fuse_options);
