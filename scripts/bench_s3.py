@@ -300,12 +300,81 @@ class Bench:
                   f"{need / MIB:.1f} MiB = {touched / need:.2f}x")
 
 
+# -- straight from S3 (issue 33, step 2): no s3fs -----------------------------------------------
+
+def daemon_peak_kib(ckptfs, mnt):
+    """VmHWM (KiB) of the ckptfs daemon serving `mnt`, 0 if it is not found."""
+    binary = os.path.realpath(ckptfs)
+    for pid in os.listdir("/proc"):
+        try:
+            if not pid.isdigit() or os.path.realpath(f"/proc/{pid}/exe") != binary:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if mnt.encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1])
+        except OSError:
+            continue
+    return 0
+
+
+def native_figures(bench, runs):
+    """Paired runs of a cold `cat` of the view through s3fs (shipped index) and from
+    `mount s3://...` (index filled once beforehand), then `--ranks 0` from s3://: MB/s, GETs,
+    bytes fetched / bytes of the target, and the daemon's peak resident set."""
+    os.environ.update(AWS_ACCESS_KEY_ID=s3harness.ACCESS_KEY,
+                      AWS_SECRET_ACCESS_KEY=s3harness.SECRET_KEY, AWS_REGION=s3harness.REGION)
+    url = f"s3://{BUCKET}/{PREFIX}"
+    s3 = ["--s3-endpoint", bench.server.endpoint]
+    idx = os.path.join(bench.work, "index-native")
+    shutil.rmtree(idx, ignore_errors=True)
+    subprocess.run([bench.args.ckptfs, "index", "build", url, "--index-dir", idx, "-q", *s3],
+                   check=True)
+    over_s3fs, native, ranks0 = [], [], []
+    for r in range(runs):
+        with bench.mounted(bench.fresh_s3fs(), ["--index", bench.shipped]):
+            files = [v for v, _ in bench.view_files()]
+            over_s3fs.append(bench.measure(lambda: bench.cat(files)))
+        with bench.mounted(url, ["--index-dir", idx, *s3]):
+            files = [v for v, _ in bench.view_files()]
+            (t, c) = bench.measure(lambda: bench.cat(files))
+            native.append((t, c, daemon_peak_kib(bench.args.ckptfs, bench.mnt)))
+            if r == 0:
+                bench.check("cat of the view from s3://")
+        with bench.mounted(url, ["--index-dir", idx, "--ranks", "0", *s3]):
+            files = [v for v, _ in bench.view_files({0})]
+            (t, c) = bench.measure(lambda: bench.cat(files))
+            ranks0.append((t, c, daemon_peak_kib(bench.args.ckptfs, bench.mnt)))
+            if r == 0:
+                bench.check("--ranks 0 from s3://", {0})
+    size0 = os.path.getsize(bench.fx.expected_files()[0])
+    print(f"\nstraight from S3 vs through s3fs (median of {runs} paired cold runs):")
+    for label, vals, size in (("s3fs, view .ckpt", over_s3fs, bench.target_bytes),
+                              ("s3://, view .ckpt", native, bench.target_bytes),
+                              ("s3://, --ranks 0", ranks0, size0)):
+        fetched = median([v[1]["sent_bytes"] for v in vals])
+        rss = f", daemon peak RSS {median([v[2] for v in vals]) / 1024:.0f} MiB" \
+            if len(vals[0]) > 2 else ""
+        print(f"  {label:18} {size / 1e6 / median([v[0] for v in vals]):7.1f} MB/s  "
+              f"{median([v[1]['range_gets'] for v in vals]):6.0f} GETs  "
+              f"{fetched / MIB:7.1f} MiB fetched = {fetched / size:.2f}x the target{rss}")
+    ratios = [o[0] / n[0] for o, n in zip(over_s3fs, native)]
+    print(f"  speed s3:// / s3fs: median {median(ratios):.2f} "
+          f"(runs {', '.join(f'{x:.2f}' for x in ratios)}; goal >= 1.5)")
+    shutil.rmtree(idx, ignore_errors=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-gib", type=float, default=0.25)
     ap.add_argument("--runs", type=int, default=3, help="paired runs per figure (default 3)")
     ap.add_argument("--work", default=os.path.join(REPO, "build", "bench-s3"))
     ap.add_argument("--ckptfs", default=os.path.join(REPO, "build", "ckptfs"))
+    ap.add_argument("--native-only", action="store_true",
+                    help="only the straight-from-S3 figures (native_figures)")
     args = ap.parse_args(argv)
     try:
         s3harness.ensure_tools()
@@ -317,9 +386,11 @@ def main(argv=None):
         try:
             bench.setup()
             log(f"S3 server {server.endpoint}; s3fs without use_cache")
-            bench.mount_figures(args.runs)
-            bench.cat_figures(args.runs)
-            bench.ranks0_figures(args.runs)
+            if not args.native_only:
+                bench.mount_figures(args.runs)
+                bench.cat_figures(args.runs)
+                bench.ranks0_figures(args.runs)
+            native_figures(bench, args.runs)
         finally:
             s3harness.unmount_s3fs(bench.s3)
     print(f"\ngoals (load average {os.getloadavg()[0]:.1f}):")

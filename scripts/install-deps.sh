@@ -18,6 +18,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev zlib1g-dev
   libssl-dev  # libcrypto: encrypted checkpoints (AES, SM4)
   libjemalloc-dev
+  libcurl4-openssl-dev libxml2-dev  # sources straight from S3: signed GETs, object listings
   python3 python3-numpy
 )
 if [ "${1:-}" != --demo ]; then

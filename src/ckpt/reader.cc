@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/remote/objects.h"
 
 namespace ckptfs::ckpt {
 
@@ -14,7 +15,7 @@ const scan::FileReader kReader{
 
 bool opens_like_checkpoint(int fd) noexcept {
   unsigned char first = 0;
-  const ssize_t got = ::pread(fd, &first, 1, 0);
+  const ssize_t got = remote::pread(fd, &first, 1, 0);
   return got == 0 || (got == 1 && first == 0x0A);
 }
 

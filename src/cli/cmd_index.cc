@@ -20,6 +20,7 @@
 #include "ckptfs/view/families.h"
 #include "ckptfs/view/progress.h"
 #include "commands.h"
+#include "s3_source.h"
 #include "view.h"
 
 namespace ckptfs::cli {
@@ -245,6 +246,7 @@ void add_index_command(CLI::App& app) {
   CLI::App* build_command = command->add_subcommand(
       "build", "Scan the checkpoints of SRC_DIR/rank_*/ that the index does not hold yet");
   build_command->add_option("SRC_DIR", options->src_dir, "Source checkpoint directory")->required();
+  add_s3_source(build_command, options->src_dir);
   add_index_dir_option(build_command, *options);
   build_command
       ->add_option("--output", options->output,

@@ -21,6 +21,7 @@
 #include "ckptfs/ckpt/scanner.h"
 #include "ckptfs/crypt/session_key.h"
 #include "ckptfs/error.h"
+#include "ckptfs/remote/objects.h"
 #include "ckptfs/safetensors/scanner.h"
 #include "ckptfs/strategy/probe.h"
 #include "ckptfs/torchzip/torch_file.h"
@@ -32,6 +33,7 @@
 #include "ckptfs/view/families.h"
 #include "ckptfs/view/view.h"
 #include "commands.h"
+#include "s3_source.h"
 
 namespace ckptfs::cli {
 
@@ -258,7 +260,7 @@ scan::FileScan scan_ckpt(int fd, const InspectOptions& options) {
   // offsets shown are plaintext offsets (the file MindSpore would have saved unencrypted).
   if (crypt::session_key() != nullptr) {
     std::array<char, scan::kHeadBytes> head{};
-    const ssize_t got = ::pread(fd, head.data(), head.size(), 0);
+    const ssize_t got = remote::pread(fd, head.data(), head.size(), 0);
     if (got > 0 && ckpt::kEncryptedReader.claims(
                        options.file, std::string_view(head.data(), static_cast<size_t>(got))))
       return ckpt::kEncryptedReader.scan(fd, options.file,
@@ -280,6 +282,7 @@ void add_inspect_command(CLI::App& app) {
       "storage offset, and its storage record). Fails on a malformed, truncated or encrypted "
       "file with the byte offset of the problem");
   command->add_option("FILE", options->file, "The checkpoint file")->required();
+  add_s3_source(command, options->file);
   command->add_flag("--json", options->json,
                     "Print a JSON array of {name, dtype, shape, nbytes, offsets: [[offset, "
                     "length], ...], kind, dims_zero, records} instead of a table (for "

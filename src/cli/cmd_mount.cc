@@ -18,6 +18,7 @@
 #include "ckptfs/fs/tree.h"
 #include "ckptfs/util/open_path.h"
 #include "commands.h"
+#include "s3_source.h"
 #include "view.h"
 
 namespace ckptfs::cli {
@@ -122,6 +123,7 @@ void run_mount(MountArgs& args) {
   // A tree planned on first open has no sources yet to name the mount after.
   if (tree->lazy() != nullptr)
     options.fsname = std::filesystem::absolute(args.view.src_dir).lexically_normal().string();
+  if (!s3_source_url().empty()) options.fsname = s3_source_url();
   // Over a network or S3 filesystem the operator sees the read amplification before reading.
   const std::string cost = args.view.quiet ? std::string() : plan_cost_line(*tree);
   options.on_mounted = [&notes, &cost] {

@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "s3_source.h"
+
 namespace ckptfs::cli {
 
 CLI::App* add_view_command(CLI::App& app, std::string name, std::string description,
@@ -16,6 +18,7 @@ CLI::App* add_view_command(CLI::App& app, std::string name, std::string descript
                    "Megatron-Core torch_dist save (the directory of "
                    "latest_checkpointed_iteration.txt, or one iter_<N>/)")
       ->required();  // checked by the command, in its one line: a missing one is bad input
+  add_s3_source(command, args.src_dir);
   command->add_option("--src-strategy", args.src_strategy,
                       "Strategy the sources were saved with: protobuf file, .json file, or a "
                       "directory of per-stage files (omit: a MindFormers output/strategy/ if "

@@ -13,6 +13,7 @@
 #include "ckptfs/crypt/session_key.h"
 #include "ckptfs/error.h"
 #include "ckptfs/util/eintr.h"
+#include "remote_runs.h"
 #include "scratch.h"
 
 namespace ckptfs::fs {
@@ -65,6 +66,15 @@ MappedSources::Range tables_of(const plan::Run& run) {
 MappedSources::MappedSources(std::span<const index::IndexedSource> sources) {
   maps_.reserve(sources.size());
   for (const index::IndexedSource& source : sources) {
+    const remote::ObjectRef* object = remote::object_of(source.file.fd.get());
+    objects_.push_back(source.scan.encrypted ? nullptr : object);
+    if (objects_.back() != nullptr) {
+      any_remote_ = true;
+      streams_.push_back(nullptr);
+      maps_.emplace_back();  // nothing mapped: its runs are fetched
+      fds_.push_back(source.file.fd.get());
+      continue;
+    }
     if (source.scan.encrypted) {
       const std::string name = source.file.path.string();
       // Two pages: a read crossing a block boundary, or a read-ahead helper a block ahead of its
@@ -112,6 +122,8 @@ ReadResult MappedSources::copy(std::span<const plan::Run> runs, char* out) {
     order.push_back(static_cast<uint32_t>(i));
   }
   if (any_encrypted_ && !decrypt_runs(runs, dest, order)) return ReadResult::failed(EIO);
+  if (any_remote_ && !fetch_remote_runs(runs, dest, order, objects_))
+    return ReadResult::failed(EIO);
   // A request that interleaves many sources (a merge of column blocks) would map a page
   // table of every one at once, and a fault maps up to 2 MiB: then take one source at a time.
   const bool one_by_one = sources > kFewSources;

@@ -9,6 +9,9 @@
 // through one DecryptedStream per source (its own lock and small wiped cache) straight into the
 // reply buffer. Plain sources do not pay for it beyond one flag test per request.
 //
+// A source standing for an S3 object (remote/objects.h) is not mapped either: its runs are read
+// with ranged GETs (remote_runs.h), merged per request.
+//
 // Thread-safety: copy() may run on any number of threads at once; `mutex_` guards only the
 // touched-tables accounting, is a leaf (nothing else is locked or called while it is held) and
 // is never held during a copy or an madvise. Per-thread buffers live in scratch.h.
@@ -24,6 +27,7 @@
 #include "ckptfs/fs/read_result.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/plan/virtual_file.h"
+#include "ckptfs/remote/objects.h"
 #include "ckptfs/util/mapped_file.h"
 
 namespace ckptfs::fs {
@@ -41,6 +45,7 @@ class MappedSources {
   size_t count() const { return maps_.size(); }
   // Bytes readable of source `index`: its size at mount (an encrypted one: its plaintext's).
   uint64_t mapped_size(uint32_t index) const {
+    if (objects_[index]) return objects_[index]->info.size;
     return streams_[index] ? streams_[index]->size() : maps_[index].size();
   }
   bool encrypted(uint32_t index) const { return streams_[index] != nullptr; }
@@ -74,6 +79,8 @@ class MappedSources {
   std::vector<MappedFile> maps_;
   std::vector<std::unique_ptr<crypt::DecryptedStream>> streams_;  // null: a plain source
   bool any_encrypted_ = false;
+  std::vector<const remote::ObjectRef*> objects_;  // null: not an S3 object
+  bool any_remote_ = false;
   std::vector<int> fds_;        // the sources' descriptors (owned by the plan)
   std::mutex mutex_;            // guards touched_ and spanned_
   std::vector<Range> touched_;  // per source: the span touched since the last let-go

@@ -597,6 +597,11 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   ParsedOptions parsed = parse_options(options);
   if (tree.encrypted()) restrict_for_encrypted(parsed, options);
   crypt::set_decrypt_budget(parsed.decrypt_max);
+  // A splice would copy the placeholder of an S3 object, not the object.
+  if (tree.remote() && parsed.splice != Service::Splice::kOff) {
+    spdlog::warn("-o splice is off: the sources are S3 objects (read with ranged GETs)");
+    parsed.splice = Service::Splice::kOff;
+  }
   std::string log_file;
   if (!options.log_file.empty()) log_file = stdfs::absolute(options.log_file).string();
   const stdfs::path where = resolve_mount(mountpoint, parsed, log_file);

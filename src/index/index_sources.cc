@@ -16,6 +16,7 @@
 #include "ckptfs/index/readers.h"
 #include "ckptfs/index/store.h"
 #include "ckptfs/index/structure.h"
+#include "ckptfs/remote/objects.h"
 #include "ckptfs/util/out_of_memory.h"
 
 namespace ckptfs::index {
@@ -99,7 +100,7 @@ scan::FileScan scan_source(int fd, const std::string& name, scan::Readers reader
     char head[1] = {};
     // An empty protobuf is a valid checkpoint of no parameters, which planning would then
     // report as parameters missing from it: a 0-byte source is a save that never wrote.
-    if (::pread(fd, head, sizeof head, 0) == 0)
+    if (remote::pread(fd, head, sizeof head, 0) == 0)
       fail("{}: the checkpoint file is empty (0 bytes); save or copy it again", name);
     return scan::pick_reader(readers.empty() ? mindspore_readers() : readers, fd, name)
         .scan(fd, name, {});
@@ -132,7 +133,7 @@ size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>
 // stored (store.h), so it is refused by name rather than scanned for nothing.
 void refuse_encrypted(int fd, const std::string& name) {
   std::array<uint8_t, 4> head{};
-  if (::pread(fd, head.data(), head.size(), 0) == static_cast<ssize_t>(head.size()) &&
+  if (remote::pread(fd, head.data(), head.size(), 0) == static_cast<ssize_t>(head.size()) &&
       crypt::looks_encrypted(head))
     fail(
         "{}: byte offset 0: an encrypted checkpoint; ckptfs never indexes those (the scan "

@@ -6,13 +6,14 @@
 #include <cstring>
 
 #include "ckptfs/error.h"
+#include "ckptfs/remote/objects.h"
 #include "ckptfs/util/eintr.h"
 
 namespace ckptfs::scan {
 
 const FileReader& pick_reader(Readers readers, int fd, const std::string& name) {
   char head[kHeadBytes] = {};
-  const ssize_t got = retry_eintr([&] { return ::pread(fd, head, sizeof head, 0); });
+  const ssize_t got = retry_eintr([&] { return remote::pread(fd, head, sizeof head, 0); });
   if (got < 0) fail("{}: cannot read: {}", name, std::strerror(errno));
   const std::string_view first(head, static_cast<size_t>(got));
   for (const FileReader* reader : readers)

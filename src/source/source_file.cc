@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "ckptfs/error.h"
+#include "ckptfs/remote/objects.h"
 #include "ckptfs/util/open_path.h"
 
 namespace ckptfs::source {
@@ -21,6 +22,14 @@ uint64_t get_big_endian(std::string_view bytes) {
   uint64_t value = 0;
   for (int i = 0; i < 8; ++i) value = value << 8 | static_cast<uint8_t>(bytes[i]);
   return value;
+}
+
+// An S3 object's identity: its key and ETag, not its placeholder's inode and times.
+std::optional<Fingerprint> remote_fingerprint(int fd) {
+  const remote::ObjectRef* object = remote::object_of(fd);
+  if (object == nullptr) return std::nullopt;
+  const remote::Identity id = remote::identity(*object);
+  return Fingerprint{id.dev, id.ino, id.size, id.mtime_ns, id.ctime_ns};
 }
 
 }  // namespace
@@ -58,6 +67,7 @@ std::optional<Fingerprint> Fingerprint::from_key(std::string_view key) {
 }
 
 Fingerprint fingerprint_of(int fd, const std::string& display_name) {
+  if (auto remote = remote_fingerprint(fd)) return *remote;
   struct stat st;
   if (::fstat(fd, &st) != 0) fail("{}: fstat failed: {}", display_name, std::strerror(errno));
   return Fingerprint::from_stat(st);
@@ -68,6 +78,11 @@ SourceFile SourceFile::open(const std::filesystem::path& path) {
   file.path = path;
   file.fd = util::open_regular(path, "checkpoint file");
   // Watched first, fingerprinted after: a write in between is in the fingerprint.
+  if (auto remote = remote_fingerprint(file.fd.get())) {
+    // Nothing writes the placeholder; each GET checks the object's ETag instead.
+    file.fingerprint = *remote;
+    return file;
+  }
   file.writes = WriteWatch::of(file.fd.get());
   struct stat st;
   if (::fstat(file.fd.get(), &st) != 0) {
@@ -78,6 +93,8 @@ SourceFile SourceFile::open(const std::filesystem::path& path) {
 }
 
 bool SourceFile::unchanged() const {
+  // An object's every GET is checked against its ETag (If-Match): a changed one fails there.
+  if (fingerprint.dev == remote::kIdentityDev) return true;
   struct stat st;
   if (!fd || ::fstat(fd.get(), &st) != 0) return false;
   Fingerprint now = Fingerprint::from_stat(st);

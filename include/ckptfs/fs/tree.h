@@ -112,6 +112,8 @@ class Tree {
   // Some source is an encrypted checkpoint read through its decrypted stream: every file is then
   // 0400 and owned by the mounting user, and the mount serves it without splice or page cache.
   bool encrypted() const { return encrypted_; }
+  // Some source is an S3 object (remote/objects.h): its runs are fetched, never spliced.
+  bool remote() const { return remote_; }
   // The Tree that serves `ino` itself (this one, or a step's under /steps, then held by `keep`)
   // and the inode there; {nullptr, 0} if none. Its plan().sources is the table the file's runs
   // index: every Tree that serves files from another table must answer here.
@@ -215,6 +217,7 @@ class Tree {
   std::map<std::string, uint64_t, std::less<>> root_index_;  // dir name -> ino
   uint64_t total_bytes_ = 0;
   bool encrypted_ = false;
+  bool remote_ = false;
   uid_t uid_ = 0;  // the calling user: directories, and files of sources of several owners
   gid_t gid_ = 0;
   std::optional<uid_t> uid_override_;

@@ -12,13 +12,18 @@
 #include <utility>
 
 #include "ckptfs/error.h"
+#include "ckptfs/remote/objects.h"
 #include "ckptfs/util/eintr.h"
 
 namespace ckptfs {
 
 // Reads exactly out.size() bytes at `offset`; a short file is an Error naming `name` and the
-// offset, not a partial result.
+// offset, not a partial result. A descriptor standing for an S3 object reads the object.
 inline void pread_exact(int fd, const std::string& name, uint64_t offset, std::span<uint8_t> out) {
+  if (const remote::ObjectRef* object = remote::object_of(fd)) {
+    remote::read_exact(*object, offset, out);
+    return;
+  }
   size_t done = 0;
   while (done < out.size()) {
     const ssize_t n = retry_eintr([&] {

@@ -1,0 +1,56 @@
+// The source backend: a source file the rest of the program opens by path and descriptor may
+// stand for an S3 object. Such a file is a placeholder (remote/stage.h): a sparse file of the
+// object's size whose bytes are never read; the object it stands for is registered here by the
+// placeholder's device and inode, so whoever reads a source asks object_of(fd) first and, for an
+// object, reads through it: the header scanners through read_exact/pread below, the fs layer's
+// gathers through client().fetch with the runs of a request coalesced.
+//
+// An object's identity is its bucket, key, size and ETag (identity()): the index keys its scan by
+// that, and every GET is checked against it (remote/s3_client.h).
+//
+// Thread-safety: objects are registered before any reader runs (single-threaded, at stage
+// time); afterwards every function may be called from any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "ckptfs/remote/s3_client.h"
+
+namespace ckptfs::remote {
+
+// The five words of source::Fingerprint for an object: no device or inode, but a fixed device
+// tag, a hash of the endpoint, bucket and key, the size, and two hashes of the ETag.
+inline constexpr uint64_t kIdentityDev = 0x5333'0000'0000'0000ULL;  // "S3": no real device
+struct Identity {
+  uint64_t dev = 0, ino = 0, size = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+};
+
+// Registers `placeholder` (an existing file) as standing for `object`, read with `client`.
+void register_object(const std::filesystem::path& placeholder, ObjectRef object,
+                     std::shared_ptr<const S3Client> client);
+
+// The object the open descriptor `fd` stands for, or null for an ordinary file (and whenever
+// nothing is registered, at the cost of one relaxed load).
+const ObjectRef* object_of(int fd);
+Identity identity(const ObjectRef& object);
+// The client of the registered objects; only valid once one is registered.
+const S3Client& client();
+
+// Exactly out.size() bytes at `offset` of `fd`'s object, through a per-thread window of
+// kScanWindow bytes (a header scan's many small reads become few GETs). Throws Error naming
+// the object and offset (past its end: "ended early").
+void read_exact(const ObjectRef& object, uint64_t offset, std::span<uint8_t> out);
+inline constexpr uint64_t kScanWindow = 256 << 10;
+
+// pread(2) that reads `fd`'s object when it stands for one: at most `count` bytes, fewer only at
+// the object's end; -1 with errno EIO (the reason logged) when the object cannot be read.
+ssize_t pread(int fd, void* buf, size_t count, off_t offset);
+
+}  // namespace ckptfs::remote

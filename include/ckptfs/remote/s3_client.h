@@ -1,0 +1,75 @@
+// Signed S3 requests through libcurl (CURLOPT_AWS_SIGV4): object listings and ranged GETs of an
+// object whose identity (size, ETag) was recorded at scan time. Each GET carries If-Match with
+// that ETag and its answer is checked (status, Content-Range start and total size, ETag, byte
+// count), so a changed object is a Changed error, never other bytes. Timeouts, dropped
+// connections, 5xx and 429 answers are retried with exponential backoff (kAttempts in all).
+//
+// Thread-safety: an S3Client is immutable once made and may be used from any number of threads
+// at once; each thread keeps its own curl handles (remade after a fork).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ckptfs/error.h"
+#include "ckptfs/remote/credentials.h"
+#include "ckptfs/remote/listing.h"
+
+namespace ckptfs::remote {
+
+// The object is no longer the one scanned (412, another ETag or size): the read fails with EIO.
+class Changed : public Error {
+ public:
+  using Error::Error;
+};
+
+// One object as scanned: where it is and the identity its bytes are checked against.
+struct ObjectRef {
+  std::string bucket;
+  ObjectInfo info;
+  std::string url() const { return "s3://" + bucket + "/" + info.key; }
+};
+
+// out.size() bytes at `offset` of `object` (which outlives the fetch).
+struct Get {
+  const ObjectRef* object = nullptr;
+  uint64_t offset = 0;
+  std::span<uint8_t> out;
+};
+
+struct FetchStats {
+  uint64_t requests = 0;  // GETs sent, retries included
+  uint64_t bytes = 0;     // body bytes received
+  uint64_t retries = 0;
+};
+
+class S3Client {
+ public:
+  static constexpr int kAttempts = 6;
+  // Concurrent GETs of one fetch() call.
+  static constexpr size_t kInFlight = 16;
+
+  explicit S3Client(S3Config config, int stall_seconds = 10);
+
+  // Every object under `prefix` (ListObjectsV2, following continuation tokens).
+  std::vector<ObjectInfo> list(const std::string& bucket, const std::string& prefix) const;
+
+  // Reads every get, up to kInFlight at a time. Throws Changed when an object changed, Error
+  // (naming s3://bucket/key and the offset) when a get still fails after kAttempts.
+  void fetch(std::span<const Get> gets) const;
+
+  const S3Config& config() const { return config_; }
+  // Counters of this process since it started (all clients).
+  static FetchStats stats();
+
+ private:
+  std::string url(const std::string& bucket, const std::string& key) const;
+  S3Config config_;
+  std::string sigv4_;  // "aws:amz:REGION:s3"
+  int stall_seconds_;
+};
+
+}  // namespace ckptfs::remote

@@ -1,0 +1,428 @@
+#include "ckptfs/remote/s3_client.h"
+
+#include <curl/curl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace ckptfs::remote {
+
+namespace {
+
+std::atomic<uint64_t> g_requests{0}, g_bytes{0}, g_retries{0};
+
+// SHA-256 of the empty body: GETs sign no payload.
+constexpr const char* kEmptySha256 =
+    "x-amz-content-sha256: e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+void global_init() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+// RFC 3986 percent-encoding of everything but unreserved characters (and '/' when `keep_slash`):
+// what SigV4's canonical request expects of a path and of a query value.
+std::string uri_encode(std::string_view s, bool keep_slash) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
+        (keep_slash && c == '/')) {
+      out.push_back(ch);
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+bool starts_with_nocase(std::string_view line, std::string_view prefix) {
+  if (line.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(line[i])) != prefix[i]) return false;
+  return true;
+}
+
+std::string header_value(std::string_view line, size_t name_len) {
+  std::string v(line.substr(name_len));
+  while (!v.empty() && (v.back() == '\r' || v.back() == '\n' || v.back() == ' ')) v.pop_back();
+  while (!v.empty() && v.front() == ' ') v.erase(v.begin());
+  return v;
+}
+
+// One request's answer as it arrives. Body bytes go to `out` (bounded by its size) once the
+// status says they are the object's, else (an error answer) to `error_body`.
+struct Answer {
+  std::span<uint8_t> out;
+  size_t received = 0;
+  bool overflow = false;
+  std::string body;  // listings and error answers (bounded)
+  bool want_body = false;
+  std::string content_range, etag;
+  char errbuf[CURL_ERROR_SIZE] = {};
+
+  void reset() {
+    received = 0;
+    overflow = false;
+    body.clear();
+    content_range.clear();
+    etag.clear();
+    errbuf[0] = 0;
+  }
+};
+
+size_t on_header(char* data, size_t size, size_t n, void* user) {
+  auto* a = static_cast<Answer*>(user);
+  const std::string_view line(data, size * n);
+  if (line.rfind("HTTP/", 0) == 0) {  // a new answer (after a 100 or a redirect)
+    a->content_range.clear();
+    a->etag.clear();
+  } else if (starts_with_nocase(line, "content-range:")) {
+    a->content_range = header_value(line, 14);
+  } else if (starts_with_nocase(line, "etag:")) {
+    a->etag = header_value(line, 5);
+  }
+  return size * n;
+}
+
+size_t on_body(char* data, size_t size, size_t n, void* user) {
+  auto* a = static_cast<Answer*>(user);
+  const size_t len = size * n;
+  if (a->want_body) {
+    if (a->body.size() + len > (64u << 20)) return 0;
+    a->body.append(data, len);
+    return len;
+  }
+  if (a->received + len > a->out.size()) {
+    a->overflow = true;
+    return 0;
+  }
+  std::memcpy(a->out.data() + a->received, data, len);
+  a->received += len;
+  return len;
+}
+
+struct SlistFree {
+  void operator()(curl_slist* l) const { curl_slist_free_all(l); }
+};
+using Slist = std::unique_ptr<curl_slist, SlistFree>;
+
+// This thread's curl handles, made again in a forked child (the parent's connections are not
+// its own).
+struct Handles {
+  pid_t pid = 0;
+  CURLM* multi = nullptr;
+  std::vector<CURL*> easy;
+  ~Handles() {
+    if (pid != ::getpid()) return;
+    for (CURL* e : easy) curl_easy_cleanup(e);
+    if (multi) curl_multi_cleanup(multi);
+  }
+};
+
+Handles& handles() {
+  thread_local Handles h;
+  if (h.pid != ::getpid()) {
+    h.easy.clear();  // a parent's: leaked, never touched again
+    h.multi = nullptr;
+    h.pid = ::getpid();
+  }
+  return h;
+}
+
+CURL* easy_at(size_t i) {
+  Handles& h = handles();
+  while (h.easy.size() <= i) {
+    CURL* e = curl_easy_init();
+    if (e == nullptr) fail("cannot make a curl handle");
+    h.easy.push_back(e);
+  }
+  return h.easy[i];
+}
+
+bool transient(CURLcode code) {
+  switch (code) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::chrono::milliseconds backoff(int attempt) {
+  // 100 ms, 200 ms, ... up to 3.2 s, with up to a quarter more so that many readers spread.
+  const int64_t base = std::min<int64_t>(100LL << attempt, 3200);
+  return std::chrono::milliseconds(base + static_cast<int64_t>(std::rand() % (base / 4 + 1)));
+}
+
+std::string describe_failure(CURLcode code, long status, const Answer& a) {
+  if (code != CURLE_OK) return a.errbuf[0] ? a.errbuf : curl_easy_strerror(code);
+  std::string out = fmt::format("HTTP {}", status);
+  if (auto err = parse_error_body(a.body)) out += " (" + *err + ")";
+  return out;
+}
+
+}  // namespace
+
+S3Client::S3Client(S3Config config, int stall_seconds)
+    : config_(std::move(config)),
+      sigv4_("aws:amz:" + config_.region + ":s3"),
+      stall_seconds_(stall_seconds) {
+  global_init();
+}
+
+FetchStats S3Client::stats() { return {g_requests.load(), g_bytes.load(), g_retries.load()}; }
+
+std::string S3Client::url(const std::string& bucket, const std::string& key) const {
+  if (!config_.endpoint.empty())
+    return config_.endpoint + "/" + uri_encode(bucket, false) + "/" + uri_encode(key, true);
+  return "https://" + bucket + ".s3." + config_.region + ".amazonaws.com/" + uri_encode(key, true);
+}
+
+namespace {
+
+// Sets up `e` for a signed GET of `url` with `headers`, answering into `a`.
+void prepare(CURL* e, const S3Config& config, const std::string& sigv4, int stall_seconds,
+             const std::string& url, curl_slist* headers, Answer& a) {
+  curl_easy_reset(e);
+  curl_easy_setopt(e, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(e, CURLOPT_AWS_SIGV4, sigv4.c_str());
+  curl_easy_setopt(e, CURLOPT_USERNAME, config.access_key.c_str());
+  curl_easy_setopt(e, CURLOPT_PASSWORD, config.secret_key.c_str());
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, static_cast<long>(stall_seconds));
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, static_cast<long>(stall_seconds));
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, &a);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, &a);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, a.errbuf);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+}
+
+Slist base_headers(const S3Config& config) {
+  Slist h(curl_slist_append(nullptr, kEmptySha256));
+  if (!config.session_token.empty())
+    h.reset(
+        curl_slist_append(h.release(), ("x-amz-security-token: " + config.session_token).c_str()));
+  return h;
+}
+
+}  // namespace
+
+std::vector<ObjectInfo> S3Client::list(const std::string& bucket, const std::string& prefix) const {
+  std::vector<ObjectInfo> all;
+  std::string token;
+  const std::string where = "s3://" + bucket + "/" + prefix;
+  for (;;) {
+    // Query parameters in SigV4's canonical (sorted) order.
+    std::string query;
+    if (!token.empty()) query += "continuation-token=" + uri_encode(token, false) + "&";
+    query += "list-type=2&prefix=" + uri_encode(prefix, false);
+    const std::string request = url(bucket, "") + "?" + query;
+    Slist headers = base_headers(config_);
+    Answer a;
+    a.want_body = true;
+    long status = 0;
+    for (int attempt = 0;; ++attempt) {
+      a.reset();
+      CURL* e = easy_at(0);
+      prepare(e, config_, sigv4_, stall_seconds_, request, headers.get(), a);
+      const CURLcode code = curl_easy_perform(e);
+      g_requests.fetch_add(1, std::memory_order_relaxed);
+      curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+      if (code == CURLE_OK && status == 200) break;
+      const bool retry = code != CURLE_OK ? transient(code) : status >= 500 || status == 429;
+      if (!retry || attempt + 1 >= kAttempts)
+        fail("{}: listing failed: {} (keys from {}, endpoint {})", where,
+             describe_failure(code, status, a), config_.keys_from,
+             config_.endpoint.empty() ? "AWS" : config_.endpoint);
+      g_retries.fetch_add(1, std::memory_order_relaxed);
+      std::this_thread::sleep_for(backoff(attempt));
+    }
+    ListPage page = parse_list_page(a.body, where);
+    for (ObjectInfo& o : page.objects) all.push_back(std::move(o));
+    if (!page.truncated) break;
+    token = page.next_token;
+  }
+  return all;
+}
+
+namespace {
+
+// The outcome of one finished GET.
+enum class Verdict { kDone, kRetry, kChanged, kFailed };
+
+struct Check {
+  Verdict verdict;
+  std::string why;
+};
+
+Check judge(const Get& g, CURLcode code, long status, const Answer& a) {
+  const ObjectRef& o = *g.object;
+  if (code != CURLE_OK && !a.overflow)
+    return {transient(code) ? Verdict::kRetry : Verdict::kFailed,
+            describe_failure(code, status, a)};
+  if (status == 412 || status == 404)
+    return {Verdict::kChanged,
+            status == 412 ? "its ETag is no longer " + o.info.etag : "it no longer exists"};
+  if (status >= 500 || status == 429) return {Verdict::kRetry, describe_failure(code, status, a)};
+  if (status != 206 && status != 200) return {Verdict::kFailed, describe_failure(code, status, a)};
+  if (!a.etag.empty() && a.etag != o.info.etag)
+    return {Verdict::kChanged, "its ETag is now " + a.etag + ", was " + o.info.etag};
+  if (status == 206) {
+    // "bytes FIRST-LAST/TOTAL"
+    unsigned long long first = 0, last = 0, total = 0;
+    if (std::sscanf(a.content_range.c_str(), "bytes %llu-%llu/%llu", &first, &last, &total) != 3)
+      return {Verdict::kFailed, "the answer has no Content-Range: \"" + a.content_range + "\""};
+    if (total != o.info.size)
+      return {Verdict::kChanged, fmt::format("its size is now {}, was {}", total, o.info.size)};
+    if (first != g.offset || last + 1 != g.offset + g.out.size())
+      return {Verdict::kFailed, "the server answered another range: " + a.content_range};
+  } else if (g.offset != 0 || g.out.size() != o.info.size) {
+    return {Verdict::kFailed, "the server ignored the byte range"};
+  }
+  if (a.overflow) return {Verdict::kFailed, "the server sent more bytes than asked"};
+  if (a.received != g.out.size())
+    return {Verdict::kRetry,
+            fmt::format("the answer ended after {} of {} bytes", a.received, g.out.size())};
+  return {Verdict::kDone, {}};
+}
+
+}  // namespace
+
+void S3Client::fetch(std::span<const Get> gets) const {
+  using Clock = std::chrono::steady_clock;
+  struct Slot {
+    size_t get = 0;
+    int attempt = 0;
+    Answer answer;
+    Slist headers;
+    std::string url;
+    bool busy = false;
+  };
+  struct Waiting {
+    size_t get;
+    int attempt;
+    Clock::time_point at;
+  };
+  Handles& h = handles();
+  if (h.multi == nullptr) h.multi = curl_multi_init();
+  CURLM* multi = h.multi;
+  const size_t width = std::min(kInFlight, gets.size());
+  std::vector<Slot> slots(width);
+  std::deque<Waiting> waiting;
+  for (size_t i = 0; i < gets.size(); ++i)
+    if (!gets[i].out.empty()) waiting.push_back({i, 0, Clock::now()});
+  size_t running = 0;
+  auto start = [&](size_t s, const Waiting& w) {
+    Slot& slot = slots[s];
+    const Get& g = gets[w.get];
+    slot.get = w.get;
+    slot.attempt = w.attempt;
+    slot.answer.reset();
+    slot.answer.out = g.out;
+    slot.headers = base_headers(config_);
+    slot.headers.reset(curl_slist_append(
+        slot.headers.release(),
+        fmt::format("Range: bytes={}-{}", g.offset, g.offset + g.out.size() - 1).c_str()));
+    slot.headers.reset(
+        curl_slist_append(slot.headers.release(), ("If-Match: " + g.object->info.etag).c_str()));
+    slot.url = url(g.object->bucket, g.object->info.key);
+    CURL* e = easy_at(s);
+    prepare(e, config_, sigv4_, stall_seconds_, slot.url, slot.headers.get(), slot.answer);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, reinterpret_cast<void*>(s));
+    curl_multi_add_handle(multi, e);
+    slot.busy = true;
+    ++running;
+    g_requests.fetch_add(1, std::memory_order_relaxed);
+  };
+  auto abort_all = [&] {
+    for (size_t s = 0; s < width; ++s)
+      if (slots[s].busy) curl_multi_remove_handle(multi, easy_at(s));
+  };
+  try {
+    while (running > 0 || !waiting.empty()) {
+      const auto now = Clock::now();
+      for (size_t s = 0; s < width && !waiting.empty(); ++s) {
+        if (slots[s].busy) continue;
+        auto it = std::find_if(waiting.begin(), waiting.end(),
+                               [&](const Waiting& w) { return w.at <= now; });
+        if (it == waiting.end()) break;
+        const Waiting w = *it;
+        waiting.erase(it);
+        start(s, w);
+      }
+      int still = 0;
+      curl_multi_perform(multi, &still);
+      int queued = 0;
+      while (CURLMsg* msg = curl_multi_info_read(multi, &queued)) {
+        if (msg->msg != CURLMSG_DONE) continue;
+        CURL* e = msg->easy_handle;
+        const CURLcode code = msg->data.result;
+        void* priv = nullptr;
+        curl_easy_getinfo(e, CURLINFO_PRIVATE, &priv);
+        const auto s = reinterpret_cast<size_t>(priv);
+        long status = 0;
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+        curl_multi_remove_handle(multi, e);
+        Slot& slot = slots[s];
+        slot.busy = false;
+        --running;
+        g_bytes.fetch_add(slot.answer.received, std::memory_order_relaxed);
+        const Get& g = gets[slot.get];
+        const Check check = judge(g, code, status, slot.answer);
+        if (check.verdict == Verdict::kDone) continue;
+        const std::string where =
+            fmt::format("{}: byte offset {} ({} bytes)", g.object->url(), g.offset, g.out.size());
+        if (check.verdict == Verdict::kChanged)
+          throw Changed(
+              fmt::format("{}: changed since it was scanned: {}; mount it again to "
+                          "serve its new contents",
+                          g.object->url(), check.why));
+        if (check.verdict == Verdict::kRetry && slot.attempt + 1 < kAttempts) {
+          g_retries.fetch_add(1, std::memory_order_relaxed);
+          spdlog::debug("{}: {}; retrying", where, check.why);
+          waiting.push_back({slot.get, slot.attempt + 1, Clock::now() + backoff(slot.attempt)});
+          continue;
+        }
+        fail("{}: GET failed{}: {}", where,
+             slot.attempt > 0 ? fmt::format(" {} times", slot.attempt + 1) : "", check.why);
+      }
+      if (running > 0) {
+        curl_multi_poll(multi, nullptr, 0, 100, nullptr);
+      } else if (!waiting.empty()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  } catch (...) {
+    abort_all();
+    throw;
+  }
+}
+
+}  // namespace ckptfs::remote

@@ -1,0 +1,247 @@
+"""Sources read straight from S3 (issue 33, step 2): a real S3 server (SeaweedFS, started on
+127.0.0.1 by s3harness) holds the fixture's sources, and ckptfs mounts s3://BUCKET/PREFIX with
+--s3-endpoint, through a proxy in this test (s3proxy) that counts every request and injects
+faults. Keys come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, as the AWS tools take them.
+
+* identical_from_s3: every file the s3:// mount serves has the md5 of the same mount over the
+  local copy, and equals the fixture generator's expected files; the data GETs were ranged.
+* index_then_remount: `index build s3://...` then a mount with that index fetches nothing of a
+  data object but the planner's step counters (a few bytes per file), and serves the same bytes.
+* faults_retried: with every 3rd data GET answered 503, every 5th dropped, every 7th cut short
+  and one stalled past --s3-timeout, the served bytes are still the local mount's.
+* overwritten_is_eio: a source object overwritten (same size) while mounted: reading a file that
+  needs it fails with EIO, and the log names the object and says it changed.
+* wrong_keys_one_line: a wrong secret key: the mount is refused with one line naming the URL.
+* inspect_object: `inspect s3://BUCKET/KEY` prints what `inspect` of the local copy prints.
+* profile_keys: keys from a profile of a credentials file (AWS_SHARED_CREDENTIALS_FILE,
+  --s3-profile) mount as well.
+
+Skipped (exit 77) only when the server cannot be installed on this machine.
+"""
+
+import errno
+import os
+import tempfile
+
+import itest
+import ckpt_fixture
+import s3harness
+import s3proxy
+from test_s3fs_source import md5s  # the same digest of every served file
+
+BUCKET = "ckpt"
+PREFIX = "train"
+
+
+class Setup:
+    def __init__(self, args, server, proxy):
+        self.args, self.server, self.proxy = args, server, proxy
+        self.fx = ckpt_fixture.make_builtin("demo", os.path.join(args.work, "fixture"),
+                                            shared=args.shared)
+        server.make_bucket(BUCKET)
+        self.uploaded = server.upload_dir(self.fx.src_dir, BUCKET, PREFIX)
+        self.url = f"s3://{BUCKET}/{PREFIX}"
+        self._local = None
+        os.environ["AWS_ACCESS_KEY_ID"] = s3harness.ACCESS_KEY
+        os.environ["AWS_SECRET_ACCESS_KEY"] = s3harness.SECRET_KEY
+        os.environ["AWS_REGION"] = s3harness.REGION
+
+    def s3_args(self, timeout=None):
+        out = ["--s3-endpoint", self.proxy.endpoint]
+        return out + (["--s3-timeout", str(timeout)] if timeout else [])
+
+    def mount(self, src, mnt, index_dir, extra=(), log_file=None):
+        return itest.mounted(self.args.ckptfs, src, os.path.join(self.args.work, mnt),
+                             src_strategy=self.fx.src_strategy, dst_strategy=self.fx.dst_strategy,
+                             index_dir=index_dir, log_file=log_file, extra_args=list(extra))
+
+    def local_md5s(self):
+        if self._local is None:
+            with self.mount(self.fx.src_dir, "local", os.path.join(self.args.work, "idx-local")) \
+                    as mnt:
+                self._local = md5s(mnt)
+        return self._local
+
+
+def served_or_log(mnt, log_file):
+    try:
+        return md5s(mnt)
+    except OSError as e:
+        with open(log_file) as f:
+            raise AssertionError(f"{e}; the mount's log:\n{f.read()}") from None
+
+
+def identical_from_s3(setup):
+    local = setup.local_md5s()
+    assert local, "the local mount serves no file"
+    log = os.path.join(setup.args.work, "identical.log")
+    mark = setup.proxy.mark()
+    with setup.mount(setup.url, "view", os.path.join(setup.args.work, "idx-identical"),
+                     setup.s3_args(), log_file=log) as mnt:
+        remote = served_or_log(mnt, log)
+        problems = ckpt_fixture.compare_tree(setup.fx, mnt)
+    gets = s3proxy.S3Proxy.data_gets(setup.proxy.since(mark))
+    print(f"  {len(gets)} data GETs, {sum(g.get('bytes', 0) for g in gets) / 1024:.0f} KiB "
+          f"for {setup.uploaded / 1024:.0f} KiB of sources", flush=True)
+    assert remote == local, f"from S3 {remote}\nlocal {local}"
+    assert not problems, problems
+    assert gets and all(g["range"] and g["range"].startswith("bytes=") for g in gets), gets[:3]
+
+
+def index_then_remount(setup):
+    idx = os.path.join(setup.args.work, "idx-built")
+    itest.run([setup.args.ckptfs, "index", "build", setup.url, "--index-dir", idx]
+              + setup.s3_args())
+    mark = setup.proxy.mark()
+    log = os.path.join(setup.args.work, "remount.log")
+    with setup.mount(setup.url, "view", idx, setup.s3_args(), log_file=log) as mnt:
+        at_mount = setup.proxy.since(mark)
+        served = served_or_log(mnt, log)
+    data = s3proxy.S3Proxy.data_gets(at_mount)
+    print(f"  at mount: {len(at_mount)} requests, {len(data)} of a data object", flush=True)
+    # The planner's step check reads each file's step counter (a few bytes at its end); no
+    # other byte of a data object is fetched.
+    sizes = sorted({r.get("bytes", 0) for r in data})
+    print(f"  data GETs' sizes: {sizes} bytes (the step counters)", flush=True)
+    assert all(r.get("bytes", 0) <= 64 for r in data), \
+        f"a mount with the built index fetched data: {data[:5]}"
+    assert served == setup.local_md5s()
+
+
+def faults_retried(setup):
+    # The first request for each of some ranges gets a fault (its retry passes): every 3rd a
+    # 503, every 5th a dropped connection, every 7th a body cut short, the 4th a stall longer
+    # than --s3-timeout.
+    seen = {}
+
+    def policy(_n, path, rng):
+        key = (path, rng)
+        first = key not in seen
+        seen[key] = len(seen) if first else seen[key]
+        k = seen[key]
+        if not first:
+            return None
+        if k == 4:
+            return "stall"
+        if k % 3 == 0:
+            return "503"
+        if k % 5 == 0:
+            return "drop"
+        if k % 7 == 0:
+            return "cut"
+        return None
+
+    setup.proxy.faults = policy
+    mark = setup.proxy.mark()
+    log = os.path.join(setup.args.work, "faults.log")
+    try:
+        with setup.mount(setup.url, "view", os.path.join(setup.args.work, "idx-faults"),
+                         setup.s3_args(timeout=1), log_file=log) as mnt:
+            served = served_or_log(mnt, log)
+    finally:
+        setup.proxy.faults = None
+    faults = [r["fault"] for r in setup.proxy.since(mark) if r["fault"]]
+    print(f"  faults injected: {len(faults)} ({', '.join(sorted(set(faults)))})", flush=True)
+    assert {"503", "drop", "cut", "stall"} <= set(faults), faults
+    assert served == setup.local_md5s()
+
+
+def overwritten_is_eio(setup):
+    prefix = "overwrite"
+    setup.server.upload_dir(setup.fx.src_dir, BUCKET, prefix)
+    log = os.path.join(setup.args.work, "overwrite.log")
+    url = f"s3://{BUCKET}/{prefix}"
+    with setup.mount(url, "view", os.path.join(setup.args.work, "idx-overwrite"),
+                     setup.s3_args(), log_file=log) as mnt:
+        # Every source object rewritten, same size, other bytes.
+        for rel in itest.tree_files(setup.fx.src_dir):
+            path = os.path.join(setup.fx.src_dir, rel)
+            size = os.path.getsize(path)
+            with tempfile.NamedTemporaryFile(dir=setup.args.work) as f:
+                f.write(bytes((i * 7 + 1) & 0xFF for i in range(size)))
+                f.flush()
+                setup.server.put_file(f.name, BUCKET, f"{prefix}/{rel}")
+        failed = None
+        for rel in itest.tree_files(mnt):
+            if rel.startswith(".ckptfs"):
+                continue
+            try:
+                with open(os.path.join(mnt, rel), "rb") as f:
+                    while f.read(1 << 20):
+                        pass
+            except OSError as e:
+                failed = e
+                break
+        with open(log) as f:
+            text = f.read()
+    assert failed is not None and failed.errno == errno.EIO, f"no EIO after the overwrite: {failed}"
+    assert "changed since it was scanned" in text and f"s3://{BUCKET}/{prefix}/" in text, text
+
+
+def wrong_keys_one_line(setup):
+    os.environ["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"
+    try:
+        proc = itest.refused_mount(setup.args.ckptfs, setup.url,
+                                   os.path.join(setup.args.work, "refused"),
+                                   src_strategy=setup.fx.src_strategy,
+                                   dst_strategy=setup.fx.dst_strategy,
+                                   extra_args=setup.s3_args())
+    finally:
+        os.environ["AWS_SECRET_ACCESS_KEY"] = s3harness.SECRET_KEY
+    lines = itest.stderr_lines(proc)
+    print(f"  {lines}", flush=True)
+    assert len(lines) == 1, lines
+    assert setup.url in lines[0] and "403" in lines[0], lines
+
+
+def profile_keys(setup):
+    creds = os.path.join(setup.args.work, "aws-credentials")
+    with open(creds, "w") as f:
+        f.write(f"[default]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n\n"
+                f"[ckpt]\naws_access_key_id = {s3harness.ACCESS_KEY}\n"
+                f"aws_secret_access_key = {s3harness.SECRET_KEY}\n")
+    saved = {k: os.environ.pop(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = creds
+    try:
+        log = os.path.join(setup.args.work, "profile.log")
+        with setup.mount(setup.url, "view", os.path.join(setup.args.work, "idx-profile"),
+                         setup.s3_args() + ["--s3-profile", "ckpt"], log_file=log) as mnt:
+            served = served_or_log(mnt, log)
+    finally:
+        os.environ.update(saved)
+        del os.environ["AWS_SHARED_CREDENTIALS_FILE"]
+    assert served == setup.local_md5s()
+
+
+def inspect_object(setup):
+    rel = sorted(r for r in itest.tree_files(setup.fx.src_dir) if r.endswith(".ckpt"))[0]
+    local = itest.run([setup.args.ckptfs, "inspect", os.path.join(setup.fx.src_dir, rel)])
+    remote = itest.run([setup.args.ckptfs, "inspect", f"{setup.url}/{rel}"] + setup.s3_args())
+    name = os.path.basename(rel)
+    assert local.stdout.strip() and local.stdout.count(name) == remote.stdout.count(name), \
+        (local.stdout, remote.stdout)
+    strip = lambda text: [line for line in text.splitlines() if name not in line]  # noqa: E731
+    assert strip(local.stdout) == strip(remote.stdout), (local.stdout, remote.stdout)
+
+
+def main():
+    args = itest.parse_args()
+    try:
+        s3harness.ensure_tools()
+    except s3harness.Unavailable as e:
+        itest.skip(str(e))
+    checks = itest.Checks(args.only)
+    with s3harness.S3Server(args.work) as server, s3proxy.S3Proxy(server.endpoint) as proxy:
+        setup = Setup(args, server, proxy)
+        checks.run("identical_from_s3", identical_from_s3, setup)
+        checks.run("index_then_remount", index_then_remount, setup)
+        checks.run("faults_retried", faults_retried, setup)
+        checks.run("overwritten_is_eio", overwritten_is_eio, setup)
+        checks.run("wrong_keys_one_line", wrong_keys_one_line, setup)
+        checks.run("profile_keys", profile_keys, setup)
+        checks.run("inspect_object", inspect_object, setup)
+    checks.finish()
+
+
+if __name__ == "__main__":
+    main()
