@@ -10,6 +10,7 @@
 
 #include "ckptfs/error.h"
 #include "ckptfs/megatron/megatron.h"
+#include "ckptfs/util/decimal.h"
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/quote.h"
 
@@ -28,20 +29,6 @@ std::string read_small(const fs::path& path, std::string_view what) {
     fail("{}: {} bytes, more than the limit of {} for a {}", path.string(), size, kMaxSmallFile,
          what);
   return util::read_regular(path, what);
-}
-
-std::optional<uint64_t> parse_number(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
-    text.remove_suffix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
-    text.remove_prefix(1);
-  if (text.empty() || text.size() > 18) return std::nullopt;
-  uint64_t v = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + static_cast<uint64_t>(c - '0');
-  }
-  return v;
 }
 
 // metadata.json's sharded_backend, or nullopt if the file is absent or not Megatron's (a
@@ -134,7 +121,7 @@ std::optional<fs::path> find_iteration(const fs::path& dir, const std::string& s
       fail("{}: no {} to say which iteration is the latest; give --step ITERATION", dir.string(),
            kTrackerName);
     const std::string text = read_small(tracker, "Megatron tracker file");
-    if (const std::optional<uint64_t> n = parse_number(text))
+    if (const std::optional<uint64_t> n = util::parse_decimal(text))
       name = fmt::format("iter_{:07d}", *n);
     else if (text.find_first_not_of(" \t\r\n") != std::string::npos &&
              text.substr(text.find_first_not_of(" \t\r\n"), 7) == "release")
@@ -142,7 +129,7 @@ std::optional<fs::path> find_iteration(const fs::path& dir, const std::string& s
     else
       fail("{}: expected a decimal iteration number or release; give --step ITERATION",
            tracker.string());
-  } else if (const std::optional<uint64_t> n = parse_number(step)) {
+  } else if (const std::optional<uint64_t> n = util::parse_decimal(step)) {
     name = fmt::format("iter_{:07d}", *n);
   } else {
     fail("--step {}: a Megatron-Core checkpoint ({}) takes latest or an iteration number", step,

@@ -10,9 +10,10 @@
 #include <set>
 #include <system_error>
 
-#include "ckptfs/scan/dtype.h"
 #include "ckptfs/error.h"
+#include "ckptfs/scan/dtype.h"
 #include "ckptfs/strategy/layout.h"
+#include "ckptfs/util/decimal.h"
 #include "ckptfs/util/json_int.h"
 #include "ckptfs/util/open_path.h"
 #include "ckptfs/util/quote.h"
@@ -39,21 +40,6 @@ Json parse_json(const fs::path& path) {
     // Valid JSON that the parser cannot hold, such as a number beyond a double's range.
     fail("{}: cannot be read ({}); the file is damaged", path.string(), json_error_text(e.what()));
   }
-}
-
-// A decimal iteration number, as MindFormers writes it (surrounding whitespace allowed).
-std::optional<uint64_t> parse_iteration(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
-    text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
-    text.remove_suffix(1);
-  if (text.empty() || text.size() > 18) return std::nullopt;
-  uint64_t value = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return std::nullopt;
-    value = value * 10 + static_cast<uint64_t>(c - '0');
-  }
-  return value;
 }
 
 // Where a value sits, for messages: the file, and the parameter or key inside it.
@@ -124,7 +110,7 @@ bool parse_key(std::string_view key, std::string& name, int64_t& index) {
   name = std::string(key.substr(kHead.size(), mid - kHead.size()));
   const std::string_view digits =
       key.substr(mid + kMid.size(), key.size() - kTail.size() - mid - kMid.size());
-  const std::optional<uint64_t> v = parse_iteration(digits);
+  const std::optional<uint64_t> v = util::parse_decimal(digits);
   if (!v || digits.empty() || std::isspace(static_cast<unsigned char>(digits.front())) ||
       *v > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
     return false;
@@ -186,11 +172,11 @@ std::optional<fs::path> find_iteration(const fs::path& dir, std::string_view ste
   if (!fs::exists(latest, ec)) return std::nullopt;
   std::optional<uint64_t> iteration;
   if (step == "latest") {
-    iteration = parse_iteration(read_text(latest));
+    iteration = util::parse_decimal(read_text(latest));
     if (!iteration)
       fail("{}: expected a decimal iteration number; give --step ITERATION", latest.string());
   } else {
-    iteration = parse_iteration(step);
+    iteration = util::parse_decimal(step);
     if (!iteration)
       fail("--step {}: a MindFormers metadata checkpoint ({}) takes latest or an iteration number",
            step, latest.string());
