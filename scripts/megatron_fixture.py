@@ -4,21 +4,27 @@
 enough; tests/conformance_torch/requirements.txt pins both); run it from such a venv, never from
 the ctest suite:
 
-    build/megatron-venv/bin/python scripts/megatron_fixture.py OUTDIR [TP PP]
+    build/megatron-venv/bin/python scripts/megatron_fixture.py OUTDIR [TP PP [DP]]
     build/megatron-venv/bin/python scripts/megatron_fixture.py --load ITER_DIR OUT.safetensors
 
-A tiny GPTModel (4 layers, SwiGLU MLP, Megatron's local layer spec) is built on TP x PP processes
-(default 2 x 2, DP 1) joined by the gloo backend, and saved with
+A tiny GPTModel (4 layers, SwiGLU MLP, Megatron's local layer spec) is built on TP x PP x DP
+processes (default 2 x 2 x 1) joined by the gloo backend, and saved with
 megatron.core.dist_checkpointing.save into OUTDIR/save/iter_0000007/, with
 OUTDIR/save/latest_checkpointed_iteration.txt beside it, as Megatron's training loop lays it out.
 The state dict also holds a ShardedObject (`rng_state`, per rank, as the training loop saves) and
 one optimizer tensor under an `optimizer.distributed.` key (the dp_reshardable key form), so the
 summary lines can be checked.
 
+With DP > 1 each model shard has DP replicas; Megatron saves a shard only from its main replica
+(replica_id all zeros: data-parallel rank 0). Each process fills its parameters from its own
+seed, so the replicas differ on purpose: a copy taken from another replica would show in the
+values. (Plain model state, as under DDP; no distributed optimizer.)
+
 The oracle, OUTDIR/reference.safetensors, holds every model tensor whole, assembled in this
-script from each rank's local ShardedTensor data at its global offset (never from the saved
-files); OUTDIR/reference.json names its keys, the stacked ones, and the object and optimizer
-items.
+script from each rank's local main-replica ShardedTensor data at its global offset (never from
+the saved files); OUTDIR/reference.json names its keys, the stacked ones, and the object and
+optimizer items, and (`layout`) the TP, PP and DP sizes and each global rank's data-parallel
+rank.
 
 --load: Megatron-Core's own dist_checkpointing.load of ITER_DIR into the same model on one process
 (TP 1 x PP 1, another layout than the save's), every model tensor whole in OUT.safetensors.
@@ -103,7 +109,7 @@ def worker(rank, world, tp, pp, out, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     cpu_stand_ins()
-    from megatron.core import dist_checkpointing
+    from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 
     model = build_model(tp, pp)
@@ -127,14 +133,15 @@ def worker(rank, world, tp, pp, out, port):
         os.makedirs(iter_dir, exist_ok=True)
     dist.barrier()
     dist_checkpointing.save(sharded, iter_dir)
-    torch.save(shards, os.path.join(out, f"shards_{rank}.pt"))
+    torch.save({"shards": shards, "dp_rank": parallel_state.get_data_parallel_rank()},
+               os.path.join(out, f"shards_{rank}.pt"))
     leave()
 
 
-def write_reference(out, gathered):
+def write_reference(out, gathered, layout):
     full, stacked = {}, set()
-    for shards in gathered:
-        for key, shape, offset, data in shards:
+    for rank_state in gathered:
+        for key, shape, offset, data in rank_state["shards"]:
             if key.startswith("optimizer."):
                 continue
             t = full.setdefault(key, torch.full(shape, float("nan"), dtype=data.dtype))
@@ -146,7 +153,9 @@ def write_reference(out, gathered):
     save_file(full, os.path.join(out, "reference.safetensors"))
     with open(os.path.join(out, "reference.json"), "w") as f:
         json.dump({"iteration": ITERATION, "tensors": sorted(full), "stacked": sorted(stacked),
-                   "num_layers": 4}, f, indent=1)
+                   "num_layers": 4,
+                   "layout": dict(layout, dp_rank=[r["dp_rank"] for r in gathered])}, f,
+                  indent=1)
 
 
 def load_worker(rank, iter_dir, out, port):
@@ -179,18 +188,20 @@ def main():
         return
     out = sys.argv[1]
     tp, pp = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (2, 2)
+    dp = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    world = tp * pp * dp  # Megatron takes DP as world / (TP x PP)
     os.makedirs(out, exist_ok=True)
     port = 29500 + os.getpid() % 1000
     if os.environ.get("MEGATRON_FIXTURE_REFERENCE_ONLY") != "1":
-        mp.spawn(worker, args=(tp * pp, tp, pp, out, port), nprocs=tp * pp, join=True)
+        mp.spawn(worker, args=(world, tp, pp, out, port), nprocs=world, join=True)
     gathered = []
-    for rank in range(tp * pp):
+    for rank in range(world):
         path = os.path.join(out, f"shards_{rank}.pt")
         gathered.append(torch.load(path))
     with open(os.path.join(out, "save", "latest_checkpointed_iteration.txt"), "w") as f:
         f.write(str(ITERATION))
-    write_reference(out, gathered)
-    for rank in range(tp * pp):
+    write_reference(out, gathered, {"tp": tp, "pp": pp, "dp": dp})
+    for rank in range(world):
         os.remove(os.path.join(out, f"shards_{rank}.pt"))
 
 
