@@ -1,6 +1,7 @@
 #include "ckptfs/plan/read_map.h"
 
 #include <algorithm>
+#include <span>
 
 #include "append_run.h"
 
@@ -94,11 +95,16 @@ void TensorContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) con
   }
 }
 
-uint64_t StridedContent::nbytes() const {
+namespace {
+// The bytes of a C-order tensor of `shape`: what a strided or grid content reads out.
+uint64_t dense_bytes(uint64_t element_size, std::span<const int64_t> shape) {
   uint64_t n = element_size;
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);
   return n;
 }
+}  // namespace
+
+uint64_t StridedContent::nbytes() const { return dense_bytes(element_size, shape); }
 
 void StridedContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) const {
   const uint64_t e = element_size;
@@ -159,11 +165,7 @@ std::vector<uint32_t> StridedContent::sources() const {
   return out;
 }
 
-uint64_t GridContent::nbytes() const {
-  uint64_t n = element_size;
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-  return n;
-}
+uint64_t GridContent::nbytes() const { return dense_bytes(element_size, shape); }
 
 void GridContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) const {
   const uint64_t e = element_size;
