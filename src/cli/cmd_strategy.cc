@@ -155,6 +155,7 @@ struct NewOptions {
   std::string src_strategy;
   std::string step = "latest";
   std::string rename;
+  bool unstack_layers = false;
   CLI::Option* split_option = nullptr;
   CLI::Option* replicate_option = nullptr;
 };
@@ -230,7 +231,7 @@ void run_new(const CLI::App& command, const NewOptions& o) {
   options.rules = rules_in_order(command, o);
   options.unmatched_replicate = o.unmatched == "replicate";
   strategy::check_new_strategy(options);
-  const TensorList list = tensor_shapes(o.src, o.src_strategy, o.step, o.rename);
+  const TensorList list = tensor_shapes(o.src, o.src_strategy, o.step, o.rename, o.unstack_layers);
   if (list.tensors.empty())
     fail("{}: no tensor of 1 or more dimensions to lay out ({})", o.src, list.what);
   const std::vector<strategy::NewLayout> layouts = strategy::decide_layouts(list.tensors, options);
@@ -299,6 +300,9 @@ void add_strategy_command(CLI::App& app) {
   add->add_option("--rename", o->rename,
                   "The rename map the view will be mounted with (mount's --rename): the strategy "
                   "then names the tensors as the view serves them");
+  add->add_flag("--unstack-layers", o->unstack_layers,
+                "The view will be mounted with --unstack-layers (Megatron-Core): the strategy then "
+                "lays out each layer's tensors");
   add->add_option("-o,--output", o->output,
                   "The strategy file to write: JSON if the name ends in .json, else protobuf "
                   "(MindSpore's .ckpt strategy format)")

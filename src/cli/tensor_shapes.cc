@@ -61,12 +61,14 @@ bool is_json_name(const std::string& path) {
 }  // namespace
 
 TensorList tensor_shapes(const std::string& src, const std::string& src_strategy,
-                         const std::string& step, const std::string& rename) {
+                         const std::string& step, const std::string& rename, bool unstack_layers) {
   if (is_json_name(src)) {
     if (!src_strategy.empty())
       fail("{}: a shapes file gives global shapes already; omit --src-strategy", src);
     if (!rename.empty())
       fail("{}: a shapes file names the tensors as a strategy will; omit --rename", src);
+    if (unstack_layers)
+      fail("{}: a shapes file names the tensors as a strategy will; omit --unstack-layers", src);
     return from_json(src);
   }
   view::ViewArgs args;
@@ -74,6 +76,7 @@ TensorList tensor_shapes(const std::string& src, const std::string& src_strategy
   args.src_strategy = src_strategy;
   args.step = step;
   args.rename = rename;
+  args.unstack_layers = unstack_layers;
   args.quiet = true;
   family::ModelTensors model = view::model_tensors(args);
   TensorList out;

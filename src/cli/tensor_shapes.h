@@ -25,8 +25,11 @@ struct TensorList {
 //   one, the tensors it lays out, each global shape from the first rank of a stage holding it
 //   (its slice shape times the layout's splits), in file order, stage by stage.
 // With `rename` (a --rename file), the names a merged view serves (a family whose view takes
-// no rename map refuses it). Throws Error in one line naming the file or directory at fault.
+// no rename map refuses it); with `unstack_layers`, Megatron-Core's stacked layers one by one as
+// --unstack-layers serves them (other families refuse it). Throws Error in one line naming the
+// file or directory at fault.
 TensorList tensor_shapes(const std::string& src, const std::string& src_strategy,
-                         const std::string& step, const std::string& rename = "");
+                         const std::string& step, const std::string& rename = "",
+                         bool unstack_layers = false);
 
 }  // namespace ckptfs::cli

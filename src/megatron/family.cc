@@ -69,13 +69,23 @@ plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
   return plan;
 }
 
+// The tensors as the view serves them (unstacked, renamed), since a strategy lays those out.
 family::ModelTensors tensors(const family::ViewInputs& in) {
   dcp::refuse_src_strategy(in);
-  const dcp::Metadata md = dcp::read_metadata(in.found);
+  dcp::Metadata md = dcp::read_metadata(in.found);
+  std::erase_if(md.tensors, [](const dcp::Tensor& t) { return is_optimizer(t.fqn); });
+  if (in.unstack_layers && in.unstack_layers()) {
+    std::vector<index::IndexedSource> no_files;
+    unstack_layers(md, no_files);
+  }
+  std::vector<std::string> names;
+  for (const dcp::Tensor& t : md.tensors) names.push_back(t.fqn);
+  if (const plan::ModelFileOptions model_files = in.model_files(); model_files.rename)
+    names = model_files.rename->apply_all(names);
   family::ModelTensors out;
   out.what = fmt::format("{}: a Megatron-Core torch_dist checkpoint", in.found.string());
-  for (const dcp::Tensor& t : md.tensors)
-    if (!is_optimizer(t.fqn)) out.tensors.push_back({t.fqn, t.shape});
+  for (size_t i = 0; i < md.tensors.size(); ++i)
+    out.tensors.push_back({names[i], md.tensors[i].shape});
   return out;
 }
 

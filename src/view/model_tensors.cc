@@ -93,11 +93,13 @@ family::ModelTensors model_tensors(const ViewArgs& args) {
   const Detected detected = detect(args.src_dir, args.step);
   if (!detected.family->tensors) {
     refuse_model_file_options(args, detected.family->name);
+    refuse_unused_unstack(args, false, detected.family->name);
     return from_rank_dirs(*detected.family, args);
   }
   const FamilyInputs inputs(*detected.family, detected.found, args);
   family::ModelTensors out = detected.family->tensors(inputs.in);
   if (!inputs.model_files_asked()) refuse_model_file_options(args, detected.family->name);
+  refuse_unused_unstack(args, inputs.unstack_asked, detected.family->name);
   return out;
 }
 

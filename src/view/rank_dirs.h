@@ -54,6 +54,10 @@ std::optional<std::filesystem::path> index_dir(const ViewArgs& args);
 // no merged model.safetensors (it never asked for them).
 void refuse_model_file_options(const ViewArgs& args, std::string_view family);
 
+// Throws Error in one line if --unstack-layers was given and the family did not ask for it
+// (`asked`): a checkpoint without stacked layers.
+void refuse_unused_unstack(const ViewArgs& args, bool asked, std::string_view family);
+
 // What a family with its own view is given (family::ViewInputs) for `args`, with the state its
 // callbacks keep: the destination strategy and the planning progress, each made once. Lives as
 // long as the family's call; neither copied nor moved (the callbacks point into it).

@@ -106,6 +106,13 @@ void refuse_model_file_options(const ViewArgs& args, std::string_view family) {
         args.src_dir, args.shard_size.empty() ? "--rename" : "--shard-size", family);
 }
 
+// --unstack-layers applies to checkpoints with stacked layers only: never silently ignored.
+void refuse_unused_unstack(const ViewArgs& args, bool asked, std::string_view family) {
+  if (args.unstack_layers && !asked)
+    fail("--unstack-layers: {} is a {} checkpoint, which has no stacked layers; omit it",
+         args.src_dir, family);
+}
+
 // The strategy and the view options are parsed once, when the family first asks for them, so
 // that it refuses in its own order.
 FamilyInputs::FamilyInputs(const family::Family& fam, const std::filesystem::path& found,
@@ -149,14 +156,6 @@ FamilyInputs::FamilyInputs(const family::Family& fam, const std::filesystem::pat
 
 namespace {
 
-// --unstack-layers applies to checkpoints with stacked layers only: never silently ignored.
-void refuse_unused_unstack(const ViewArgs& args, bool asked, const std::string& src,
-                           std::string_view family) {
-  if (args.unstack_layers && !asked)
-    fail("--unstack-layers: {} is a {} checkpoint, which has no stacked layers; omit it", src,
-         family);
-}
-
 // A checkpoint of a family that plans its own view (view/families.h).
 std::unique_ptr<fs::Tree> build_family_tree(const family::Family& fam,
                                             const std::filesystem::path& found,
@@ -165,7 +164,7 @@ std::unique_ptr<fs::Tree> build_family_tree(const family::Family& fam,
   family::ViewText text;
   plan::Plan plan = fam.plan(inputs.in, text);
   if (!inputs.model_files_asked()) refuse_model_file_options(args, fam.name);
-  refuse_unused_unstack(args, inputs.unstack_asked, args.src_dir, fam.name);
+  refuse_unused_unstack(args, inputs.unstack_asked, fam.name);
   notes.chosen = std::move(text.chosen);
   notes.detail = std::move(text.detail);
   return std::make_unique<fs::Tree>(std::move(plan));
@@ -221,7 +220,7 @@ std::unique_ptr<fs::Tree> build_step_tree(const ViewArgs& args, ViewNotes& notes
       }
     }
   }
-  refuse_unused_unstack(args, false, args.src_dir, detected.family->name);
+  refuse_unused_unstack(args, false, detected.family->name);
   const RankDirs dirs = prepare_rank_dirs(*detected.family, args, notes);
   require_step_if_partial(dirs, args);
   const std::shared_ptr<Planning>& planning = dirs.planning;

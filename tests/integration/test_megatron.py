@@ -108,18 +108,15 @@ def check_backend(args):
     refused(args, src, "metadata.json", '"zarr"', "torch_dist")
 
 
-def check_unstack(args):
-    """--unstack-layers: each stacked [L, ...] tensor becomes L tensors decoder.layers.<i>.NAME,
-    layer i's bytes cut from the reference; the other tensors are unchanged."""
+def unstacked_reference(args):
+    """The reference with each stacked [L, ...] tensor cut into L tensors decoder.layers.<i>.NAME
+    by NumPy: what --unstack-layers serves."""
     import numpy as np
-    expected = reference(args)
     info = json.loads(itest.read_file(data(args, "reference.json")))
     assert info["stacked"], info
-    _, got = mount_and_read(args, copy_save(args, "unstack"), "unstack",
-                            extra=["--unstack-layers"])
     want = {}
     size = {"F32": 4, "BF16": 2, "F16": 2}
-    for name, (dtype, shape, raw) in expected.items():
+    for name, (dtype, shape, raw) in reference(args).items():
         if name not in info["stacked"]:
             want[name] = (dtype, shape, raw)
             continue
@@ -127,17 +124,103 @@ def check_unstack(args):
         for i in range(shape[0]):
             layer = name.replace("layers.", f"layers.{i}.", 1)
             want[layer] = (dtype, shape[1:], np.ascontiguousarray(a[i]).tobytes())
+    return want
+
+
+def check_unstack(args):
+    """--unstack-layers: each stacked [L, ...] tensor becomes L tensors decoder.layers.<i>.NAME,
+    layer i's bytes cut from the reference; the other tensors are unchanged."""
+    want = unstacked_reference(args)
+    _, got = mount_and_read(args, copy_save(args, "unstack"), "unstack",
+                            extra=["--unstack-layers"])
     assert sorted(got) == sorted(want), (sorted(got), sorted(want))
     for name in want:
         assert got[name] == want[name], f"tensor {name} differs"
 
 
+# A 2-device layout of the unstacked tensors: column and row splits of layer 1 and 3 only, the
+# rest replicated (a rule naming one layer is what per-layer names allow).
+UNSTACK_RULES = [r"decoder\.layers\.[13]\.self_attention\.linear_qkv\.weight=0",
+                 r"decoder\.layers\.[13]\.mlp\.linear_fc2\.weight=1",
+                 r"embedding\.word_embeddings\.weight=0"]
+
+
+def check_unstack_reshard(args):
+    """--unstack-layers with --dst-strategy from `strategy new --unstack-layers`: each rank's
+    file holds every per-layer tensor's block, cut by NumPy from the reference; a strategy written
+    without --unstack-layers (stacked names) does not fit the unstacked view and is refused."""
+    import numpy as np
+    import re
+    src = copy_save(args, "unstack_reshard")
+    strategy = os.path.join(args.work, "unstack_tp2.json")
+    rules = [arg for rule in UNSTACK_RULES for arg in ("--split", rule)]
+    itest.run([args.ckptfs, "strategy", "new", src, "--unstack-layers", "--devices", "2", *rules,
+               "--replicate", ".*", "-o", strategy])
+    want = unstacked_reference(args)
+    size = {"F32": 4, "BF16": 2, "F16": 2}
+    mnt = os.path.join(args.work, "mnt_unstack_reshard")
+    with itest.mounted(args.ckptfs, src, mnt, dst_strategy=strategy,
+                       index_dir=os.path.join(args.work, "index"),
+                       extra_args=["--unstack-layers"]):
+        assert sorted(os.listdir(mnt)) == ["rank_0", "rank_1"], os.listdir(mnt)
+        for rank in range(2):
+            _, got = read_safetensors(os.path.join(mnt, f"rank_{rank}",
+                                                   f"checkpoint_{rank}.safetensors"))
+            assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+            split = 0
+            for name, (dtype, shape, raw) in want.items():
+                dims = [int(r.rsplit("=", 1)[1]) for r in UNSTACK_RULES
+                        if re.fullmatch(r.rsplit("=", 1)[0], name)]
+                if dims:
+                    split += 1
+                    a = np.frombuffer(raw, dtype=np.dtype(f"V{size[dtype]}")).reshape(shape)
+                    raw = np.ascontiguousarray(np.split(a, 2, axis=dims[0])[rank]).tobytes()
+                    shape = list(a.shape)
+                    shape[dims[0]] //= 2
+                assert got[name] == (dtype, shape, raw), f"rank {rank}: tensor {name} differs"
+            assert split == 5, split
+    # With --rename too: the strategy and the view name the renamed per-layer tensors.
+    rules_file = os.path.join(args.work, "rename_layers.txt")
+    with open(rules_file, "w") as f:
+        f.write("decoder\\.layers\\.([0-9]+)\\.(.*)\tmodel.layers.\\1.\\2\n")
+    renamed = os.path.join(args.work, "unstack_renamed_tp2.json")
+    itest.run([args.ckptfs, "strategy", "new", src, "--unstack-layers", "--rename", rules_file,
+               "--devices", "2", "--split", r"model\.layers\.1\.mlp\.linear_fc2\.weight=1",
+               "--replicate", ".*", "-o", renamed])
+    with itest.mounted(args.ckptfs, src, mnt, dst_strategy=renamed,
+                       index_dir=os.path.join(args.work, "index"),
+                       extra_args=["--unstack-layers", "--rename", rules_file]):
+        _, got = read_safetensors(os.path.join(mnt, "rank_1", "checkpoint_1.safetensors"))
+        new_name = {re.sub(r"^decoder\.layers\.([0-9]+)\.", r"model.layers.\1.", n): n
+                    for n in want}
+        assert sorted(got) == sorted(new_name), sorted(got)
+        dtype, shape, raw = want["decoder.layers.1.mlp.linear_fc2.weight"]
+        a = np.frombuffer(raw, dtype=np.dtype(f"V{size[dtype]}")).reshape(shape)
+        assert got["model.layers.1.mlp.linear_fc2.weight"][2] == \
+            np.ascontiguousarray(np.split(a, 2, axis=1)[1]).tobytes()
+        for name, old in new_name.items():
+            if name != "model.layers.1.mlp.linear_fc2.weight":
+                assert got[name] == want[old], f"tensor {name} differs"
+    stacked = os.path.join(args.work, "stacked_tp2.json")
+    itest.run([args.ckptfs, "strategy", "new", src, "--devices", "2", "--replicate", ".*", "-o",
+               stacked])
+    proc = itest.refused_mount(args.ckptfs, src, mnt, index_dir=os.path.join(args.work, "index"),
+                               extra_args=["--unstack-layers", "--dst-strategy", stacked])
+    assert "decoder.layers.mlp." in proc.stderr and "is not in the checkpoint" in proc.stderr, \
+        proc.stderr
+
+
 def check_unstack_refused(args):
-    """--unstack-layers on a checkpoint without stacked layers (a plain DCP one) is refused."""
+    """--unstack-layers on a checkpoint without stacked layers (a plain DCP one) is refused, by
+    mount and by strategy new."""
     src = os.path.join(args.work, "plain_dcp")
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(os.path.join(args.shared, "dcp", "plain"), src)
     refused(args, src, "--unstack-layers", "pytorch-dcp", extra=["--unstack-layers"])
+    proc = itest.run([args.ckptfs, "strategy", "new", src, "--unstack-layers", "--devices", "2",
+                      "-o", os.path.join(args.work, "never.json")], check=False)
+    assert proc.returncode != 0 and "--unstack-layers" in proc.stderr and \
+        "no stacked layers" in proc.stderr, proc.stderr
 
 
 def write_integrity(iter_dir):
@@ -180,6 +263,8 @@ def main():
     checks.run("--step and an iteration directory", check_step, args)
     checks.run("a sharded_backend other than torch_dist is refused", check_backend, args)
     checks.run("--unstack-layers serves each layer of a stacked tensor", check_unstack, args)
+    checks.run("--unstack-layers with --dst-strategy from strategy new --unstack-layers",
+               check_unstack_reshard, args)
     checks.run("--unstack-layers on a checkpoint without stacked layers is refused",
                check_unstack_refused, args)
     checks.run("verify checks integrity.json", check_integrity, args)
