@@ -246,7 +246,8 @@ std::vector<plan::ModelEntry> merged_model(const Pieces& pieces, const Metadata&
     model.push_back({names[i], t.code, t.shape, n, [&pieces, &t, &dir](VirtualFile::Builder& b) {
                        const std::vector<const Piece*> stored = stored_chunks(pieces, t, dir);
                        if (auto grid = as_grid(t, stored)) {
-                         b.add_grid(std::move(grid));
+                         const uint64_t bytes = grid->nbytes();
+                         b.add_grid(std::move(grid), 0, bytes);
                          return;
                        }
                        assemble(t, stored, dir,
@@ -267,10 +268,13 @@ bool c_order(const scan::Param& p) {
   return true;
 }
 
-// The whole tensor as one strided view: its chunk's own, or a C-order storage made of the
-// chunks' ranges (each must then be stored in C order).
+// The whole tensor as the grid of its chunks when they tile it as one (then any strides), else
+// as one strided view: its chunk's own, or a C-order storage made of the chunks' ranges (each
+// must then be stored in C order).
 plan::FullTensor full_tensor(const Pieces& pieces, const Tensor& t, const std::string& dir) {
   const std::vector<const Piece*> stored = stored_chunks(pieces, t, dir);
+  const std::string dtype(safetensors::dtype_by_code(t.code)->mindspore);
+  if (auto grid = as_grid(t, stored)) return {t.fqn, dtype, t.shape, nullptr, std::move(grid)};
   auto content = std::make_shared<StridedContent>();
   if (stored.size() == 1 && stored[0]->param->shape == t.shape) {
     *content = *stored[0]->view;
@@ -296,8 +300,7 @@ plan::FullTensor full_tensor(const Pieces& pieces, const Tensor& t, const std::s
     });
     content->pieces = std::move(ranges);
   }
-  const std::string dtype(safetensors::dtype_by_code(t.code)->mindspore);
-  return {t.fqn, dtype, t.shape, std::move(content)};
+  return {t.fqn, dtype, t.shape, std::move(content), nullptr};
 }
 
 }  // namespace

@@ -160,7 +160,8 @@ Plan make_hfai_plan(std::vector<index::IndexedSource> parts, const Merged& merge
       const std::optional<safetensors::Dtype> d = safetensors::dtype_by_code(t.code);
       if (!d)
         fail("tensor {} is of type {}, which a MindSpore checkpoint cannot hold", t.name, t.code);
-      model.push_back({t.name, std::string(d->mindspore), t.shape, whole(plan.sources, t)});
+      model.push_back(
+          {t.name, std::string(d->mindspore), t.shape, whole(plan.sources, t), nullptr});
     }
     plan::add_full_views(plan, model, *dst, views);
   }

@@ -218,8 +218,8 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
     const TargetMaps maps(nullptr, &dst, t);
     std::vector<Entry> entries, passthrough;
     for (const FullTensor& full : tensors) {
-      Entry e{full.name, full.dtype,  scan::EntryKind::Tensor, full.shape, nullptr, nullptr,
-              0,         full.content};
+      Entry e{full.name,    full.dtype, scan::EntryKind::Tensor, full.shape, nullptr, nullptr, 0,
+              full.content, full.grid};
       switch (maps.role(full.name)) {
         case TargetMaps::Role::Drop:
           break;
@@ -235,7 +235,17 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
           }
           const strategy::Box box = layout.slice_of(maps.target_local(), full.shape);
           for (size_t d = 0; d < full.shape.size(); ++d) e.shape[d] = box.end[d] - box.begin[d];
-          e.view = std::make_shared<StridedContent>(full.content->box(box.begin, e.shape));
+          if (!full.grid) {
+            e.view = std::make_shared<StridedContent>(full.content->box(box.begin, e.shape));
+            entries.push_back(std::move(e));
+            break;
+          }
+          GridContent cut = full.grid->box(box.begin, e.shape);
+          e.grid = nullptr;
+          if (cut.cells.size() == 1)
+            e.view = cut.cells.front();
+          else
+            e.grid = std::make_shared<const GridContent>(std::move(cut));
           entries.push_back(std::move(e));
           break;
         }

@@ -205,6 +205,52 @@ void GridContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) const
   }
 }
 
+GridContent GridContent::box(const std::vector<int64_t>& begin,
+                             const std::vector<int64_t>& extent) const {
+  const size_t k = shape.size();
+  GridContent out;
+  out.element_size = element_size;
+  out.shape = extent;
+  out.cuts.resize(k);
+  std::vector<size_t> first(k), grid(k), count(k);
+  for (size_t d = 0; d < k; ++d) {
+    const std::vector<int64_t>& c = cuts[d];
+    const int64_t lo = begin[d], hi = lo + extent[d];
+    size_t i = static_cast<size_t>(std::upper_bound(c.begin(), c.end(), lo) - c.begin()) - 1;
+    if (i + 1 == c.size()) --i;  // an empty box at the end of the dimension
+    first[d] = i;
+    grid[d] = c.size() - 1;
+    out.cuts[d] = {0};
+    do {
+      out.cuts[d].push_back(std::min(c[i + 1], hi) - lo);
+      ++i;
+    } while (i + 1 < c.size() && c[i] < hi);
+    count[d] = out.cuts[d].size() - 1;
+  }
+  // The new grid's cells in C order, each the box of the old cell it lies in.
+  std::vector<size_t> j(k, 0);
+  std::vector<int64_t> at(k), size(k);
+  for (bool more = true; more;) {
+    size_t cell = 0;
+    for (size_t d = 0; d < k; ++d) {
+      const size_t i = first[d] + j[d];
+      cell = cell * grid[d] + i;
+      at[d] = std::max(begin[d], cuts[d][i]) - cuts[d][i];
+      size[d] = out.cuts[d][j[d] + 1] - out.cuts[d][j[d]];
+    }
+    out.cells.push_back(std::make_shared<const StridedContent>(cells[cell]->box(at, size)));
+    more = false;
+    for (size_t d = k; d-- > 0;) {
+      if (++j[d] < count[d]) {
+        more = true;
+        break;
+      }
+      j[d] = 0;
+    }
+  }
+  return out;
+}
+
 std::vector<uint32_t> GridContent::sources() const {
   std::vector<uint32_t> out;
   for (const auto& cell : cells)

@@ -616,7 +616,8 @@ class Planner {
       content->target_shape = {1};
       content->block_shape = {1};
     }
-    Entry entry{p.name, facts.dtype, scan::EntryKind::Tensor, {}, content, nullptr, 0, nullptr};
+    Entry entry{p.name,  facts.dtype, scan::EntryKind::Tensor, {}, content, nullptr, 0,
+                nullptr, nullptr};
     entry.shape = scalar ? std::vector<int64_t>{} : content->target_shape;
     if (content->nbytes() == 0) return entry;
 
@@ -731,7 +732,8 @@ class Planner {
     if (!from && located_) from = lowest_holder(false);
     if (!from) missing_passthrough(maps, ref, load_order, local, t);
     const scan::Param& q = *from->find(ref.id);
-    return Entry{q.name, q.dtype, q.kind, q.shape, nullptr, &q, from->source_of(ref.id), nullptr};
+    return Entry{q.name,  q.dtype, q.kind, q.shape, nullptr, &q, from->source_of(ref.id),
+                 nullptr, nullptr};
   }
 
   // An entry the strategies do not split (learning_rate, global_step, a rank's own state) is

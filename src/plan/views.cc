@@ -20,6 +20,10 @@ void add_content(VirtualFile::Builder& builder, const Entry& e, uint64_t begin, 
     builder.add_strided(e.view, begin, end);
     return;
   }
+  if (e.grid) {
+    builder.add_grid(e.grid, begin, end);
+    return;
+  }
   uint64_t pos = 0;
   for (const scan::Extent& x : e.copy->content) {
     const uint64_t lo = std::max(begin, pos), hi = std::min(end, pos + x.length);

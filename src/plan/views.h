@@ -28,8 +28,12 @@ struct Entry {
   const scan::Param* copy = nullptr;            // set when passed through
   uint32_t source = 0;                          //   and the file it is read from
   std::shared_ptr<const StridedContent> view;   // set for a full checkpoint's strided tensor
+  std::shared_ptr<const GridContent> grid;      //   or its tensor of chunks
   uint64_t nbytes() const {
-    return tensor ? tensor->nbytes() : view ? view->nbytes() : copy->nbytes();
+    return tensor ? tensor->nbytes()
+           : view ? view->nbytes()
+           : grid ? grid->nbytes()
+                  : copy->nbytes();
   }
 };
 

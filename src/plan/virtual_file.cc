@@ -163,10 +163,12 @@ void VirtualFile::Builder::add_strided(std::shared_ptr<const StridedContent> con
   impl_->add(piece);
 }
 
-void VirtualFile::Builder::add_grid(std::shared_ptr<const GridContent> content) {
+void VirtualFile::Builder::add_grid(std::shared_ptr<const GridContent> content, uint64_t begin,
+                                    uint64_t end) {
   Piece piece;
   piece.kind = PieceKind::Grid;
-  piece.length = content->nbytes();
+  piece.pos = begin;
+  piece.length = end - begin;
   for (uint32_t source : content->sources()) impl_->add_source(source);
   impl_->grids.push_back(std::move(content));
   piece.ref = static_cast<uint32_t>(impl_->grids.size() - 1);

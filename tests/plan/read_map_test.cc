@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <ostream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -363,9 +365,8 @@ TEST(GridContent, EveryWindowMatchesElementwiseIndexing) {
       views.push_back(v);
       g.cells.push_back(std::make_shared<const StridedContent>(v));
     }
-    std::vector<std::pair<uint32_t, uint64_t>> want;
-    for (int64_t i = 0; i < product(c.shape); ++i) {
-      const Shape x = unflatten(i, c.shape);
+    // The (file, offset) pairs of element x's bytes, found cell by cell.
+    const auto bytes_of = [&](const Shape& x, std::vector<std::pair<uint32_t, uint64_t>>& out) {
       Shape cell(x.size());
       for (size_t d = 0; d < x.size(); ++d)
         while (c.cuts[d][cell[d] + 1] <= x[d]) ++cell[d];
@@ -373,8 +374,10 @@ TEST(GridContent, EveryWindowMatchesElementwiseIndexing) {
       uint64_t elem = v.storage_offset;
       for (size_t d = 0; d < x.size(); ++d)
         elem += static_cast<uint64_t>((x[d] - c.cuts[d][cell[d]]) * v.strides[d]);
-      for (uint32_t b = 0; b < e; ++b) want.emplace_back(v.source, v.base + elem * e + b);
-    }
+      for (uint32_t b = 0; b < e; ++b) out.emplace_back(v.source, v.base + elem * e + b);
+    };
+    std::vector<std::pair<uint32_t, uint64_t>> want;
+    for (int64_t i = 0; i < product(c.shape); ++i) bytes_of(unflatten(i, c.shape), want);
     ASSERT_EQ(g.nbytes(), want.size());
     for (uint64_t begin = 0; begin < want.size(); begin += 3)
       for (uint64_t end : {begin + 1, begin + 7, begin + 29, uint64_t{want.size()}}) {
@@ -387,6 +390,50 @@ TEST(GridContent, EveryWindowMatchesElementwiseIndexing) {
         ASSERT_EQ(got, decltype(want)(want.begin() + begin, want.begin() + end))
             << "window " << begin << ".." << end;
       }
+    // Every box whose corners are at 0, 1, a cut or the end (a --dst-strategy block cut from
+    // the grid): each byte window of the box's grid maps to the bytes of the box's elements.
+    std::vector<Shape> marks(c.shape.size());
+    for (size_t d = 0; d < c.shape.size(); ++d) {
+      std::set<int64_t> m(c.cuts[d].begin(), c.cuts[d].end());
+      m.insert(std::min<int64_t>(1, c.shape[d]));
+      marks[d].assign(m.begin(), m.end());
+    }
+    std::vector<size_t> lo(c.shape.size(), 0), hi(c.shape.size(), 0);
+    size_t boxes = 0;
+    const std::function<void(size_t)> each_box = [&](size_t d) {
+      if (d < c.shape.size()) {
+        for (lo[d] = 0; lo[d] < marks[d].size(); ++lo[d])
+          for (hi[d] = lo[d]; hi[d] < marks[d].size(); ++hi[d]) each_box(d + 1);
+        return;
+      }
+      Shape begin, extent;
+      for (size_t k = 0; k < c.shape.size(); ++k) {
+        begin.push_back(marks[k][lo[k]]);
+        extent.push_back(marks[k][hi[k]] - marks[k][lo[k]]);
+      }
+      const GridContent b = g.box(begin, extent);
+      ++boxes;
+      std::vector<std::pair<uint32_t, uint64_t>> in_box;
+      for (int64_t i = 0; i < product(extent); ++i) {
+        Shape x = unflatten(i, extent);
+        for (size_t k = 0; k < x.size(); ++k) x[k] += begin[k];
+        bytes_of(x, in_box);
+      }
+      ASSERT_EQ(b.nbytes(), in_box.size());
+      for (uint64_t from = 0; from < in_box.size(); from += 5)
+        for (uint64_t to : {from + 1, from + 13, uint64_t{in_box.size()}}) {
+          if (to > in_box.size()) continue;
+          std::vector<plan::Run> runs;
+          b.map(from, to, runs);
+          std::vector<std::pair<uint32_t, uint64_t>> got;
+          for (const plan::Run& r : runs)
+            for (uint64_t k = 0; k < r.length; ++k) got.emplace_back(r.source, r.offset + k);
+          ASSERT_EQ(got, decltype(in_box)(in_box.begin() + from, in_box.begin() + to))
+              << "box at " << begin[0] << " window " << from << ".." << to;
+        }
+    };
+    each_box(0);
+    EXPECT_GT(boxes, 20u);
   }
 }
 

@@ -118,12 +118,15 @@ Plan make_located_plan(std::vector<index::IndexedSource> files, const std::vecto
 Plan make_unified_plan(std::vector<index::IndexedSource> parts, const strategy::Strategy* dst,
                        const ViewOptions& views = {});
 
-// One tensor of a full checkpoint held as a strided view (a merged hfai model's tensor).
+// One tensor of a full checkpoint held as a strided view (a merged hfai model's tensor), or as a
+// grid of chunks (a DCP tensor's shards: a column-split one as one range per row would cost
+// memory in proportion to its rows).
 struct FullTensor {
   std::string name;
   std::string dtype;                              // MindSpore tensor_type
   std::vector<int64_t> shape;                     // empty for a scalar
-  std::shared_ptr<const StridedContent> content;  // the whole tensor
+  std::shared_ptr<const StridedContent> content;  // the whole tensor, or
+  std::shared_ptr<const GridContent> grid;        // the whole tensor as a grid
 };
 
 // Appends to `plan` (whose sources the contents read) the files of every target rank of `dst`

@@ -91,6 +91,10 @@ struct GridContent {
   uint64_t nbytes() const;
   // Appends runs for content bytes [begin, end) (begin <= end <= nbytes()).
   void map(uint64_t begin, uint64_t end, std::vector<Run>& out) const;
+  // The box [begin, begin + extent) of this tensor (extent[k] <= shape[k] - begin[k]) as a grid
+  // of the boxes of the cells it meets: O(cells) whatever the box's row count. An empty box is
+  // one empty cell.
+  GridContent box(const std::vector<int64_t>& begin, const std::vector<int64_t>& extent) const;
   // Every source file the cells may read.
   std::vector<uint32_t> sources() const;
 };

@@ -75,8 +75,8 @@ class VirtualFile::Builder {
   void add_tensor(std::shared_ptr<const TensorContent> content, uint64_t begin, uint64_t end);
   // Bytes [begin, end) of a strided view, in C order.
   void add_strided(std::shared_ptr<const StridedContent> content, uint64_t begin, uint64_t end);
-  // The whole of a grid-tiled tensor, in C order: one piece, whatever its row count.
-  void add_grid(std::shared_ptr<const GridContent> content);
+  // Bytes [begin, end) of a grid-tiled tensor, in C order: one piece, whatever its row count.
+  void add_grid(std::shared_ptr<const GridContent> content, uint64_t begin, uint64_t end);
   VirtualFile finish();
 
  private:
