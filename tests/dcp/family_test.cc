@@ -261,22 +261,27 @@ strategy::Strategy split_x(const fs::path& dir) {
   return strategy::read_strategy(path);
 }
 
-TEST(DcpFamily, ReshardingCutsTheTensorTheChunksTile) {
-  Synthetic s;
-  s.tensor("x", {4, 6});
-  s.chunk({2, 0}, {2, 6});
-  s.chunk({0, 0}, {2, 6}, {}, 5);
+// split_x's two targets of `s`'s [4, 6] tensor x: columns [3 rank, 3 rank + 3) of every row,
+// cut here from the global C order.
+void expect_column_halves(Synthetic& s) {
   const strategy::Strategy dst = split_x(s.dir);
   const plan::Plan plan = s.plan(&dst);
   ASSERT_EQ(plan.targets.size(), 4u);  // .ckpt and .safetensors of ranks 0 and 1
   for (const plan::TargetFile& t : plan.targets) {
     if (!t.name.ends_with(".safetensors")) continue;
-    // Columns [3 rank, 3 rank + 3) of every row, cut here from the global C order.
     std::string want;
     for (size_t row = 0; row < 4; ++row)
       want += s.expected[0].substr((row * 6 + 3 * static_cast<size_t>(t.rank)) * 4, 12);
     EXPECT_TRUE(tensors_of(read_all(plan, t.file)).at("x") == want) << t.rank;
   }
+}
+
+TEST(DcpFamily, ReshardingCutsTheTensorTheChunksTile) {
+  Synthetic s;
+  s.tensor("x", {4, 6});
+  s.chunk({2, 0}, {2, 6});
+  s.chunk({0, 0}, {2, 6}, {}, 5);
+  expect_column_halves(s);
 }
 
 // Chunks that tile the tensor as a grid are cut cell by cell, whatever their strides.
@@ -285,16 +290,7 @@ TEST(DcpFamily, ReshardingCutsAGridWhoseChunkIsNotInCOrder) {
   s.tensor("x", {4, 6});
   s.chunk({0, 0}, {2, 6});
   s.chunk({2, 0}, {2, 6}, {1, 2});
-  const strategy::Strategy dst = split_x(s.dir);
-  const plan::Plan plan = s.plan(&dst);
-  ASSERT_EQ(plan.targets.size(), 4u);
-  for (const plan::TargetFile& t : plan.targets) {
-    if (!t.name.ends_with(".safetensors")) continue;
-    std::string want;
-    for (size_t row = 0; row < 4; ++row)
-      want += s.expected[0].substr((row * 6 + 3 * static_cast<size_t>(t.rank)) * 4, 12);
-    EXPECT_TRUE(tensors_of(read_all(plan, t.file)).at("x") == want) << t.rank;
-  }
+  expect_column_halves(s);
 }
 
 // Chunks laid like bricks (no grid) are assembled range by range, which needs C order.
