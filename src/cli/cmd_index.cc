@@ -32,8 +32,9 @@ namespace stdfs = std::filesystem;
 struct IndexOptions {
   std::string index_dir;  // empty: index::default_dir()
   std::string src_dir;
-  std::string output;  // index build --output: a shipped index
-  bool quiet = false;  // index build: no progress lines
+  std::string output;    // index build --output: a shipped index
+  bool quiet = false;    // index build: no progress lines
+  bool drop_s3 = false;  // index prune --drop-s3: also the entries of s3:// sources
   // index build --output with strategies: the view whose target summaries are stored too.
   ViewArgs view;
 };
@@ -89,16 +90,27 @@ void list(const IndexOptions& options) {
 }
 
 // Drops the entries no file has any more (gone, or changed so that it is scanned again anyway)
-// and those of other index versions; entries whose file cannot be checked are kept.
+// and those of other index versions; entries whose file cannot be checked are kept. Those of S3
+// objects cannot be checked without asking the store: kept (a changed object has another ETag,
+// so its old entry is only dead weight), or all dropped with --drop-s3.
 void prune(const IndexOptions& options) {
   index::Store store(index_dir(options));
   std::vector<std::string> doomed;
   const std::vector<index::Entry> entries = store.entries(&doomed);
   const size_t foreign = doomed.size();
-  size_t gone = 0, changed = 0;
+  size_t gone = 0, changed = 0, s3_kept = 0, s3_dropped = 0;
   for (const index::Entry& entry : entries) {
     const index::Freshness f = index::freshness(entry);
     if (f.state == index::Freshness::kCurrent) continue;
+    if (f.why == index::kNotChecked) {
+      if (!options.drop_s3) {
+        ++s3_kept;
+        continue;
+      }
+      ++s3_dropped;
+      doomed.push_back(entry.fingerprint.key());
+      continue;
+    }
     if (f.state == index::Freshness::kUnknown) {
       spdlog::warn("{}: kept, {}", entry.path, f.why);
       continue;
@@ -109,8 +121,13 @@ void prune(const IndexOptions& options) {
   }
   const size_t removed = store.remove(doomed);
   fmt::print(
-      "removed {} entries from {} ({} file missing, {} changed, {} of another version); {} kept\n",
-      removed, store.dir().string(), gone, changed, foreign, entries.size() + foreign - removed);
+      "removed {} entries from {} ({} file missing, {} changed, {} of another version{}); {} "
+      "kept{}\n",
+      removed, store.dir().string(), gone, changed, foreign,
+      s3_dropped ? fmt::format(", {} of an S3 object (--drop-s3)", s3_dropped) : "",
+      entries.size() + foreign - removed,
+      s3_kept ? fmt::format(" ({} of an S3 object, not checked: --drop-s3 drops them)", s3_kept)
+              : "");
 }
 
 void clear(const IndexOptions& options) {
@@ -237,6 +254,9 @@ void add_index_command(CLI::App& app) {
       "Remove the entries whose file is gone or has changed since it was scanned (each named "
       "with the reason), and those written by another ckptfs version");
   add_index_dir_option(prune_command, *options);
+  prune_command->add_flag("--drop-s3", options->drop_s3,
+                          "Also remove the entries of s3:// sources (kept otherwise: prune cannot "
+                          "check an object without asking the store)");
   prune_command->callback([options] { prune(*options); });
 
   CLI::App* clear_command = command->add_subcommand("clear", "Remove every entry of the index");

@@ -94,6 +94,16 @@ size_t parallel_in_order(size_t count, size_t threads, std::exception_ptr& error
   return error_at;
 }
 
+// The name a source is indexed under: an object's URL, else the absolute path.
+std::string absolute_name(const fs::path& path) { return remote::source_name(path); }
+
+// The name a message gives a source: an object's URL (never its placeholder's temp path), else
+// the path as given.
+std::string display_name(const source::SourceFile& file) {
+  const remote::ObjectRef* object = remote::object_of(file.fd.get());
+  return object ? object->url() : file.path.string();
+}
+
 // The reader is the first of `readers` (the caller's family's) that claims the file.
 scan::FileScan scan_source(int fd, const std::string& name, scan::Readers readers) {
   return naming_out_of_memory(name, "scanning it", [&] {
@@ -114,7 +124,7 @@ size_t scan_files(std::vector<IndexedSource>& sources, const std::vector<size_t>
   const size_t threads = misses.empty() ? kScanThreads : scan_threads(sources[misses[0]].file.path);
   return parallel_in_order(misses.size(), threads, error, [&](size_t k) {
     IndexedSource& source = sources[misses[k]];
-    const std::string name = source.file.path.string();
+    const std::string name = display_name(source.file);
     source.scan = scan_source(source.file.fd.get(), name, readers);
     // An encrypted file's extents are plaintext offsets: its structure bytes are plaintext,
     // and neither they nor a digest of them are kept (the scan is never stored).
@@ -141,11 +151,6 @@ void refuse_encrypted(int fd, const std::string& name) {
         name);
 }
 
-std::string absolute_name(const fs::path& path) {
-  std::error_code ec;
-  const fs::path absolute = fs::absolute(path, ec);
-  return (ec ? path : absolute.lexically_normal()).string();
-}
 
 }  // namespace
 
@@ -190,8 +195,10 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                    built);
         });
     // Size and mtime can be put back after a rewrite in place: the bytes the scan was read
-    // from are compared too, before anything is planned from it.
-    if (scan && check_structure && structure_digest(s.file.fd.get(), name, *scan) != built)
+    // from are compared too, before anything is planned from it. An object's "mtime" is a hash
+    // of its ETag, which every upload changes: nothing more to read (GETs) for it.
+    if (scan && check_structure && remote::object_of(s.file.fd.get()) == nullptr &&
+        structure_digest(s.file.fd.get(), name, *scan) != built)
       why =
           "was built from other headers than it has now (rewritten in place, its size and mtime "
           "kept?)";
@@ -227,7 +234,7 @@ BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const 
   if (store) store->defer_sync(true);
   parallel_in_order(paths.size(), scan_threads(paths), error, [&](size_t i) {
     const source::SourceFile file = source::SourceFile::open(paths[i]);
-    const std::string name = file.path.string();
+    const std::string name = display_name(file);
     const std::string absolute = absolute_name(file.path);
     if (const std::optional<CachedScan> known =
             store ? lookup_cached(*store, file, absolute) : std::nullopt) {

@@ -467,6 +467,9 @@ size_t Store::remove(std::span<const std::string> keys) {
 }
 
 Freshness freshness(const Entry& entry) {
+  // Keyed by URL, size and ETag: only a request to the store could tell (and the index keeps no
+  // endpoint or keys); a changed object has another ETag, so a stale entry is never used.
+  if (entry.path.starts_with("s3://")) return {Freshness::kUnknown, std::string(kNotChecked)};
   struct stat st;
   if (::stat(entry.path.c_str(), &st) != 0) {
     if (errno == ENOENT || errno == ENOTDIR) return {Freshness::kGone, "file missing"};

@@ -58,13 +58,35 @@ void register_object(const std::filesystem::path& placeholder, ObjectRef object,
   g_any.store(true, std::memory_order_release);
 }
 
+namespace {
+
+const ObjectRef* registered(const struct stat& st) {
+  const auto it =
+      registry().find({static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
+  return it == registry().end() ? nullptr : &it->second.object;
+}
+
+}  // namespace
+
 const ObjectRef* object_of(int fd) {
   if (!g_any.load(std::memory_order_acquire)) return nullptr;
   struct stat st;
   if (::fstat(fd, &st) != 0) return nullptr;
-  const auto it =
-      registry().find({static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
-  return it == registry().end() ? nullptr : &it->second.object;
+  return registered(st);
+}
+
+const ObjectRef* object_at(const std::filesystem::path& path) {
+  if (!g_any.load(std::memory_order_acquire)) return nullptr;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return nullptr;
+  return registered(st);
+}
+
+std::string source_name(const std::filesystem::path& path) {
+  if (const ObjectRef* object = object_at(path)) return object->url();
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  return (ec ? path : absolute.lexically_normal()).string();
 }
 
 Identity identity(const ObjectRef& object) {

@@ -34,6 +34,7 @@
 #include "ckptfs/index/store.h"
 #include "ckptfs/plan/source_fit.h"
 #include "ckptfs/plan/step_scalars.h"
+#include "ckptfs/remote/objects.h"
 #include "ckptfs/source/pinned_files.h"
 #include "ckptfs/source/step_choice.h"
 #include "ckptfs/strategy/compact.h"
@@ -107,10 +108,12 @@ std::string absolute_name(const std::filesystem::path& path) {
   return (ec ? path : absolute.lexically_normal()).string();
 }
 
-// The chosen files as a shipped index keeps them (source/pinned_files.h), by absolute name.
+// The chosen files as a shipped index keeps them (source/pinned_files.h), by the name the index
+// keys them under: an object's URL (which a mount cannot pin: it lists its prefix), else the
+// absolute path.
 std::string absolute_files_text(const source::Choice& choice) {
   source::Choice absolute = choice;
-  for (auto& [rank, path] : absolute.files) path = absolute_name(path);
+  for (auto& [rank, path] : absolute.files) path = remote::source_name(path);
   return source::files_text(absolute);
 }
 
@@ -185,6 +188,11 @@ std::optional<source::Choice> pinned_files(const std::string& shipped) {
 std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) {
   const Planning& planning = *dirs.planning;
   if (args.shipped_index.empty() || planning.views.by_stage) return nullptr;
+  // An s3:// source's placeholders live in a temp folder the mount removes once the daemon
+  // holds them open: a rank planned on first open could not open them. Planned now instead,
+  // from the shipped scans (only the step counters are fetched).
+  for (const auto& [rank, path] : dirs.choice.files)
+    if (remote::object_at(path) != nullptr) return nullptr;
   std::vector<int64_t> shown = planning.views.ranks;
   std::vector<fs::LazyRanks::File> files;
   std::map<int64_t, std::set<int64_t>> loads;  // by rank: the sources its plan loads
@@ -234,7 +242,7 @@ std::unique_ptr<fs::Tree> lazy_tree(const RankDirs& dirs, const ViewArgs& args) 
       planning.compact.emplace(std::move(src), std::move(dst));
     }
     std::set<int64_t> sources;
-    std::vector<std::vector<int64_t>> reads;     // files[i] reads the sources of ranks reads[i]
+    std::vector<std::vector<int64_t>> reads;  // files[i] reads the sources of ranks reads[i]
     for (int64_t t : shown) {
       const std::optional<index::TargetSummary> summary = store.target(t);
       if (!summary) {

@@ -7,6 +7,13 @@ faults. Keys come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, as the AWS too
   local copy, and equals the fixture generator's expected files; the data GETs were ranged.
 * index_then_remount: `index build s3://...` then a mount with that index fetches nothing of a
   data object but the planner's step counters (a few bytes per file), and serves the same bytes.
+* shipped_index: `index build s3://... --output X` (with the strategies) then `mount s3://...
+  --index X`: every scan comes from the shipped index, keyed by the object's URL, size and ETag
+  (not the temp folder a mount stages), and no data GET fetches more than a step counter.
+* corrupt_named_by_url: a source object whose bytes are not a checkpoint: the mount is refused
+  and its error line names s3://BUCKET/KEY of that object, not a staged temp path.
+* prune_keeps_s3: `index prune` keeps the entries of s3:// sources (it cannot check them
+  without a request), and `index list` shows them by URL.
 * faults_retried: with every 3rd data GET answered 503, every 5th dropped, every 7th cut short
   and one stalled past --s3-timeout, the served bytes are still the local mount's.
 * overwritten_is_eio: a source object overwritten (same size) while mounted: reading a file that
@@ -27,7 +34,7 @@ import itest
 import ckpt_fixture
 import s3harness
 import s3proxy
-from test_s3fs_source import md5s  # the same digest of every served file
+from test_s3fs_source import from_index, md5s  # as the s3fs test reads them
 
 BUCKET = "ckpt"
 PREFIX = "train"
@@ -106,6 +113,69 @@ def index_then_remount(setup):
     assert all(r.get("bytes", 0) <= 64 for r in data), \
         f"a mount with the built index fetched data: {data[:5]}"
     assert served == setup.local_md5s()
+
+
+def shipped_index(setup):
+    # Absolute: the daemon plans a rank on first open, from /.
+    shipped = os.path.abspath(os.path.join(setup.args.work, "shipped"))
+    itest.run([setup.args.ckptfs, "index", "build", setup.url, "--output", shipped,
+               "--src-strategy", setup.fx.src_strategy, "--dst-strategy", setup.fx.dst_strategy]
+              + setup.s3_args())
+    mark = setup.proxy.mark()
+    log = os.path.join(setup.args.work, "shipped.log")
+    with setup.mount(setup.url, "view", os.path.join(setup.args.work, "idx-unused"),
+                     setup.s3_args() + ["--index", shipped], log_file=log) as mnt:
+        at_mount = setup.proxy.since(mark)
+        served = served_or_log(mnt, log)
+        hits, sources = from_index(mnt)
+    data = s3proxy.S3Proxy.data_gets(at_mount)
+    print(f"  at mount: {len(at_mount)} requests, {len(data)} of a data object; "
+          f"{hits}/{sources} scans from the shipped index", flush=True)
+    assert all(r.get("bytes", 0) <= 64 for r in data), \
+        f"a mount with the shipped index fetched data: {data[:5]}"
+    assert hits == sources == len(setup.fx.source_files), (hits, sources)
+    assert served == setup.local_md5s()
+
+
+def corrupt_named_by_url(setup):
+    prefix = "corrupt"
+    setup.server.upload_dir(setup.fx.src_dir, BUCKET, prefix)
+    rel = sorted(r for r in itest.tree_files(setup.fx.src_dir) if r.endswith(".ckpt"))[0]
+    size = os.path.getsize(os.path.join(setup.fx.src_dir, rel))
+    with tempfile.NamedTemporaryFile(dir=setup.args.work) as f:
+        f.write(b"\xff" * size)  # no protobuf field starts with 0xff 0xff
+        f.flush()
+        setup.server.put_file(f.name, BUCKET, f"{prefix}/{rel}")
+    proc = itest.refused_mount(setup.args.ckptfs, f"s3://{BUCKET}/{prefix}",
+                               os.path.join(setup.args.work, "refused-corrupt"),
+                               src_strategy=setup.fx.src_strategy,
+                               dst_strategy=setup.fx.dst_strategy,
+                               index_dir=os.path.join(setup.args.work, "idx-corrupt"),
+                               extra_args=setup.s3_args())
+    lines = itest.stderr_lines(proc)
+    print(f"  {lines}", flush=True)
+    assert len(lines) == 1, lines
+    assert f"s3://{BUCKET}/{prefix}/{rel}" in lines[0], lines
+    assert "ckptfs-s3." not in lines[0], lines
+
+
+def prune_keeps_s3(setup):
+    idx = os.path.join(setup.args.work, "idx-prune")
+    itest.run([setup.args.ckptfs, "index", "build", setup.url, "--index-dir", idx]
+              + setup.s3_args())
+    listed = itest.run([setup.args.ckptfs, "index", "list", "--index-dir", idx]).stdout
+    pruned = itest.run([setup.args.ckptfs, "index", "prune", "--index-dir", idx]).stdout
+    after = itest.run([setup.args.ckptfs, "index", "list", "--index-dir", idx]).stdout
+    print(f"  {pruned.strip()}", flush=True)
+    n = len(setup.fx.source_files)
+    for rel in itest.tree_files(setup.fx.src_dir):
+        if rel.endswith(".ckpt"):
+            assert f"{setup.url}/{rel}" in listed, listed
+    assert f"{n} files in" in after, after
+    # A remount still takes every scan from the index.
+    with setup.mount(setup.url, "view", idx, setup.s3_args()) as mnt:
+        hits, sources = from_index(mnt)
+    assert hits == sources == n, (hits, sources)
 
 
 def faults_retried(setup):
@@ -235,6 +305,9 @@ def main():
         setup = Setup(args, server, proxy)
         checks.run("identical_from_s3", identical_from_s3, setup)
         checks.run("index_then_remount", index_then_remount, setup)
+        checks.run("shipped_index", shipped_index, setup)
+        checks.run("corrupt_named_by_url", corrupt_named_by_url, setup)
+        checks.run("prune_keeps_s3", prune_keeps_s3, setup)
         checks.run("faults_retried", faults_retried, setup)
         checks.run("overwritten_is_eio", overwritten_is_eio, setup)
         checks.run("wrong_keys_one_line", wrong_keys_one_line, setup)

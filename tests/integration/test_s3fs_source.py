@@ -11,6 +11,10 @@ the bucket, and ckptfs mounts the s3fs directory with a reshard.
   shipped index. The bytes stay identical, a mount with a shipped index fetches no source data,
   and every remount with the default index takes its scans from the index (found by path, size,
   mtime and ctime) and fetches no tensor data at mount.
+* summary_line_over_s3fs: a mount over s3fs prints one line on stderr with what reading the
+  whole view costs (bytes needed from how many sources, and fetched in 4 KiB, 1 MiB and 8 MiB
+  blocks with the ratios), and its figures are `ckptfs plan --json`'s for the same view; a mount
+  of the local copy prints no such line.
 
 Skipped (exit 77) only when the server or s3fs cannot be installed on this machine.
 """
@@ -18,6 +22,7 @@ Skipped (exit 77) only when the server or s3fs cannot be installed on this machi
 import hashlib
 import json
 import os
+import re
 import time
 
 import itest
@@ -150,6 +155,46 @@ def index_over_s3fs(setup):
             f"{r['label']} fetched {r['kib']:.0f} KiB of {mib:.2f} MiB of sources"
 
 
+def cost_lines(setup, src, mnt):
+    """The mount's stderr lines about the sources' read cost (the mount is unmounted after)."""
+    mnt = os.path.join(setup.args.work, mnt)
+    os.makedirs(mnt, exist_ok=True)
+    with itest.unmounting(setup.args.ckptfs, mnt):
+        proc = itest.run(itest.mount_cmd(setup.args.ckptfs, src, mnt,
+                                         src_strategy=setup.fx.src_strategy,
+                                         dst_strategy=setup.fx.dst_strategy,
+                                         index_dir=os.path.join(setup.args.work, "idx-line")),
+                         check=False)
+        assert proc.returncode == 0, proc.stderr
+    return [line for line in itest.stderr_lines(proc) if "remote filesystem" in line]
+
+
+def summary_line_over_s3fs(setup):
+    lines = cost_lines(setup, setup.src, "view-line")
+    print(f"  {lines}", flush=True)
+    assert len(lines) == 1, lines
+    m = re.fullmatch(r"ckptfs: sources on a remote filesystem; the (\d+) files together: needs "
+                     r"\S+ \S+ from (\d+) sources; fetched in blocks of 4 KiB: \S+ \S+ "
+                     r"\(([\d.]+)x\), 1 MiB: \S+ \S+ \(([\d.]+)x\), 8 MiB: \S+ \S+ "
+                     r"\(([\d.]+)x\)", lines[0])
+    assert m, lines[0]
+    files, sources = int(m.group(1)), int(m.group(2))
+    ratios = [float(g) for g in m.group(3, 4, 5)]
+    report = json.loads(itest.run([setup.args.ckptfs, "plan", setup.src, "--src-strategy",
+                                   setup.fx.src_strategy, "--dst-strategy",
+                                   setup.fx.dst_strategy, "--json", "-q"]).stdout)
+    need = sum(s["need"] for s in report["all"]["sources"])
+    want = [sum(s["fetched"][str(b)] for s in report["all"]["sources"]) / need
+            for b in report["blocks"]]
+    assert files == len(report["files"]) and sources == len(report["all"]["sources"]) \
+        == len(setup.fx.source_files), (files, sources, report["files"])
+    assert ratios == [round(r, 2) for r in want], (ratios, want)
+    # Larger blocks never fetch less (the whole view can need less than 1x: targets that read
+    # the same source bytes need them each, a block is fetched once).
+    assert 0 < ratios[0] <= ratios[1] <= ratios[2], ratios
+    assert not cost_lines(setup, setup.fx.src_dir, "view-local-line"), "a local mount's line"
+
+
 def main():
     args = itest.parse_args()
     try:
@@ -161,6 +206,7 @@ def main():
         setup = Setup(args, server)
         checks.run("identical_over_s3fs", identical_over_s3fs, setup)
         checks.run("index_over_s3fs", index_over_s3fs, setup)
+        checks.run("summary_line_over_s3fs", summary_line_over_s3fs, setup)
     checks.finish()
 
 

@@ -98,6 +98,8 @@ struct Freshness {
   enum State { kCurrent, kGone, kChanged, kUnknown } state = kCurrent;
   std::string why;  // "" when current
 };
+// An entry of an S3 object (its path is its s3:// URL) is kUnknown with this reason.
+inline constexpr std::string_view kNotChecked = "an S3 object, not checked";
 Freshness freshness(const Entry& entry);
 
 // Safe to share between threads (operations take turns) and between processes (LMDB's locks).

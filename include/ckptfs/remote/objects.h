@@ -39,6 +39,12 @@ void register_object(const std::filesystem::path& placeholder, ObjectRef object,
 // The object the open descriptor `fd` stands for, or null for an ordinary file (and whenever
 // nothing is registered, at the cost of one relaxed load).
 const ObjectRef* object_of(int fd);
+// The object the file at `path` stands for (a registered placeholder), or null.
+const ObjectRef* object_at(const std::filesystem::path& path);
+// The name the index keeps a source under and messages give it: an object's s3:// URL (the
+// same at every mount, while its placeholder's temp folder is new each time), else the absolute,
+// normalized path.
+std::string source_name(const std::filesystem::path& path);
 Identity identity(const ObjectRef& object);
 // The client of the registered objects; only valid once one is registered.
 const S3Client& client();
