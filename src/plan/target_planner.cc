@@ -271,7 +271,12 @@ class LayoutMemo {
   std::unordered_map<uint32_t, std::vector<std::vector<int64_t>>> holders_;
   std::map<std::tuple<uint32_t, uint32_t, int64_t>, Needed> needed_;
   std::map<int64_t, std::vector<Row>> rows_;  // by target stage
+
+ public:
+  CoveredNames covered;
 };
+
+CoveredNames& covered_names(LayoutMemo& memo) { return memo.covered; }
 
 namespace {
 
