@@ -385,7 +385,9 @@ class Parser {
       error_at(key_offset,
                fmt::format("record {} has neither tensor nor maptensor", file_text(r.tag)));
     r.is_map = which == kMapValue;
-    if (!r.is_map)
+    // The message is formatted only for a record that lacks a field: formatting it for every
+    // record cost the scan as much as parsing the record.
+    if (!r.is_map && (!r.tensor.type || !r.tensor.content))
       require_tensor_fields(r.tensor, key_offset, fmt::format("record {}", file_text(r.tag)));
     return r;
   }

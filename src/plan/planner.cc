@@ -138,7 +138,9 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
   if (views.ranks.empty())
     check_rank_count(ranks, src,
                      sources.begin()->second.file.path.parent_path().parent_path().string());
-  if (src) check_strategy_covered(sources, *src);
+  if (src)
+    check_strategy_covered(sources, *src,
+                           views.layout_memo ? &covered_names(*views.layout_memo) : nullptr);
   return plan_views(plan_of(sources), src, dst, views, st_rules);
 }
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 #include <string_view>
 #include <unordered_set>
@@ -93,23 +94,44 @@ void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strateg
       src_dir, present.size(), shape, all_absent ? "missing" : "no checkpoint for", which);
 }
 
+namespace {
+
+bool lists(const std::vector<std::string>& names, const std::vector<scan::Param>& params) {
+  return std::equal(names.begin(), names.end(), params.begin(), params.end(),
+                    [](const std::string& n, const scan::Param& p) { return n == p.name; });
+}
+
+}  // namespace
+
 void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sources,
-                            const strategy::Strategy& src) {
+                            const strategy::Strategy& src, CoveredNames* covered) {
+  if (covered && covered->src != &src) *covered = CoveredNames{&src, {}};
   std::vector<std::unordered_set<std::string_view>> held(src.num_stages);
   // A mount of some target ranks loads only their sources: stages without one are not read.
   std::vector<bool> present(src.num_stages);
+  std::vector<bool> known(src.num_stages);       // a file lists names found to cover the stage
+  std::vector<size_t> distinct(src.num_stages);  // name lists hashed for the stage
   std::vector<const std::vector<scan::Param>*> last(src.num_stages);  // the stage's last file
   for (const auto& [rank, source] : sources) {
     const int64_t stage = rank / src.devices_per_stage;
     if (stage < 0 || stage >= static_cast<int64_t>(held.size())) continue;
     present[stage] = true;
+    if (known[stage]) continue;
+    if (covered) {
+      auto it = covered->by_stage.find(stage);
+      if (it != covered->by_stage.end() && lists(it->second, source.scan.params)) {
+        known[stage] = true;
+        continue;
+      }
+    }
     const std::vector<scan::Param>*& prev = last[static_cast<size_t>(stage)];
     if (prev && ckpt::same_names(*prev, source.scan.params)) continue;  // nothing new
     prev = &source.scan.params;
+    ++distinct[stage];
     for (const scan::Param& p : source.scan.params) held[stage].insert(p.name);
   }
   for (uint32_t stage = 0; stage < src.num_stages; ++stage) {
-    if (!present[stage]) continue;
+    if (!present[stage] || known[stage]) continue;
     std::vector<std::string_view> missing;
     for (const auto& [name, param] : src.params)
       if (param.stages.count(stage) && !may_be_unsaved(name) && !held[stage].count(name))
@@ -128,6 +150,15 @@ void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sourc
         src.origin, missing.size(), missing.size() == 1 ? "" : "s", stage, first,
         first + src.devices_per_stage - 1, names);
   }
+  // Where every file of a stage listed the same names, that list covers the stage: kept for the
+  // next plan's files.
+  if (covered)
+    for (uint32_t stage = 0; stage < src.num_stages; ++stage)
+      if (present[stage] && !known[stage] && distinct[stage] == 1) {
+        std::vector<std::string>& names = covered->by_stage[stage];
+        names.clear();
+        for (const scan::Param& p : *last[stage]) names.push_back(p.name);
+      }
 }
 
 }  // namespace ckptfs::plan

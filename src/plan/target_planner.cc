@@ -27,9 +27,11 @@ using strategy::TargetMaps;
 // A JSON strategy states each parameter's global shape (tensor_shape). MindSpore's transform
 // ignores it, but one that disagrees with the checkpoint means a strategy of another model, or a
 // checkpoint saved whole read with a sharded strategy: cutting by it would serve wrong blocks.
-void check_stated_shape(const strategy::Strategy& s, std::string_view name,
-                        std::span<const int64_t> global) {
-  const strategy::StrategyParam* param = s.find(name);
+namespace {
+
+// check_stated_shape for the strategy's entry of the name (null: none), found by the caller.
+void check_stated_shape(const strategy::Strategy& s, const strategy::StrategyParam* param,
+                        std::string_view name, std::span<const int64_t> global) {
   if (!param) return;
   for (const auto& [stage, layout] : param->stages)
     if (!layout.tensor_shape.empty() &&
@@ -37,6 +39,13 @@ void check_stated_shape(const strategy::Strategy& s, std::string_view name,
                     global.end()))
       fail("{}: parameter {} has global shape {} in the strategy but {} in the checkpoint",
            s.origin, name, shape_text(layout.tensor_shape), shape_text(global));
+}
+
+}  // namespace
+
+void check_stated_shape(const strategy::Strategy& s, std::string_view name,
+                        std::span<const int64_t> global) {
+  check_stated_shape(s, s.find(name), name, global);
 }
 
 namespace {
@@ -194,12 +203,18 @@ class LayoutMemo {
     TargetMaps::Role role = TargetMaps::Role::Drop;
     const Pair* pair = nullptr;  // for tensor rank `rank`
     size_t rank = 0;
+    // The name's entries in both strategies (null where one lacks it), for the stated-shape
+    // check of every target without looking the name up again.
+    const strategy::StrategyParam* src_param = nullptr;
+    const strategy::StrategyParam* dst_param = nullptr;
   };
   std::vector<Row>& rows(const TargetMaps& maps) {
     auto [it, inserted] = rows_.try_emplace(maps.target_stage());
     if (inserted) {
       it->second.reserve(src_->params.size());
-      for (const auto& [name, param] : src_->params) it->second.push_back({maps.role(name)});
+      for (const auto& [name, param] : src_->params)
+        it->second.push_back(
+            {maps.role(name), nullptr, 0, &param, dst_ ? dst_->find(name) : nullptr});
     }
     return it->second;
   }
@@ -256,7 +271,12 @@ class LayoutMemo {
   std::unordered_map<uint32_t, std::vector<std::vector<int64_t>>> holders_;
   std::map<std::tuple<uint32_t, uint32_t, int64_t>, Needed> needed_;
   std::map<int64_t, std::vector<Row>> rows_;  // by target stage
+
+ public:
+  CoveredNames covered;
 };
+
+CoveredNames& covered_names(LayoutMemo& memo) { return memo.covered; }
 
 namespace {
 
@@ -485,7 +505,10 @@ class Planner {
     for (const auto& [name, param] : src_->params) {
       LayoutMemo::Row& row = rows[k++];
       const uint32_t id = files_.id_of(name);
-      if (id != SourceSet::kNoId) per_name_[id].role = row.role;
+      if (id != SourceSet::kNoId) {
+        per_name_[id].role = row.role;
+        per_name_[id].row = &row;
+      }
       if (row.role != TargetMaps::Role::Reshard) continue;
       // The checkpoint's own tensor rank, so a map of the wrong length is blamed on its file.
       const scan::Param* copy = files_.find_any(id);
@@ -565,8 +588,15 @@ class Planner {
     if (!inserted) return it->second;
     ParamFacts& facts = it->second;
     facts.global_shape = src_layout.global_shape(p.shape);
-    for (const strategy::Strategy* s : {maps.src(), maps.dst()})
-      if (s) check_stated_shape(*s, p.name, facts.global_shape);
+    // The strategies' entries as load_order_for found them (maps holds this planner's
+    // strategies), else looked up here.
+    const LayoutMemo::Row* row = ref.id < per_name_.size() ? per_name_[ref.id].row : nullptr;
+    if (maps.src())
+      check_stated_shape(*maps.src(), row ? row->src_param : maps.src()->find(p.name), p.name,
+                         facts.global_shape);
+    if (maps.dst())
+      check_stated_shape(*maps.dst(), row ? row->dst_param : maps.dst()->find(p.name), p.name,
+                         facts.global_shape);
     facts.dtype = p.dtype;
     facts.element_size = p.element_size;
     // Every copy in the stage must be the slice the layout says, of the same type.
@@ -805,6 +835,7 @@ class Planner {
     std::optional<TargetMaps::Role> role;
     const LayoutMemo::Pair* pair = nullptr;
     size_t rank = 0;
+    const LayoutMemo::Row* row = nullptr;  // the source strategy's row of the name
   };
   std::vector<PerName> per_name_;
 };

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ckptfs/plan/planner.h"
+#include "ckptfs/plan/source_fit.h"
 #include "ckptfs/strategy/strategy.h"
 #include "views.h"
 
@@ -22,6 +23,10 @@ void check_stated_shape(const strategy::Strategy& s, std::string_view name,
                         std::span<const int64_t> global);
 
 class Planner;
+
+// The name lists a memo's plans found to cover their stages (check_strategy_covered), kept with
+// the memo's other derived facts.
+CoveredNames& covered_names(LayoutMemo& memo);
 
 // Not thread-safe: one per planning thread. Entries it returns point into it and into `plan`'s
 // scans: they live until the planner and the plan are gone.

@@ -26,11 +26,20 @@ void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strateg
                       const std::map<int64_t, std::string>& unusable = {},
                       const std::set<int64_t>* needed = nullptr);
 
+// Name lists found to cover a stage of one source strategy, kept by a caller that checks many
+// plans of the same files (index build's summaries): a stage with a file listing the same names
+// in the same order is covered without hashing them again. Not thread-safe: one per thread.
+struct CoveredNames {
+  const strategy::Strategy* src = nullptr;  // the strategy the lists were checked against
+  std::map<int64_t, std::vector<std::string>> by_stage;
+};
+
 // Every parameter the source strategy lists for a stage must be in some file of that stage,
 // except those a save may lack (accu_grads*, *_cache*, *expert_load*, and the optimizer states
 // adam_m.*, adam_v.*, moment1.*, moment2.*). Throws Error naming
-// the strategy, the stage, the first missing parameters and how many there are.
+// the strategy, the stage, the first missing parameters and how many there are. `covered`
+// (optional) is read and added to; it must outlive no strategy it was used with.
 void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sources,
-                            const strategy::Strategy& src);
+                            const strategy::Strategy& src, CoveredNames* covered = nullptr);
 
 }  // namespace ckptfs::plan
