@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -173,6 +174,26 @@ TEST_F(SpliceStageTest, UnleasedSourcesAreDeclinedUnlessForced) {
   SourceLeases::Hold hold(nullptr);
   EXPECT_TRUE(stage_.stage(ino_of(2), 4096, 512 << 10, pipe_, hold, false).is_declined());
   EXPECT_EQ(pipe_.pending(), 0u);
+}
+
+TEST_F(SpliceStageTest, WithoutALeaseAWriteAfterTheCheckReachesThePipe) {
+  // Why the default splices leased sources only: the pipe holds the source's cached pages, not
+  // a copy, so a write between the stage's check and the reply's copy shows, with no EIO.
+  const std::string& want = data_.expected(2);
+  SourceLeases::Hold hold(nullptr);
+  const ReadResult staged = stage_.stage(ino_of(2), 0, 512 << 10, pipe_, hold, true);
+  ASSERT_TRUE(staged.ok());
+  const std::string path = data_.source_path(2).string();
+  std::string source(std::filesystem::file_size(path), '\0');
+  {
+    const int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pread(fd, source.data(), source.size(), 0), static_cast<ssize_t>(source.size()));
+    for (char& c : source) c = static_cast<char>(~c);
+    ASSERT_EQ(::pwrite(fd, source.data(), source.size(), 0), static_cast<ssize_t>(source.size()));
+    ::close(fd);
+  }
+  EXPECT_NE(drain(pipe_), want.substr(0, staged.bytes()));
 }
 
 TEST_F(SpliceStageTest, AWriterWaitsForTheSplicedReplyThenTheSourceIsGathered) {
