@@ -131,7 +131,9 @@ struct ParsedOptions {
   std::vector<std::string> fuse;  // for libfuse, one option each
   bool cache = false;
   bool read_ahead = true;  // direct_io mode only
-  Service::Splice splice = Service::Splice::kOff;
+  // Chosen per READ by default, for the sources that hold a read lease (source_leases.h).
+  Service::Splice splice = Service::Splice::kAuto;
+  bool splice_named = false;      // a splice option was given: say why it is off, if it is
   unsigned max_read = 0;          // largest READ; 0: max_write decides
   unsigned max_threads = 0;       // 0: libfuse's default
   unsigned max_idle_threads = 8;  // keeps a pool warm for parallel readers
@@ -185,11 +187,13 @@ ParsedOptions parse_options(const MountOptions& options) {
         out.cache = true;
       } else if (o == "noreadahead") {
         out.read_ahead = false;
-      } else if (o == "splice") {
+      } else if (o == "splice" || o == "splice=auto") {
         out.splice = Service::Splice::kAuto;
+        out.splice_named = true;
       } else if (o == "splice=always") {
         out.splice = Service::Splice::kAlways;
-      } else if (o == "nosplice") {
+        out.splice_named = true;
+      } else if (o == "nosplice" || o == "splice=never") {
         out.splice = Service::Splice::kOff;
       } else if (o.starts_with("max_read=")) {
         // libfuse takes it too, and refuses to start unless init asks for the same size.
@@ -587,7 +591,7 @@ void restrict_for_encrypted(ParsedOptions& parsed, const MountOptions& options) 
           "add --allow-other-decrypted if that is what you want",
           o);
   if (parsed.cache) spdlog::warn("-o cache is off: the sources are encrypted (direct I/O only)");
-  if (parsed.splice != Service::Splice::kOff)
+  if (parsed.splice_named && parsed.splice != Service::Splice::kOff)
     spdlog::warn("-o splice is off: the sources are encrypted (their bytes are decrypted)");
   parsed.cache = false;
   parsed.splice = Service::Splice::kOff;
@@ -599,7 +603,8 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   crypt::set_decrypt_budget(parsed.decrypt_max);
   // A splice would copy the placeholder of an S3 object, not the object.
   if (tree.remote() && parsed.splice != Service::Splice::kOff) {
-    spdlog::warn("-o splice is off: the sources are S3 objects (read with ranged GETs)");
+    if (parsed.splice_named)
+      spdlog::warn("-o splice is off: the sources are S3 objects (read with ranged GETs)");
     parsed.splice = Service::Splice::kOff;
   }
   std::string log_file;

@@ -25,8 +25,9 @@ namespace ckptfs::fs {
 enum class ReadMode { kGather, kSplice };
 
 struct ReadModeInputs {
-  // What the mount allows: no splicing (-o nosplice, encrypted sources, or pipes too small for
-  // the mount's READs), splicing chosen per READ (the default), or every READ worth it
+  // What the mount allows: no splicing (-o splice=never, encrypted or S3 sources, or pipes too
+  // small for the mount's READs), splicing chosen per READ (the default; only READs whose
+  // sources all hold a read lease are then spliced, source_leases.h), or every READ worth it
   // (-o splice=always).
   enum class Policy { kNever, kAuto, kAlways } policy = Policy::kAuto;
   // A READ of another reader (another calling thread) is being served now.

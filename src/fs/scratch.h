@@ -46,6 +46,8 @@ struct Scratch {
   std::vector<char> stretch_bytes;
   // SpliceStage::would_stage and SpliceStage::stage: the runs of the READ.
   std::vector<plan::Run> splice_runs;
+  // The sources of those runs, each once (to hold their leases).
+  std::vector<uint32_t> splice_sources;
   // The FUSE worker's pipe that spliced READs are staged in (made on its first spliced READ),
   // and whether one could not be made (then this thread never splices).
   std::unique_ptr<StagePipe> splice_pipe;

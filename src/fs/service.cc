@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "ckptfs/remote/objects.h"
 #include "scratch.h"
 
 namespace ckptfs::fs {
@@ -76,9 +77,11 @@ Service::Settled Service::start(const Offer& offer) {
       settled.splice = true;
       if (slots < 512) settled.max_write = std::min(settled.max_write, kSpliceReadBytes);
       stage_ = std::make_unique<SpliceStage>(tree_, slots);
+      start_leases();
     } else {
-      spdlog::warn("splice off: pipes of {} are needed, fs.pipe-max-size allows {} KiB",
-                   options_.splice == Splice::kAlways ? "1 MiB" : "2 MiB", slots * kPageKiB);
+      spdlog::log(options_.splice == Splice::kAlways ? spdlog::level::warn : spdlog::level::info,
+                  "splice off: pipes of {} are needed, fs.pipe-max-size allows {} KiB",
+                  options_.splice == Splice::kAlways ? "1 MiB" : "2 MiB", slots * kPageKiB);
     }
   }
   // Otherwise libfuse's max_write (1 MiB, its buffer size) sets the largest READ, and every
@@ -106,6 +109,17 @@ Service::Settled Service::start(const Offer& offer) {
   return settled;
 }
 
+void Service::start_leases() {
+  std::vector<SourceLeases::Source> sources;
+  for (const index::IndexedSource& source : tree_.plan().sources) {
+    const source::SourceFile& file = source.file;
+    // An object's placeholder is not what is read (splice is off for those mounts anyway).
+    const bool local = file.fd && file.fingerprint.dev != remote::kIdentityDev;
+    sources.push_back({local ? file.fd.get() : -1, file.path.string()});
+  }
+  leases_ = std::make_unique<SourceLeases>(std::move(sources));
+}
+
 void Service::start_source_prefetch() noexcept {
   if (options_.read_ahead_max == 0) return;
   try {
@@ -125,9 +139,9 @@ std::string Service::mode(bool direct_io_mmap_offered) const {
     out += direct_io_mmap_offered ? ", direct_io files may be mapped"
                                   : ", mapped files need the page cache";
   if (stage_)
-    out += fmt::format(", splice{} ({} KiB pipes)",
+    out += fmt::format(", splice{} ({} KiB pipes, {} sources leased)",
                        options_.splice == Splice::kAlways ? "" : " when busy",
-                       stage_->slots() * kPageKiB);
+                       stage_->slots() * kPageKiB, leases_ ? leases_->leased() : 0);
   return out;
 }
 
@@ -137,6 +151,7 @@ void Service::stop() noexcept {
   const Counters c = counters();
   source_prefetch_.reset();
   prefetcher_.reset();
+  leases_.reset();
   size_t left = 0;
   {
     std::lock_guard lock(handles_mutex_);
@@ -384,7 +399,11 @@ ReadResult Service::reply_spliced(uint64_t ino, uint64_t off, size_t size, ReadS
       return ReadResult::declined();
     }
   }
-  const ReadResult staged = stage_->stage(ino, off, size, *pipe);
+  // Kept until the reply is written: the sources' leases are not let go while the pipe holds
+  // their pages.
+  SourceLeases::Hold hold(leases_.get());
+  const ReadResult staged =
+      stage_->stage(ino, off, size, *pipe, hold, options_.splice == Splice::kAlways);
   if (staged.ok()) {
     // Counted (and a failure logged) before the reply: a reader who sees it also sees them.
     served_.fetch_add(1, std::memory_order_relaxed);

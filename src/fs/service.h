@@ -32,6 +32,7 @@
 #include "prefetcher.h"
 #include "read_mode.h"
 #include "reply_buffer.h"
+#include "source_leases.h"
 #include "source_prefetch.h"
 #include "splice_stage.h"
 #include "status.h"
@@ -88,17 +89,18 @@ class Service {
   // Content and attributes never change while mounted (but /steps').
   static constexpr double kTimeout = 24 * 3600.0;
 
-  // When READs of few long runs are staged in a pipe (see SpliceStage): never (the default,
-  // and -o nosplice: a spliced READ's check runs before the kernel copies the source's cached
-  // pages, so an in-place write in between would reach the reader unseen); chosen per READ
-  // while other readers' READs are served too (read_mode.h), if pipes may hold a 1 MiB READ
-  // (-o splice); always, in 512 KiB READs if they may not (-o splice=always).
+  // When READs of few long runs are staged in a pipe (see SpliceStage): never (-o splice=never,
+  // nosplice); chosen per READ while other readers' READs are served too (read_mode.h), from
+  // sources that hold a read lease (source_leases.h says why that makes it as safe as a
+  // gather), if pipes may hold a 1 MiB READ (the default, -o splice); always, in 512 KiB READs
+  // if they may not, also from sources that could not be leased (-o splice=always: there an
+  // in-place write between the check and the kernel's copy would reach the reader unseen).
   enum class Splice { kOff, kAuto, kAlways };
   struct Options {
     bool cache = false;       // keep_cache instead of direct_io
     bool read_ahead = false;  // start a Prefetcher (direct_io mode)
     unsigned max_read = 0;    // -o max_read: the largest READ (0: max_write decides)
-    Splice splice = Splice::kOff;
+    Splice splice = Splice::kAuto;
     // -o readahead_max: the bytes all open files may hold read ahead together (below one
     // block: no read-ahead).
     size_t read_ahead_max = Prefetcher::kDefaultMaxBytes;
@@ -224,6 +226,8 @@ class Service {
 
   // The steps of a READ.
   void read_status(const Handle& handle, int64_t off, size_t size, ReadSink& sink) const;
+  // At start(), once READs may be spliced: a read lease on each local source it can have.
+  void start_leases();
   // At start(): the sources' read-ahead, if one is remote and -o readahead_max allows it.
   void start_source_prefetch() noexcept;
   bool splice_wanted(uint64_t ino, const ReadsInFlight::Guard& reading) const;
@@ -235,8 +239,9 @@ class Service {
   const Tree& tree_;
   const Options options_;
   std::unique_ptr<Status> status_;
-  // Made by start() when READs may be spliced.
+  // Made by start() when READs may be spliced, with the leases on the local sources.
   std::unique_ptr<SpliceStage> stage_;
+  std::unique_ptr<SourceLeases> leases_;
   // Started by start() and stopped by stop(). In page-cache mode the kernel reads ahead itself.
   std::unique_ptr<Prefetcher> prefetcher_;
   std::unique_ptr<SourcePrefetch> source_prefetch_;  // when a source is remote

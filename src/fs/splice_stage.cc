@@ -5,6 +5,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -77,13 +78,26 @@ bool SpliceStage::would_stage(uint64_t ino, uint64_t off, size_t len) const {
   return worth_it(runs, covered, slots_);
 }
 
-ReadResult SpliceStage::stage(uint64_t ino, uint64_t off, size_t len, const StagePipe& pipe) const {
+ReadResult SpliceStage::stage(uint64_t ino, uint64_t off, size_t len, const StagePipe& pipe,
+                              SourceLeases::Hold& hold, bool unleased_ok) const {
   const plan::VirtualFile* file = tree_.file(ino);
   if (file == nullptr) return ReadResult::declined();
-  std::vector<plan::Run>& runs = detail::scratch().splice_runs;
+  detail::Scratch& scratch = detail::scratch();
+  std::vector<plan::Run>& runs = scratch.splice_runs;
   runs.clear();
   const uint64_t covered = file->map(off, len, runs);
   if (!worth_it(runs, covered, std::min(slots_, pipe.slots()))) return ReadResult::declined();
+  // Held before the first page goes into the pipe: no writer gets a source until the reply is
+  // copied out of it.
+  std::vector<uint32_t>& read = scratch.splice_sources;
+  read.clear();
+  for (const plan::Run& run : runs)
+    if (run.mem == nullptr && std::find(read.begin(), read.end(), run.source) == read.end())
+      read.push_back(run.source);
+  const SourceLeases::State held = hold.take(read);
+  if (held == SourceLeases::State::kChanging ||
+      (held == SourceLeases::State::kUnleased && !unleased_ok))
+    return ReadResult::declined();
   const auto& sources = tree_.plan().sources;
   for (const plan::Run& run : runs) {
     uint64_t done = 0;
@@ -121,8 +135,10 @@ ReadResult SpliceStage::stage(uint64_t ino, uint64_t off, size_t len, const Stag
     }
   }
   // After the splice, as after a copy: a source found unchanged now was not written before its
-  // pages went into the pipe. (An in-place write from now until the kernel copies the reply
-  // out would still show: the pipe holds the cached pages, not a copy of them.)
+  // pages went into the pipe (nor before its lease was taken). From now until the kernel copies
+  // the reply out, the held leases keep writers out; only an unleased source (-o splice=always)
+  // could be written in place meanwhile, and that would show: the pipe holds the cached pages,
+  // not a copy of them.
   if (tree_.check_sources(runs) != 0) return ReadResult::failed(EIO);
   return ReadResult::done(covered);
 }

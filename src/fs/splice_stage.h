@@ -28,6 +28,7 @@
 #include "ckptfs/fs/read_result.h"
 #include "ckptfs/fs/tree.h"
 #include "ckptfs/util/fd.h"
+#include "source_leases.h"
 
 namespace ckptfs::fs {
 
@@ -73,10 +74,14 @@ class SpliceStage {
   bool would_stage(uint64_t ino, uint64_t off, size_t len) const;
 
   // Stages [off, off + len) of file `ino` (which must be a file, off inside it) into `pipe`.
-  // done(bytes): that many bytes are in the pipe. declined: the READ is better gathered, or the
-  // pipe filled up; the caller gathers it. failed(EIO): a source changed or shrank (logged).
-  // Unless done, the pipe may hold bytes: the caller must replace it.
-  ReadResult stage(uint64_t ino, uint64_t off, size_t len, const StagePipe& pipe) const;
+  // Before the first splice, the READ's sources are taken into `hold` (source_leases.h), which
+  // the caller keeps until the reply is written: staged only if all of them are leased, or, with
+  // `unleased_ok` (-o splice=always), if none is being written. done(bytes): that many bytes are
+  // in the pipe. declined: the READ is better gathered, a source is not leased, or the pipe
+  // filled up; the caller gathers it. failed(EIO): a source changed or shrank (logged). Unless
+  // done, the pipe may hold bytes: the caller must replace it.
+  ReadResult stage(uint64_t ino, uint64_t off, size_t len, const StagePipe& pipe,
+                   SourceLeases::Hold& hold, bool unleased_ok) const;
 
  private:
   const Tree& tree_;

@@ -1,13 +1,19 @@
 // SpliceStage over a hand-built tree: which READs it takes, that the bytes it puts in the pipe
 // are the target's bytes (read back from the pipe and compared with the plain concatenation),
-// and that a source changed or cut short fails the READ instead of staging it.
+// that a source changed or cut short fails the READ instead of staging it, and that a leased
+// source's writer waits until the staged pages are out of the pipe.
 #include "../../src/fs/splice_stage.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test_data.h"
@@ -74,9 +80,11 @@ class SpliceStageTest : public ::testing::Test {
   SpliceStageTest()
       : data_(dir_.path()), tree_(data_.make_plan()), stage_(tree_, 256), pipe_(256) {}
 
-  // Stages [off, off + len) of target t; `bytes`: what the pipe held after it.
+  // Stages [off, off + len) of target t, from unleased sources as -o splice=always does;
+  // `bytes`: what the pipe held after it.
   ReadResult stage(size_t t, uint64_t off, size_t len, std::string& bytes) {
-    const ReadResult staged = stage_.stage(ino_of(t), off, len, pipe_);
+    SourceLeases::Hold hold(nullptr);
+    const ReadResult staged = stage_.stage(ino_of(t), off, len, pipe_, hold, true);
     bytes = drain(pipe_);
     if (staged.ok()) {
       EXPECT_EQ(bytes.size(), staged.bytes());
@@ -130,7 +138,8 @@ TEST_F(SpliceStageTest, AFullPipeIsDeclinedNotWaitedOn) {
   const std::string junk(240 * 4096, 'j');
   ASSERT_EQ(::write(pipe_.write_end(), junk.data(), junk.size()),
             static_cast<ssize_t>(junk.size()));
-  const ReadResult staged = stage_.stage(ino_of(2), 4096, 512 << 10, pipe_);
+  SourceLeases::Hold hold(nullptr);
+  const ReadResult staged = stage_.stage(ino_of(2), 4096, 512 << 10, pipe_, hold, true);
   EXPECT_TRUE(staged.is_declined());
   EXPECT_EQ(staged.bytes(), 0u);
   EXPECT_GE(pipe_.pending(), junk.size());
@@ -149,6 +158,74 @@ TEST_F(SpliceStageTest, SourceCutShortFails) {
   EXPECT_EQ(stage(2, (2ull << 20) - 100, 512 << 10, bytes).error(), EIO);
   // Before it: the bytes are there, but the fingerprint no longer matches.
   EXPECT_EQ(stage(2, 0, 512 << 10, bytes).error(), EIO);
+}
+
+// The tree's sources, for SourceLeases.
+std::vector<SourceLeases::Source> sources_of(const Tree& tree) {
+  std::vector<SourceLeases::Source> out;
+  for (const auto& source : tree.plan().sources)
+    out.push_back({source.file.fd.get(), source.file.path.string()});
+  return out;
+}
+
+TEST_F(SpliceStageTest, UnleasedSourcesAreDeclinedUnlessForced) {
+  // The default mount's rule: a source without a lease could be written while its pages wait
+  // in the pipe, so its READs are gathered.
+  SourceLeases::Hold hold(nullptr);
+  EXPECT_TRUE(stage_.stage(ino_of(2), 4096, 512 << 10, pipe_, hold, false).is_declined());
+  EXPECT_EQ(pipe_.pending(), 0u);
+}
+
+TEST_F(SpliceStageTest, WithoutALeaseAWriteAfterTheCheckReachesThePipe) {
+  // Why the default splices leased sources only: the pipe holds the source's cached pages, not
+  // a copy, so a write between the stage's check and the reply's copy shows, with no EIO.
+  const std::string& want = data_.expected(2);
+  SourceLeases::Hold hold(nullptr);
+  const ReadResult staged = stage_.stage(ino_of(2), 0, 512 << 10, pipe_, hold, true);
+  ASSERT_TRUE(staged.ok());
+  const std::string path = data_.source_path(2).string();
+  std::string source(std::filesystem::file_size(path), '\0');
+  {
+    const int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pread(fd, source.data(), source.size(), 0), static_cast<ssize_t>(source.size()));
+    for (char& c : source) c = static_cast<char>(~c);
+    ASSERT_EQ(::pwrite(fd, source.data(), source.size(), 0), static_cast<ssize_t>(source.size()));
+    ::close(fd);
+  }
+  EXPECT_NE(drain(pipe_), want.substr(0, staged.bytes()));
+}
+
+TEST_F(SpliceStageTest, AWriterWaitsForTheSplicedReplyThenTheSourceIsGathered) {
+  SourceLeases leases(sources_of(tree_));
+  if (leases.leased() == 0) GTEST_SKIP() << "no lease here (not root, or no CAP_LEASE)";
+  const std::string& want = data_.expected(2);
+  std::atomic<bool> opened{false};
+  std::thread writer;
+  {
+    SourceLeases::Hold hold(&leases);
+    const ReadResult staged = stage_.stage(ino_of(2), 0, 512 << 10, pipe_, hold, false);
+    ASSERT_TRUE(staged.ok());
+    writer = std::thread([&] {
+      const int fd = ::open(data_.source_path(2).c_str(), O_WRONLY);
+      opened = true;
+      if (fd >= 0) {
+        EXPECT_EQ(::pwrite(fd, "changed!", 8, 0), 8);
+        ::close(fd);
+      }
+    });
+    // The kernel told the lease holder; the writer waits while the pipe holds the pages.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_FALSE(opened.load());
+    EXPECT_EQ(drain(pipe_), want.substr(0, staged.bytes()));
+  }
+  writer.join();  // the hold is gone: the lease is let go, the writer gets in
+  EXPECT_TRUE(opened.load());
+  EXPECT_EQ(leases.broken(), 1u);
+  // From now on that source is gathered (and a gather's check fails it).
+  SourceLeases::Hold hold(&leases);
+  EXPECT_TRUE(stage_.stage(ino_of(2), 0, 512 << 10, pipe_, hold, true).is_declined());
+  EXPECT_EQ(pipe_.pending(), 0u);
 }
 
 }  // namespace
