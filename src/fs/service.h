@@ -88,8 +88,9 @@ class Service {
  public:
   // Content and attributes never change while mounted (but /steps').
   static constexpr double kTimeout = 24 * 3600.0;
-  // -o pushahead's default (push_ahead.h).
-  static constexpr size_t kDefaultPushWindow = size_t{64} << 20;
+  // -o pushahead's default (push_ahead.h): off, as it showed no gain beyond the noise yet
+  // (docs/PERFORMANCE.md); 64M is the size measured.
+  static constexpr size_t kDefaultPushWindow = 0;
 
   // When READs of few long runs are staged in a pipe (see SpliceStage): never (the default,
   // and -o nosplice: a spliced READ's check runs before the kernel copies the source's cached
