@@ -58,6 +58,8 @@ void register_object(const std::filesystem::path& placeholder, ObjectRef object,
   g_any.store(true, std::memory_order_release);
 }
 
+bool any_registered() { return g_any.load(std::memory_order_acquire); }
+
 const ObjectRef* object_of(int fd) {
   if (!g_any.load(std::memory_order_acquire)) return nullptr;
   struct stat st;
