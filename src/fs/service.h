@@ -110,7 +110,7 @@ class Service {
   // S3 sources: target bytes fetched ahead of a reader, the widest gap two runs of one GET may
   // have (a GET's latency times one connection's bandwidth, measured on the bench server), and
   // the largest GET.
-  static constexpr uint64_t kS3AheadBytes = uint64_t{16} << 20;
+  static constexpr uint64_t kS3AheadBytes = uint64_t{32} << 20;
   static constexpr uint64_t kS3GapBytes = uint64_t{256} << 10;
   static constexpr uint64_t kS3MaxRange = uint64_t{4} << 20;
 
