@@ -171,6 +171,8 @@ void add_mount_commands(CLI::App& app) {
                    "pushahead=BYTES (pages a mapped or page-cache file's reader is sent ahead "
                    "of its faults, at most readahead_max; 0, the default: none; try 64M), "
                    "decrypt_max=BYTES (decrypted pages of all encrypted sources, 256M), "
+                   "s3_amplify=X (s3:// sources: the most bytes a coalesced GET fetches per "
+                   "byte needed, 8; 1: one GET per run), "
                    "uid=N, gid=N, umask=OCTAL (owner and modes shown; by default a file has its "
                    "sources' owner and no read bit a source lacks, directories are 0555), or any "
                    "libfuse option such as allow_other")

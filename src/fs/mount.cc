@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -143,6 +144,7 @@ struct ParsedOptions {
   size_t push_window = Service::kDefaultPushWindow;
   // The decrypted pages of all encrypted sources together.
   uint64_t decrypt_max = crypt::kDefaultDecryptBudget;
+  double s3_amplify = Service::kDefaultS3Amplify;
 };
 
 // The number after "name=" in `option`, from `lo` to `hi`; `what` names it in the error.
@@ -154,6 +156,16 @@ unsigned parse_number(std::string_view option, size_t name_length, unsigned lo, 
   if (ec != std::errc() || end != value.data() + value.size() || n < lo || n > hi)
     fail("bad mount option \"{}\": expected a {} from {} to {}", option, what, lo, hi);
   return n;
+}
+
+// The ratio after "name=" in `option`: a decimal number from 1 to 1000 (such as 1.1).
+double parse_ratio(std::string_view option, size_t name_length) {
+  const std::string value(option.substr(name_length));
+  char* end = nullptr;
+  const double x = std::strtod(value.c_str(), &end);
+  if (value.empty() || end != value.c_str() + value.size() || !(x >= 1 && x <= 1000))
+    fail("bad mount option \"{}\": expected a ratio from 1 to 1000, such as 1.1", option);
+  return x;
 }
 
 // The byte count after "name=" in `option`: digits with an optional binary suffix K, M or G
@@ -204,6 +216,8 @@ ParsedOptions parse_options(const MountOptions& options) {
         out.read_ahead_max = parse_bytes(o, 14);
       } else if (o.starts_with("pushahead=")) {
         out.push_window = parse_bytes(o, 10);
+      } else if (o.starts_with("s3_amplify=")) {
+        out.s3_amplify = parse_ratio(o, 11);
       } else if (o.starts_with("decrypt_max=")) {
         out.decrypt_max = parse_bytes(o, 12);
       } else if (o.starts_with("max_threads=")) {
@@ -619,7 +633,8 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   server.service = std::make_unique<Service>(
       tree, options.chosen,
       Service::Options{parsed.cache, parsed.read_ahead && !parsed.cache, parsed.max_read,
-                       parsed.splice, parsed.read_ahead_max, parsed.push_window});
+                       parsed.splice, parsed.read_ahead_max, parsed.push_window,
+                       parsed.s3_amplify});
   // .ckptfs/log keeps the lines from here on: the mount and the notes on the sources (the
   // daemon forks with them), then whatever the server logs (init hooks the ring to the logger
   // it serves with). This process's logger lets go of it on the way out.

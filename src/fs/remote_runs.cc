@@ -3,32 +3,46 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+
+#include "remote_cache.h"
 
 namespace ckptfs::fs {
 
-std::vector<MergedRange> merge_runs(std::span<const plan::Run> runs, std::vector<uint32_t>& order) {
+namespace {
+std::atomic<RemoteCache*> g_cache{nullptr};
+}  // namespace
+
+void use_remote_cache(RemoteCache* cache) { g_cache.store(cache, std::memory_order_release); }
+
+std::vector<MergedRange> merge_runs(std::span<const plan::Run> runs, std::vector<uint32_t>& order,
+                                    const MergePolicy& policy) {
   std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
     if (runs[a].source != runs[b].source) return runs[a].source < runs[b].source;
     return runs[a].offset < runs[b].offset;
   });
   std::vector<MergedRange> out;
-  uint64_t carried = 0, gaps = 0;  // bytes the last range's runs need, and the gaps between
+  uint64_t gaps = 0;  // the gaps of the last range
   for (uint32_t k = 0; k < order.size(); ++k) {
     const plan::Run& r = runs[order[k]];
     if (!out.empty()) {
       MergedRange& m = out.back();
       const uint64_t gap = r.offset > m.end ? r.offset - m.end : 0;
-      if (m.source == r.source && gaps + gap <= kMergeSlack + (carried + r.length) / 8) {
-        m.end = std::max(m.end, r.offset + r.length);
+      const uint64_t end = std::max(m.end, r.offset + r.length);
+      if (m.source == r.source && gap <= policy.gap && end - m.begin <= policy.max_range &&
+          static_cast<double>(gaps + gap) <=
+              static_cast<double>(policy.slack) +
+                  static_cast<double>(m.needed + r.length) * policy.extra) {
+        m.end = end;
         ++m.count;
-        carried += r.length;
+        m.lowest = std::min(m.lowest, order[k]);
+        m.needed += r.length;
         gaps += gap;
         continue;
       }
     }
-    out.push_back({r.source, r.offset, r.offset + r.length, k, 1});
-    carried = r.length;
+    out.push_back({r.source, r.offset, r.offset + r.length, k, 1, order[k], r.length});
     gaps = 0;
   }
   return out;
@@ -48,6 +62,23 @@ bool fetch_remote_runs(std::span<const plan::Run> runs, std::span<char* const> d
       order[kept++] = i;
   }
   order.resize(kept);
+  if (RemoteCache* cache = g_cache.load(std::memory_order_acquire); cache && !mine.empty()) {
+    kept = 0;
+    for (uint32_t i : mine) {
+      const plan::Run& r = runs[i];
+      switch (cache->read(objects[r.source], r.offset,
+                          std::span(reinterpret_cast<uint8_t*>(dest[i]), r.length))) {
+        case RemoteCache::Got::kCopied:
+          break;
+        case RemoteCache::Got::kFailed:
+          return false;  // the fetcher logged why
+        case RemoteCache::Got::kMiss:
+          mine[kept++] = i;
+          break;
+      }
+    }
+    mine.resize(kept);
+  }
   if (mine.empty()) return true;
   const std::vector<MergedRange> merged = merge_runs(runs, mine);
   // A range of one run is read straight into place; the others through one buffer.

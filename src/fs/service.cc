@@ -125,10 +125,27 @@ void Service::start_source_prefetch() noexcept {
   if (options_.read_ahead_max == 0) return;
   try {
     if (!SourcePrefetch::any_remote(tree_)) return;
-    source_prefetch_ = std::make_unique<SourcePrefetch>(
-        tree_, SourcePrefetch::Options{.max_bytes = options_.read_ahead_max});
-    spdlog::info("sources on a remote filesystem: reading ahead up to {} MiB of them in parallel",
-                 options_.read_ahead_max >> 20);
+    SourcePrefetch::Options o;
+    o.max_bytes = options_.read_ahead_max;
+    if (remote::any_registered()) {
+      remote_cache_ = std::make_unique<RemoteCache>(options_.read_ahead_max);
+      o.ahead = kS3AheadBytes;
+      o.cache = remote_cache_.get();
+      o.merge = MergePolicy{.gap = kS3GapBytes,
+                            .slack = kMergeSlack,
+                            .extra = std::max(0.0, options_.s3_amplify - 1),
+                            .max_range = kS3MaxRange};
+      use_remote_cache(remote_cache_.get());
+      spdlog::info(
+          "S3 sources: fetching ahead up to {} MiB, {} GETs in flight, at most {:g}x the bytes "
+          "needed (-o s3_amplify)",
+          options_.read_ahead_max >> 20, RemoteCache::kFetchers * RemoteCache::kBatch,
+          options_.s3_amplify);
+    } else {
+      spdlog::info("sources on a remote filesystem: reading ahead up to {} MiB of them in parallel",
+                   options_.read_ahead_max >> 20);
+    }
+    source_prefetch_ = std::make_unique<SourcePrefetch>(tree_, o);
   } catch (const std::exception& e) {
     spdlog::warn("source read-ahead off: {}", e.what());
   }
@@ -170,6 +187,13 @@ void Service::stop() noexcept {
   push_ahead_.reset();
   prefetcher_.reset();
   leases_.reset();
+  if (remote_cache_) {
+    const RemoteCache::Stats rc = remote_cache_->stats();
+    spdlog::info("S3 read-ahead: {} ranges, {} MiB fetched; {} reads from them, {} fetched alone",
+                 rc.ranges, rc.fetched >> 20, rc.hits, rc.misses);
+    use_remote_cache(nullptr);
+    remote_cache_.reset();
+  }
   size_t left = 0;
   {
     std::lock_guard lock(handles_mutex_);

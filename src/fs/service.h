@@ -111,7 +111,17 @@ class Service {
     // -o pushahead: the bytes pushed into the page cache ahead of a reader of a file read
     // through it (push_ahead.h), at most read_ahead_max; 0: none.
     size_t push_window = kDefaultPushWindow;
+    // -o s3_amplify: for S3 sources, the most bytes a coalesced GET may fetch per byte its runs
+    // need (1: one GET per run; see RemoteCache).
+    double s3_amplify = kDefaultS3Amplify;
   };
+  static constexpr double kDefaultS3Amplify = 8.0;
+  // S3 sources: target bytes fetched ahead of a reader, the widest gap two runs of one GET may
+  // have (a GET's latency times one connection's bandwidth, measured on the bench server), and
+  // the largest GET.
+  static constexpr uint64_t kS3AheadBytes = uint64_t{32} << 20;
+  static constexpr uint64_t kS3GapBytes = uint64_t{256} << 10;
+  static constexpr uint64_t kS3MaxRange = uint64_t{4} << 20;
 
   // `tree` must outlive the service; `chosen` is what was mounted and why (Status).
   Service(const Tree& tree, std::string chosen, Options options);
@@ -258,6 +268,7 @@ class Service {
   std::unique_ptr<SourceLeases> leases_;
   // Started by start() and stopped by stop(). In page-cache mode the kernel reads ahead itself.
   std::unique_ptr<Prefetcher> prefetcher_;
+  std::unique_ptr<RemoteCache> remote_cache_;        // when a source is an S3 object
   std::unique_ptr<SourcePrefetch> source_prefetch_;  // when a source is remote
   PushAhead::Store page_store_;
   std::unique_ptr<PushAhead> push_ahead_;  // started by start() when a page store is set

@@ -12,6 +12,7 @@
 #include <system_error>
 #include <unordered_set>
 
+#include "ckptfs/remote/objects.h"
 #include "ckptfs/util/eintr.h"
 #include "ckptfs/util/remote_fs.h"
 
@@ -48,6 +49,7 @@ std::vector<Stretch> stretches(std::vector<plan::Run>& runs) {
 }  // namespace
 
 bool SourcePrefetch::any_remote(const Tree& tree) {
+  if (remote::any_registered()) return true;
   for (const index::IndexedSource& s : tree.plan().sources)
     if (on_remote_filesystem(s.file.fd.get())) return true;
   if (const LazyRanks* lazy = tree.lazy()) {
@@ -96,20 +98,22 @@ void SourcePrefetch::note(uint64_t ino, uint64_t off, size_t len) noexcept {
     const plan::VirtualFile* file = tree ? tree->file(local) : nullptr;
     if (file == nullptr) return;
     uint64_t begin = 0;
-    const uint64_t end = std::min(file->size(), off + len + kAheadBytes);
+    const uint64_t ahead = options_.ahead;
+    const uint64_t end = std::min(file->size(), off + len + ahead);
     {
       std::lock_guard lock(mutex_);
       uint64_t& planned = planned_to_[ino];
       // Far enough ahead already; a reader that jumped beyond (or back) plans from where it is.
-      if (planned >= off && planned >= std::min(file->size(), off + len + kAheadBytes / 2)) return;
+      if (planned >= off && planned >= std::min(file->size(), off + len + ahead / 2)) return;
       begin = planned >= off && planned <= end ? planned : off;
       if (begin >= end) return;
       planned = end;
     }
     std::vector<plan::Run> runs;
     file->map(begin, end - begin, runs);
-    const std::vector<Stretch> wanted = stretches(runs);
     const auto& sources = tree->plan().sources;
+    if (options_.cache) want_objects(runs, sources);
+    const std::vector<Stretch> wanted = stretches(runs);
     std::lock_guard lock(mutex_);
     for (const Stretch& s : wanted) {
       if (s.source >= sources.size()) continue;
@@ -124,6 +128,37 @@ void SourcePrefetch::note(uint64_t ino, uint64_t off, size_t len) noexcept {
   } catch (const std::exception& e) {
     spdlog::debug("source read-ahead skipped: {}", e.what());
   }
+}
+
+void SourcePrefetch::want_objects(std::vector<plan::Run>& runs,
+                                  const std::vector<index::IndexedSource>& sources) const {
+  std::vector<const remote::ObjectRef*> objects(sources.size(), nullptr);
+  std::vector<bool> looked(sources.size(), false);
+  std::vector<uint32_t> order;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const plan::Run& r = runs[i];
+    if (r.mem == nullptr && r.length > 0 && r.source < sources.size()) {
+      if (!looked[r.source]) {
+        looked[r.source] = true;
+        // An encrypted object is read through its decrypting stream, not from ranges.
+        if (!sources[r.source].scan.encrypted)
+          objects[r.source] = remote::object_of(sources[r.source].file.fd.get());
+      }
+      if (objects[r.source] != nullptr) {
+        order.push_back(static_cast<uint32_t>(i));
+      }
+    }
+  }
+  if (order.empty()) return;
+  std::vector<MergedRange> merged = merge_runs(runs, order, options_.merge);
+  // The ranges the file needs first go out first.
+  std::sort(merged.begin(), merged.end(),
+            [](const MergedRange& a, const MergedRange& b) { return a.lowest < b.lowest; });
+  for (const MergedRange& m : merged)
+    if (!options_.cache->want(objects[m.source], m.begin, m.end)) break;
+  std::erase_if(runs, [&](const plan::Run& r) {
+    return r.mem == nullptr && r.source < objects.size() && objects[r.source] != nullptr;
+  });
 }
 
 void SourcePrefetch::queue(Source& source, uint64_t begin, uint64_t end) {

@@ -12,6 +12,10 @@
 // source byte is fetched once per mount (the fetched ranges are remembered per source path).
 // Local sources are never fetched: their page cache and the kernel's read-ahead serve well.
 //
+// Sources that are S3 objects (remote/objects.h) are fetched into a RemoteCache instead, when
+// the options give one: each object's runs of the window coalesced into ranged GETs
+// (remote_runs.h's merge_runs with Options::merge), asked for in the order the file needs them.
+//
 // Thread-safety: note() may be called from any number of FUSE workers at once; `mutex_` guards
 // the per-file and per-source state and the job queue, is a leaf, and is never held during a
 // mapping of runs or a pread.
@@ -29,6 +33,8 @@
 #include <vector>
 
 #include "ckptfs/fs/tree.h"
+#include "remote_cache.h"
+#include "remote_runs.h"
 
 namespace ckptfs::fs {
 
@@ -47,10 +53,15 @@ class SourcePrefetch {
   struct Options {
     size_t max_bytes = 0;  // bound on bytes queued or being fetched; 0: nothing is fetched
     unsigned helpers = kDefaultHelpers;
-    bool local_too = false;  // for tests: fetch sources on local filesystems as well
+    bool local_too = false;        // for tests: fetch sources on local filesystems as well
+    uint64_t ahead = kAheadBytes;  // target bytes mapped ahead of a reader
+    // Where S3 objects' ranges go (null: their runs are left to the reader), and how their runs
+    // are coalesced.
+    RemoteCache* cache = nullptr;
+    MergePolicy merge = MergePolicy();
   };
   // Whether any source of `tree` is on a remote filesystem (for a tree of lazily planned ranks:
-  // any source its listing names); a mount without one needs no SourcePrefetch.
+  // any source its listing names) or an S3 object; a mount without one needs no SourcePrefetch.
   static bool any_remote(const Tree& tree);
   // `tree` must outlive this object. Helpers start at the first fetch.
   SourcePrefetch(const Tree& tree, Options options);
@@ -83,6 +94,9 @@ class SourcePrefetch {
   };
   // The tree whose sources the runs of `ino` index, and the inode there; {nullptr, 0} if none.
   std::pair<const Tree*, uint64_t> serving(uint64_t ino) const;
+  // Takes the runs of S3 objects out of `runs` and asks the cache for their coalesced ranges.
+  void want_objects(std::vector<plan::Run>& runs,
+                    const std::vector<index::IndexedSource>& sources) const;
   // Under mutex_: queues the parts of [begin, end) of `source` not covered yet, within the bound.
   void queue(Source& source, uint64_t begin, uint64_t end);
   void helper_loop();

@@ -68,6 +68,8 @@ const ObjectRef* registered(const struct stat& st) {
 
 }  // namespace
 
+bool any_registered() { return g_any.load(std::memory_order_acquire); }
+
 const ObjectRef* object_of(int fd) {
   if (!g_any.load(std::memory_order_acquire)) return nullptr;
   struct stat st;

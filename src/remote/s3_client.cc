@@ -315,7 +315,8 @@ Check judge(const Get& g, CURLcode code, long status, const Answer& a) {
 
 }  // namespace
 
-void S3Client::fetch(std::span<const Get> gets) const {
+void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors) const {
+  if (errors) errors->assign(gets.size(), {});
   using Clock = std::chrono::steady_clock;
   struct Slot {
     size_t get = 0;
@@ -399,19 +400,25 @@ void S3Client::fetch(std::span<const Get> gets) const {
         if (check.verdict == Verdict::kDone) continue;
         const std::string where =
             fmt::format("{}: byte offset {} ({} bytes)", g.object->url(), g.offset, g.out.size());
-        if (check.verdict == Verdict::kChanged)
-          throw Changed(
-              fmt::format("{}: changed since it was scanned: {}; mount it again to "
-                          "serve its new contents",
-                          g.object->url(), check.why));
+        if (check.verdict == Verdict::kChanged) {
+          std::string why = fmt::format(
+              "{}: changed since it was scanned: {}; mount it again to serve its new contents",
+              g.object->url(), check.why);
+          if (!errors) throw Changed(why);
+          (*errors)[slot.get] = std::move(why);
+          continue;
+        }
         if (check.verdict == Verdict::kRetry && slot.attempt + 1 < kAttempts) {
           g_retries.fetch_add(1, std::memory_order_relaxed);
           spdlog::debug("{}: {}; retrying", where, check.why);
           waiting.push_back({slot.get, slot.attempt + 1, Clock::now() + backoff(slot.attempt)});
           continue;
         }
-        fail("{}: GET failed{}: {}", where,
-             slot.attempt > 0 ? fmt::format(" {} times", slot.attempt + 1) : "", check.why);
+        std::string why = fmt::format(
+            "{}: GET failed{}: {}", where,
+            slot.attempt > 0 ? fmt::format(" {} times", slot.attempt + 1) : "", check.why);
+        if (!errors) throw Error(why);
+        (*errors)[slot.get] = std::move(why);
       }
       if (running > 0) {
         curl_multi_poll(multi, nullptr, 0, 100, nullptr);

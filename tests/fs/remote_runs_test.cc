@@ -48,5 +48,77 @@ TEST(MergeRuns, FetchedBytesStayWithinAnEighthOverNeeded) {
   EXPECT_LE(fetched, 100u * 1000 * 9 / 8 + 612u * 1000 / 2);
 }
 
+std::vector<uint32_t> all(size_t n) {
+  std::vector<uint32_t> order(n);
+  for (uint32_t i = 0; i < n; ++i) order[i] = i;
+  return order;
+}
+
+uint64_t fetched(const std::vector<MergedRange>& ranges) {
+  uint64_t n = 0;
+  for (const MergedRange& m : ranges) n += m.end - m.begin;
+  return n;
+}
+
+// The fetch-ahead's policies: the bench layout's column split, 500-byte runs 1,500 bytes apart.
+std::vector<plan::Run> column_split(uint64_t count) {
+  std::vector<plan::Run> runs;
+  for (uint64_t i = 0; i < count; ++i) runs.push_back(run(0, i * 2000, 500));
+  return runs;
+}
+
+TEST(MergeRuns, AmplificationCapBoundsBytesFetched) {
+  const std::vector<plan::Run> runs = column_split(10000);
+  for (const double amplify : {1.0, 1.1, 2.0, 4.0, 8.0}) {
+    std::vector<uint32_t> order = all(runs.size());
+    const MergePolicy policy{
+        .gap = 256 << 10, .slack = 0, .extra = amplify - 1, .max_range = 4 << 20};
+    const std::vector<MergedRange> m = merge_runs(runs, order, policy);
+    EXPECT_LE(fetched(m), static_cast<uint64_t>(500 * 10000 * amplify)) << amplify;
+    uint64_t needed = 0;
+    for (const MergedRange& r : m) needed += r.needed;
+    EXPECT_EQ(needed, 500u * 10000) << amplify;
+  }
+  // 1x: one GET per run; 4x: every gap is worth less than a request, so one range.
+  std::vector<uint32_t> order = all(runs.size());
+  EXPECT_EQ(
+      merge_runs(runs, order, {.gap = 256 << 10, .slack = 0, .extra = 0, .max_range = 4 << 20})
+          .size(),
+      10000u);
+  order = all(runs.size());
+  EXPECT_EQ(
+      merge_runs(runs, order, {.gap = 256 << 10, .slack = 0, .extra = 3, .max_range = 4 << 20})
+          .size(),
+      5u);  // 20,000,000 bytes in ranges of at most 4 MiB
+}
+
+TEST(MergeRuns, GapWiderThanARequestSplits) {
+  // Two runs 1 MiB apart: fetching the gap costs more than a second GET, whatever the cap.
+  const std::vector<plan::Run> runs = {run(0, 0, 1000), run(0, 1 << 20, 1000),
+                                       run(0, (1 << 20) + 100000, 1000)};
+  std::vector<uint32_t> order = all(runs.size());
+  const std::vector<MergedRange> m =
+      merge_runs(runs, order, {.gap = 256 << 10, .slack = 0, .extra = 1000, .max_range = 4 << 20});
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0].end, 1000u);
+  EXPECT_EQ(m[1].begin, 1u << 20);
+  EXPECT_EQ(m[1].end, (1u << 20) + 101000);
+}
+
+TEST(MergeRuns, LowestIsTheFirstRunTheFileNeeds) {
+  // Target order: source 1's runs first, then source 0's; the ranges keep that order's index.
+  const std::vector<plan::Run> runs = {run(1, 5000, 100), run(1, 0, 100), run(0, 0, 100),
+                                       run(0, 200, 100)};
+  std::vector<uint32_t> order = all(runs.size());
+  const std::vector<MergedRange> m =
+      merge_runs(runs, order, {.gap = 1 << 20, .slack = 0, .extra = 1000, .max_range = 1 << 20});
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0].source, 0u);
+  EXPECT_EQ(m[0].lowest, 2u);
+  EXPECT_EQ(m[1].source, 1u);
+  EXPECT_EQ(m[1].lowest, 0u);
+  EXPECT_EQ(m[1].needed, 200u);
+}
+
 }  // namespace
 }  // namespace ckptfs::fs

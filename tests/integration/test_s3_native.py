@@ -18,6 +18,11 @@ faults. Keys come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, as the AWS too
   and one stalled past --s3-timeout, the served bytes are still the local mount's.
 * overwritten_is_eio: a source object overwritten (same size) while mounted: reading a file that
   needs it fails with EIO, and the log names the object and says it changed.
+* coalesced_fetch_ahead: reading every file fetches the sources' bytes in far fewer GETs than
+  a mount without read-ahead (-o readahead_max=0: each READ's own GETs), each byte at most
+  ~once (the ranges are shared by all targets), and the bytes equal the expected files.
+* failed_range_is_eio: every GET of one range of one object answered 503: the files that need
+  it fail with EIO (the log names the object and offset), every other file is served exactly.
 * wrong_keys_one_line: a wrong secret key: the mount is refused with one line naming the URL.
 * inspect_object: `inspect s3://BUCKET/KEY` prints what `inspect` of the local copy prints.
 * profile_keys: keys from a profile of a credentials file (AWS_SHARED_CREDENTIALS_FILE,
@@ -248,6 +253,87 @@ def overwritten_is_eio(setup):
     assert "changed since it was scanned" in text and f"s3://{BUCKET}/{prefix}/" in text, text
 
 
+def read_all(mnt):
+    """{relative path: bytes or the OSError} of every served file but .ckptfs/."""
+    out = {}
+    for rel in sorted(itest.tree_files(mnt)):
+        if rel.startswith(".ckptfs"):
+            continue
+        try:
+            with open(os.path.join(mnt, rel), "rb") as f:
+                out[rel] = f.read()
+        except OSError as e:
+            out[rel] = e
+    return out
+
+
+def expected_bytes(setup):
+    """The fixture generator's expected files, by the path the view serves them at."""
+    out = {}
+    for t, path in setup.fx.expected_files().items():
+        with open(path, "rb") as f:
+            out[t] = (os.path.basename(path), f.read())
+    return out
+
+
+def coalesced_fetch_ahead(setup):
+    counts = {}
+    for label, extra in (("no read-ahead", ["-o", "readahead_max=0"]), ("fetch-ahead", [])):
+        mark = setup.proxy.mark()
+        log = os.path.join(setup.args.work, f"coalesce-{len(counts)}.log")
+        with setup.mount(setup.url, "view", os.path.join(setup.args.work, "idx-coalesce"),
+                         setup.s3_args() + extra, log_file=log) as mnt:
+            problems = ckpt_fixture.compare_tree(setup.fx, mnt)
+        gets = s3proxy.S3Proxy.data_gets(setup.proxy.since(mark))
+        fetched = sum(g.get("bytes", 0) for g in gets)
+        counts[label] = (len(gets), fetched)
+        print(f"  {label}: {len(gets)} data GETs, {fetched} bytes fetched for "
+              f"{setup.uploaded} bytes of sources", flush=True)
+        assert not problems, (label, problems)
+    (alone, _), (ahead, ahead_bytes) = counts["no read-ahead"], counts["fetch-ahead"]
+    assert ahead * 2 <= alone, f"coalescing saved too few GETs: {ahead} vs {alone}"
+    # Every target together reads every source byte once: a range shared by targets is fetched
+    # once (the scan's header reads and the step counters come on top).
+    assert ahead_bytes <= 1.25 * setup.uploaded, (ahead_bytes, setup.uploaded)
+
+
+def failed_range_is_eio(setup):
+    # The first data object by name: every GET of a range that covers its byte 1 MiB - 1 (or
+    # its middle, if smaller) answers 503, however often it is retried.
+    source = sorted(r for r in itest.tree_files(setup.fx.src_dir) if r.endswith(".ckpt"))[0]
+    size = os.path.getsize(os.path.join(setup.fx.src_dir, source))
+    bad = min((1 << 20) - 1, size // 2)
+    key = f"/{BUCKET}/{PREFIX}/{source}"
+
+    def policy(_n, path, rng):
+        if path != key or not rng or not rng.startswith("bytes="):
+            return None
+        first, last = (int(x) for x in rng[len("bytes="):].split("-"))
+        return "503" if first <= bad <= last else None
+
+    idx = os.path.join(setup.args.work, "idx-eio")
+    itest.run([setup.args.ckptfs, "index", "build", setup.url, "--index-dir", idx]
+              + setup.s3_args())
+    log = os.path.join(setup.args.work, "eio.log")
+    setup.proxy.faults = policy
+    try:
+        with setup.mount(setup.url, "view", idx, setup.s3_args(), log_file=log) as mnt:
+            served = read_all(mnt)
+    finally:
+        setup.proxy.faults = None
+    want = {f"rank_{t}/{name}": data for t, (name, data) in expected_bytes(setup).items()}
+    failed = {rel: e for rel, e in served.items() if isinstance(e, OSError)}
+    print(f"  failed: {sorted(failed)}", flush=True)
+    assert failed, "no read failed though a range of a source cannot be fetched"
+    assert all(e.errno == errno.EIO for e in failed.values()), failed
+    for rel, data in served.items():
+        if rel in want and not isinstance(data, OSError):
+            assert data == want[rel], f"{rel}: other bytes than the expected file"
+    with open(log) as f:
+        text = f.read()
+    assert f"s3://{BUCKET}/{PREFIX}/{source}" in text and "GET failed" in text, text
+
+
 def wrong_keys_one_line(setup):
     os.environ["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"
     try:
@@ -310,6 +396,8 @@ def main():
         checks.run("prune_keeps_s3", prune_keeps_s3, setup)
         checks.run("faults_retried", faults_retried, setup)
         checks.run("overwritten_is_eio", overwritten_is_eio, setup)
+        checks.run("coalesced_fetch_ahead", coalesced_fetch_ahead, setup)
+        checks.run("failed_range_is_eio", failed_range_is_eio, setup)
         checks.run("wrong_keys_one_line", wrong_keys_one_line, setup)
         checks.run("profile_keys", profile_keys, setup)
         checks.run("inspect_object", inspect_object, setup)

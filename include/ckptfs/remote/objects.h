@@ -36,6 +36,9 @@ struct Identity {
 void register_object(const std::filesystem::path& placeholder, ObjectRef object,
                      std::shared_ptr<const S3Client> client);
 
+// Whether any placeholder is registered (a mount of s3:// sources).
+bool any_registered();
+
 // The object the open descriptor `fd` stands for, or null for an ordinary file (and whenever
 // nothing is registered, at the cost of one relaxed load).
 const ObjectRef* object_of(int fd);

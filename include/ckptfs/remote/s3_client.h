@@ -58,8 +58,10 @@ class S3Client {
   std::vector<ObjectInfo> list(const std::string& bucket, const std::string& prefix) const;
 
   // Reads every get, up to kInFlight at a time. Throws Changed when an object changed, Error
-  // (naming s3://bucket/key and the offset) when a get still fails after kAttempts.
-  void fetch(std::span<const Get> gets) const;
+  // (naming s3://bucket/key and the offset) when a get still fails after kAttempts. With
+  // `errors` (resized to gets.size()), nothing is thrown for a get: its reason goes to its
+  // slot (empty: read) and the other gets go on.
+  void fetch(std::span<const Get> gets, std::vector<std::string>* errors = nullptr) const;
 
   const S3Config& config() const { return config_; }
   // Counters of this process since it started (all clients).
