@@ -188,8 +188,9 @@ tsan_skip='^TreeReads\.SourceShrunkUnderTheMappingGivesEioNotACrash$'
 stage_tsan_build() {
   local launcher=()
   command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # A unity build, as build-fuzz's (scripts/fuzz.sh says why).
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_SANITIZE=thread \
-    -DCKPTFS_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null || return
+    -DCKPTFS_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON "${launcher[@]}" >/dev/null || return
   cmake --build build-tsan -j"$(nproc)" --target test_fs ckptfs
 }
 stage_tsan() {
