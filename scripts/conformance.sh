@@ -8,6 +8,8 @@
 # arguments go to the MindSpore lane's pytest and run only it (then no results are written);
 #   scripts/conformance.sh --torch [pytest arguments]   # only the PyTorch lane
 #   scripts/conformance.sh --refresh-doc   # copies that table into docs/CONFORMANCE.md
+#   scripts/conformance.sh --venvs   # only makes both venvs (scripts/test.sh runs this in the
+#                                    # background of its build stage: pip waits on the network)
 # Running the tests never changes a tracked file: refreshing the doc is this deliberate step.
 # CKPTFS_CONFORMANCE=0 skips the lane, for machines that cannot reach PyPI.
 set -euo pipefail
@@ -70,6 +72,13 @@ install_mindspore() {
 install_torch() {
   "$1/bin/pip" install --quiet --no-cache-dir --requirement "$requirements_torch"
 }
+
+if [ "${1:-}" = --venvs ]; then
+  make_venv build/conformance-venv \
+    "$(cat "$requirements" "$requirements_mf" | sha256sum | cut -d' ' -f1)" install_mindspore
+  make_venv build/torch-venv "$(sha256sum <"$requirements_torch" | cut -d' ' -f1)" install_torch
+  exit 0
+fi
 
 # The build/ of scripts/build.sh; only the binary is needed here.
 [ -f build/CMakeCache.txt ] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null

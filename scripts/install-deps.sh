@@ -30,6 +30,7 @@ if [ "${1:-}" != --demo ]; then
     python3-torch  # tests/integration/test_hfai.py loads hfai PART files with torch.load
     python3-packaging  # safetensors.torch (in build/test-venv) imports it
     clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer
+    lld  # the sanitizer builds link with it (CMakeLists.txt)
     s3fs curl  # tests/integration/s3harness.py: the S3 filesystem sources are read through, uploads
   )
 fi

@@ -51,7 +51,12 @@ end_stage() {
   fi
   stage_name=""
 }
-trap 'end_stage; echo; echo "=== stage times (total ${SECONDS} s):"; printf "%s\n" "${times[@]}"' EXIT
+# The conformance venvs' background job (stage_build), ended with the script.
+venvs_pid=""
+stop_venvs() {
+  if [ -n "$venvs_pid" ]; then kill -- "-$venvs_pid" 2>/dev/null || true; fi
+}
+trap 'stop_venvs; end_stage; echo; echo "=== stage times (total ${SECONDS} s):"; printf "%s\n" "${times[@]}"' EXIT
 
 # Runs one stage: FUNCTION's status decides, and a failure ends the script naming the stage.
 run_stage() {  # TITLE FUNCTION
@@ -127,8 +132,17 @@ sanitized_suite() {  # BUILD_DIR [ctest args...]
   return "$rc"
 }
 
+# The conformance lane's venvs (gigabytes from PyPI, mostly waiting on the network) are made in
+# the background while the build stage compiles and the suite runs; the conformance stage waits
+# for them and fails when making them failed (their log: build/conformance-venvs.log). setsid: a
+# failed run ends the whole group, pip included (stop_venvs, above).
 stage_build() {
   bash scripts/install-deps.sh || return
+  if wanted conformance; then
+    mkdir -p build || return
+    setsid bash scripts/conformance.sh --venvs >build/conformance-venvs.log 2>&1 &
+    venvs_pid=$!
+  fi
   bash scripts/build.sh -DCKPTFS_WERROR=ON
 }
 
@@ -137,6 +151,16 @@ stage_suite() {
 }
 
 stage_conformance() {
+  if [ -n "$venvs_pid" ]; then
+    local rc=0
+    wait "$venvs_pid" || rc=$?
+    venvs_pid=""
+    cat build/conformance-venvs.log
+    if [ "$rc" -ne 0 ]; then
+      echo "error: making the conformance venvs failed (exit $rc; log above)" >&2
+      return "$rc"
+    fi
+  fi
   local args=()
   read -ra args <<<"${CKPTFS_CONFORMANCE_ARGS:-}"
   bash scripts/conformance.sh "${args[@]}"
@@ -164,8 +188,9 @@ tsan_skip='^TreeReads\.SourceShrunkUnderTheMappingGivesEioNotACrash$'
 stage_tsan_build() {
   local launcher=()
   command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # A unity build, as build-fuzz's (scripts/fuzz.sh says why).
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTFS_SANITIZE=thread \
-    -DCKPTFS_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null || return
+    -DCKPTFS_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON "${launcher[@]}" >/dev/null || return
   cmake --build build-tsan -j"$(nproc)" --target test_fs ckptfs
 }
 stage_tsan() {
