@@ -168,8 +168,6 @@ void add_mount_commands(CLI::App& app) {
                    "read, if pipes may hold 2 MiB; same as splice), splice=never (every read "
                    "gathered; same as nosplice), splice=always, max_read=N, max_threads=N, "
                    "readahead_max=BYTES (read-ahead memory of all files, 256M; 0: none), "
-                   "pushahead=BYTES (pages a mapped or page-cache file's reader is sent ahead "
-                   "of its faults, at most readahead_max; 0, the default: none; try 64M), "
                    "decrypt_max=BYTES (decrypted pages of all encrypted sources, 256M), "
                    "s3_amplify=X (s3:// sources: the most bytes a coalesced GET fetches per "
                    "byte needed, 8; 1: one GET per run), "

@@ -176,8 +176,8 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   });
 }
 
-void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  service(req).release(fi->fh, ino);
+void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  service(req).release(fi->fh);
   fuse_reply_err(req, 0);
 }
 

@@ -141,7 +141,6 @@ struct ParsedOptions {
   bool nonempty = false;
   // The read-ahead of all open files together.
   size_t read_ahead_max = Prefetcher::kDefaultMaxBytes;
-  size_t push_window = Service::kDefaultPushWindow;
   // The decrypted pages of all encrypted sources together.
   uint64_t decrypt_max = crypt::kDefaultDecryptBudget;
   double s3_amplify = Service::kDefaultS3Amplify;
@@ -214,8 +213,6 @@ ParsedOptions parse_options(const MountOptions& options) {
         out.fuse.push_back(std::move(option));
       } else if (o.starts_with("readahead_max=")) {
         out.read_ahead_max = parse_bytes(o, 14);
-      } else if (o.starts_with("pushahead=")) {
-        out.push_window = parse_bytes(o, 10);
       } else if (o.starts_with("s3_amplify=")) {
         out.s3_amplify = parse_ratio(o, 11);
       } else if (o.starts_with("decrypt_max=")) {
@@ -633,8 +630,7 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   server.service = std::make_unique<Service>(
       tree, options.chosen,
       Service::Options{parsed.cache, parsed.read_ahead && !parsed.cache, parsed.max_read,
-                       parsed.splice, parsed.read_ahead_max, parsed.push_window,
-                       parsed.s3_amplify});
+                       parsed.splice, parsed.read_ahead_max, parsed.s3_amplify});
   // .ckptfs/log keeps the lines from here on: the mount and the notes on the sources (the
   // daemon forks with them), then whatever the server logs (init hooks the ring to the logger
   // it serves with). This process's logger lets go of it on the way out.
@@ -653,13 +649,6 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   // Raised at the first open of a file read through the page cache, or one that may be
   // mapped.
   server.service->set_readahead_knob(readahead_knob(where));
-  // Push-ahead hands pages to the kernel as notify_store messages on the session's device.
-  server.service->set_page_store([se](uint64_t ino, uint64_t off, std::span<const char> bytes) {
-    fuse_bufvec data = FUSE_BUFVEC_INIT(bytes.size());
-    data.buf[0].mem = const_cast<char*>(bytes.data());
-    return -fuse_lowlevel_notify_store(se, ino, static_cast<off_t>(off), &data,
-                                       static_cast<fuse_buf_copy_flags>(0));
-  });
   spdlog::info("mounted {} ({} files, {} bytes) from {}", where.string(),
                tree.plan().targets.size(), tree.total_bytes(), fsname);
   if (options.on_mounted) options.on_mounted();

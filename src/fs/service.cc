@@ -106,7 +106,6 @@ Service::Settled Service::start(const Offer& offer) {
     }
   }
   start_source_prefetch();
-  start_push_ahead();
   return settled;
 }
 
@@ -151,22 +150,6 @@ void Service::start_source_prefetch() noexcept {
   }
 }
 
-void Service::start_push_ahead() noexcept {
-  const size_t window = std::min(options_.push_window, options_.read_ahead_max);
-  if (!page_store_ || window == 0) return;
-  try {
-    // A page left out every eighth of the window keeps it moving (push_ahead.h). Two helpers:
-    // a lone pusher could not keep ahead of a loader copying out of the pages.
-    push_ahead_ = std::make_unique<PushAhead>(
-        tree_, page_store_,
-        PushAhead::Options{.window = window,
-                           .tripwire = std::max(window / 8, PushAhead::Options{}.chunk),
-                           .helpers = std::clamp(std::thread::hardware_concurrency(), 1u, 2u)});
-  } catch (const std::exception& e) {
-    spdlog::warn("push-ahead off: {}", e.what());
-  }
-}
-
 std::string Service::mode(bool direct_io_mmap_offered) const {
   std::string out = options_.cache ? "page-cache mode" : "direct_io mode";
   if (!options_.cache)
@@ -184,7 +167,6 @@ void Service::stop() noexcept {
   std::erase(spdlog::default_logger()->sinks(), status_->log_sink());
   const Counters c = counters();
   source_prefetch_.reset();
-  push_ahead_.reset();
   prefetcher_.reset();
   leases_.reset();
   if (remote_cache_) {
@@ -203,9 +185,8 @@ void Service::stop() noexcept {
   if (left != 0) spdlog::debug("fuse: {} handles left open at unmount, freed", left);
   spdlog::info(
       "fuse: served {} reads ({} from {} blocks read ahead), {} spliced, {} failed; {} through "
-      "the page cache, {} MiB pushed into it ahead",
-      c.served, c.read_ahead_hits, c.read_ahead_blocks, c.spliced, c.failed, c.paged,
-      c.pushed_bytes >> 20);
+      "the page cache",
+      c.served, c.read_ahead_hits, c.read_ahead_blocks, c.spliced, c.failed, c.paged);
 }
 
 Service::Counters Service::counters() const {
@@ -214,7 +195,6 @@ Service::Counters Service::counters() const {
   c.failed = failed_.load(std::memory_order_relaxed);
   c.spliced = spliced_.load(std::memory_order_relaxed);
   c.paged = paged_.load(std::memory_order_relaxed);
-  if (push_ahead_) c.pushed_bytes = push_ahead_->pushed_bytes();
   if (prefetcher_) {
     c.read_ahead_hits = prefetcher_->hits();
     c.read_ahead_blocks = prefetcher_->gathered_ahead();
@@ -290,8 +270,7 @@ uint64_t Service::keep(std::unique_ptr<Handle> handle) {
   return fh;
 }
 
-void Service::release(uint64_t fh, uint64_t ino) noexcept {
-  if (push_ahead_ && ino != 0) push_ahead_->forget(ino);
+void Service::release(uint64_t fh) noexcept {
   if (fh == 0) return;
   std::unique_ptr<Handle> gone;  // freed outside the lock
   std::lock_guard lock(handles_mutex_);
@@ -385,7 +364,6 @@ void Service::read(uint64_t ino, uint64_t fh, int64_t off, size_t size, bool pag
     // In a direct_io file, these come from the faults of a mapping (a read() names its owner).
     if (mappable && !options_.cache) mapped_.note(ino);
   }
-  if (paged && push_ahead_ && off >= 0) push_ahead_->paged(ino, static_cast<uint64_t>(off), size);
   const auto at = static_cast<uint64_t>(off);
   if (size == 0 || at >= target->file.size()) {
     sink.bytes({});

@@ -30,7 +30,6 @@
 #include "ckptfs/fs/read_result.h"
 #include "ckptfs/fs/tree.h"
 #include "prefetcher.h"
-#include "push_ahead.h"
 #include "read_mode.h"
 #include "reply_buffer.h"
 #include "source_leases.h"
@@ -89,9 +88,6 @@ class Service {
  public:
   // Content and attributes never change while mounted (but /steps').
   static constexpr double kTimeout = 24 * 3600.0;
-  // -o pushahead's default (push_ahead.h): off, as it showed no gain beyond the noise yet
-  // (docs/PERFORMANCE.md); 64M is the size measured.
-  static constexpr size_t kDefaultPushWindow = 0;
 
   // When READs of few long runs are staged in a pipe (see SpliceStage): never (-o splice=never,
   // nosplice); chosen per READ while other readers' READs are served too (read_mode.h), from
@@ -108,9 +104,6 @@ class Service {
     // -o readahead_max: the bytes all open files may hold read ahead together (below one
     // block: no read-ahead).
     size_t read_ahead_max = Prefetcher::kDefaultMaxBytes;
-    // -o pushahead: the bytes pushed into the page cache ahead of a reader of a file read
-    // through it (push_ahead.h), at most read_ahead_max; 0: none.
-    size_t push_window = kDefaultPushWindow;
     // -o s3_amplify: for S3 sources, the most bytes a coalesced GET may fetch per byte its runs
     // need (1: one GET per run; see RemoteCache).
     double s3_amplify = kDefaultS3Amplify;
@@ -153,9 +146,6 @@ class Service {
   // Page-cache mode: the mount's read_ahead_kb file, raised at the first open (INIT, which
   // resets it, is over by then). Empty: leave it. Call before serving.
   void set_readahead_knob(std::string path) { readahead_knob_ = std::move(path); }
-  // How pages are handed to the kernel's page cache unasked (FUSE's notify_store); unset: no
-  // push-ahead. Call before serving.
-  void set_page_store(PushAhead::Store store) { page_store_ = std::move(store); }
   Status& status() { return *status_; }
 
   struct Entry {
@@ -187,8 +177,7 @@ class Service {
   Opened open(uint64_t ino, int flags, bool mappable);
   Opened opendir(uint64_t ino, int flags) const;
   // Frees the handle of an open (0: none). Never throws.
-  // `ino`: the file released (0: not known), whose push-ahead stops.
-  void release(uint64_t fh, uint64_t ino = 0) noexcept;
+  void release(uint64_t fh) noexcept;
 
   struct Listing {
     int err = 0;  // ENOENT, ENOTDIR
@@ -219,7 +208,6 @@ class Service {
   struct Counters {
     uint64_t served = 0, failed = 0, spliced = 0, paged = 0;
     uint64_t read_ahead_hits = 0, read_ahead_blocks = 0;
-    uint64_t pushed_bytes = 0;
   };
   Counters counters() const;
   // Handles open now.
@@ -252,8 +240,6 @@ class Service {
   void start_leases();
   // At start(): the sources' read-ahead, if one is remote and -o readahead_max allows it.
   void start_source_prefetch() noexcept;
-  // At start(): push-ahead, if a page store is set and the window is not 0.
-  void start_push_ahead() noexcept;
   bool splice_wanted(uint64_t ino, const ReadsInFlight::Guard& reading) const;
   // Stages the READ in this thread's pipe and replies from it; declined: nothing replied.
   ReadResult reply_spliced(uint64_t ino, uint64_t off, size_t size, ReadSink& sink);
@@ -270,8 +256,6 @@ class Service {
   std::unique_ptr<Prefetcher> prefetcher_;
   std::unique_ptr<RemoteCache> remote_cache_;        // when a source is an S3 object
   std::unique_ptr<SourcePrefetch> source_prefetch_;  // when a source is remote
-  PushAhead::Store page_store_;
-  std::unique_ptr<PushAhead> push_ahead_;  // started by start() when a page store is set
   std::string readahead_knob_;
   std::once_flag readahead_once_;
   MappedFiles mapped_;
