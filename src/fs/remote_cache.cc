@@ -24,11 +24,14 @@ RemoteCache::~RemoteCache() {
 }
 
 bool RemoteCache::make_room(uint64_t need) {
+  // Freeing the ranges still to be read would not make room: keep them.
+  if (stats_.held - lru_bytes_ + need > max_bytes_) return false;
   while (stats_.held + need > max_bytes_ && !lru_.empty()) {
     Entry* e = lru_.front();
     lru_.pop_front();
     e->in_lru = false;
     stats_.held -= e->end - e->begin;
+    lru_bytes_ -= e->end - e->begin;
     drop(*e);
   }
   return stats_.held + need <= max_bytes_;
@@ -57,9 +60,13 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
     if (it == held.end()) break;
     at = std::max(at, it->second->end);
   }
+  // Room for every gap or none is queued: a part queued here without the fetchers told of it
+  // (below) would keep a READ that waits for it waiting.
+  uint64_t need = 0;
+  for (const auto& [b, e] : gaps) need += e - b;
+  if (!make_room(need)) return false;
   bool queued = false;
   for (const auto& [b, e] : gaps) {
-    if (!make_room(e - b)) return false;
     auto entry = std::make_shared<Entry>();
     entry->object = object;
     entry->begin = b;
@@ -162,6 +169,7 @@ void RemoteCache::fetcher_loop() {
         e.state = State::kReady;
         e.lru = lru_.insert(lru_.end(), &e);
         e.in_lru = true;
+        lru_bytes_ += e.end - e.begin;
         stats_.fetched += e.end - e.begin;
         ++stats_.ranges;
         continue;

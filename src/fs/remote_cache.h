@@ -79,7 +79,8 @@ class RemoteCache {
   };
   using Ranges = std::map<uint64_t, std::shared_ptr<Entry>>;  // begin -> range, disjoint
 
-  // Under mutex_: frees ready ranges, least recently used first, until `need` more bytes fit.
+  // Under mutex_: frees ready ranges, least recently used first, until `need` more bytes fit;
+  // false, and nothing freed, when they would not fit even with every ready range freed.
   bool make_room(uint64_t need);
   void drop(const Entry& e);  // under mutex_: forgets a range (not in the LRU list)
   void fetcher_loop();
@@ -90,8 +91,9 @@ class RemoteCache {
   std::condition_variable work_, done_;
   std::unordered_map<const remote::ObjectRef*, Ranges> ranges_;
   std::deque<std::shared_ptr<Entry>> queue_;
-  std::list<Entry*> lru_;  // ready ranges, least recently read first
-  unsigned busy_ = 0;      // fetchers with a batch
+  std::list<Entry*> lru_;   // ready ranges, least recently read first
+  uint64_t lru_bytes_ = 0;  // their bytes: what make_room may free
+  unsigned busy_ = 0;       // fetchers with a batch
   bool stopping_ = false;
   Stats stats_;
   std::vector<std::thread> threads_;

@@ -1,0 +1,158 @@
+#include "../../src/fs/remote_cache.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <string>
+#include <thread>
+
+#include "ckptfs/remote/objects.h"
+
+namespace ckptfs::fs {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kObjectSize = 16 * kMiB;
+const char* const kEtag = "\"e1\"";
+
+uint8_t byte_at(uint64_t offset) { return static_cast<uint8_t>(offset % 251); }
+
+// A one-object store on loopback: answers each ranged GET with the bytes byte_at() gives, one
+// connection per request.
+class TinyStore {
+ public:
+  TinyStore() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    ::listen(fd_, 64);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~TinyStore() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string req;
+      char buf[4096];
+      while (req.find("\r\n\r\n") == std::string::npos) {
+        const ssize_t n = ::read(c, buf, sizeof buf);
+        if (n <= 0) break;
+        req.append(buf, static_cast<size_t>(n));
+      }
+      unsigned long long first = 0, last = 0;
+      const size_t at = req.find("ange: bytes=");
+      if (at != std::string::npos) std::sscanf(req.c_str() + at + 12, "%llu-%llu", &first, &last);
+      std::string body(last - first + 1, '\0');
+      for (uint64_t i = 0; i < body.size(); ++i) body[i] = static_cast<char>(byte_at(first + i));
+      std::string head = fmt::format(
+          "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {}-{}/{}\r\nContent-Length: "
+          "{}\r\nETag: {}\r\nConnection: close\r\n\r\n",
+          first, last, kObjectSize, body.size(), kEtag);
+      head += body;
+      for (size_t sent = 0; sent < head.size();) {
+        const ssize_t n = ::write(c, head.data() + sent, head.size() - sent);
+        if (n <= 0) break;
+        sent += static_cast<size_t>(n);
+      }
+      ::close(c);
+    }
+  }
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+class RemoteCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // The client is registered with an object (the process keeps it); every test's store
+    // listens on its own port, so each test registers its own.
+    placeholder_ = std::filesystem::temp_directory_path() /
+                   fmt::format("remote_cache_test.{}.{}", ::getpid(),
+                               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::ofstream(placeholder_).put('x');
+    const remote::S3Config config{std::string("k"),
+                                  std::string("s"),
+                                  std::string(),
+                                  std::string("us-east-1"),
+                                  fmt::format("http://127.0.0.1:{}", store_.port()),
+                                  std::string("the test")};
+    object_ = remote::ObjectRef{std::string("b"), {std::string("o"), kObjectSize, kEtag}};
+    remote::register_object(placeholder_, object_,
+                            std::make_shared<const remote::S3Client>(config, 2));
+  }
+  void TearDown() override { std::filesystem::remove(placeholder_); }
+
+  bool holds(RemoteCache& cache, uint64_t offset, uint64_t length) {
+    std::vector<uint8_t> out(length);
+    if (cache.read(&object_, offset, out) != RemoteCache::Got::kCopied) return false;
+    for (uint64_t i = 0; i < length; ++i)
+      if (out[i] != byte_at(offset + i)) return false;
+    return true;
+  }
+
+  TinyStore store_;
+  std::filesystem::path placeholder_;
+  remote::ObjectRef object_;
+};
+
+TEST_F(RemoteCacheTest, ARangeFetchedAheadIsReadBack) {
+  RemoteCache cache(8 * kMiB, 1);
+  ASSERT_TRUE(cache.want(&object_, kMiB, 2 * kMiB));
+  cache.wait_idle();
+  EXPECT_TRUE(holds(cache, kMiB + 5, 1000));
+}
+
+// A range that cannot fit even in an empty cache is refused without dropping the ranges held:
+// they are still to be read.
+TEST_F(RemoteCacheTest, ARangeLargerThanTheBoundDropsNothing) {
+  RemoteCache cache(8 * kMiB, 1);
+  ASSERT_TRUE(cache.want(&object_, kMiB, 2 * kMiB));
+  cache.wait_idle();
+  EXPECT_FALSE(cache.want(&object_, 4 * kMiB, 13 * kMiB));
+  EXPECT_TRUE(holds(cache, kMiB, kMiB));
+}
+
+// A want refused for lack of room queues nothing (the header's contract): a part of it queued
+// without waking a fetcher would leave the READ that waits for it waiting for good.
+TEST_F(RemoteCacheTest, ARefusedWantLeavesNoReaderWaiting) {
+  auto cache = std::make_unique<RemoteCache>(8 * kMiB, 1);
+  ASSERT_TRUE(cache->want(&object_, kMiB, 2 * kMiB));
+  cache->wait_idle();
+  // Its gaps: [0, 1 MiB), which fits, and [2, 10 MiB), which does not.
+  EXPECT_FALSE(cache->want(&object_, 0, 10 * kMiB));
+  std::vector<uint8_t> out(kMiB);
+  auto read = std::async(std::launch::async, [&] { return cache->read(&object_, 0, out); });
+  const bool answered = read.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!answered) cache.reset();  // wakes the waiting read, which then misses
+  EXPECT_TRUE(answered) << "a READ waits for a range no fetcher was told of";
+  read.get();
+}
+
+}  // namespace
+}  // namespace ckptfs::fs
