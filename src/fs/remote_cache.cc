@@ -18,6 +18,7 @@ RemoteCache::~RemoteCache() {
     stopping_ = true;
     queue_.clear();
   }
+  cancel_.store(true, std::memory_order_relaxed);
   work_.notify_all();
   done_.notify_all();
   for (std::thread& t : threads_) t.join();
@@ -157,7 +158,7 @@ void RemoteCache::fetcher_loop() {
         e->bytes.resize(e->end - e->begin);
         gets.push_back({e->object, e->begin, std::span(e->bytes)});
       }
-      remote::client().fetch(gets, &errors);
+      remote::client().fetch(gets, &errors, &cancel_);
     } catch (const std::exception& ex) {  // no memory, no client: the whole batch failed
       errors.assign(batch.size(), ex.what());
     }

@@ -16,6 +16,7 @@
 // queue and the counters, is a leaf, and is never held during a GET or a copy of many bytes.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -95,6 +96,9 @@ class RemoteCache {
   uint64_t lru_bytes_ = 0;  // their bytes: what make_room may free
   unsigned busy_ = 0;       // fetchers with a batch
   bool stopping_ = false;
+  // Set with stopping_, read by the fetchers' GETs in flight, which give up (no wait for a
+  // stalled store at unmount).
+  std::atomic<bool> cancel_{false};
   Stats stats_;
   std::vector<std::thread> threads_;
 };

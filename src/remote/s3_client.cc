@@ -315,7 +315,8 @@ Check judge(const Get& g, CURLcode code, long status, const Answer& a) {
 
 }  // namespace
 
-void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors) const {
+void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors,
+                     const std::atomic<bool>* cancel) const {
   if (errors) errors->assign(gets.size(), {});
   using Clock = std::chrono::steady_clock;
   struct Slot {
@@ -366,8 +367,23 @@ void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors
     for (size_t s = 0; s < width; ++s)
       if (slots[s].busy) curl_multi_remove_handle(multi, easy_at(s));
   };
+  // The gets not read yet, given up when the caller stops.
+  auto give_up = [&] {
+    abort_all();
+    std::vector<size_t> left;
+    for (size_t s = 0; s < width; ++s)
+      if (slots[s].busy) left.push_back(slots[s].get);
+    for (const Waiting& w : waiting) left.push_back(w.get);
+    for (size_t i : left) {
+      std::string why = fmt::format("{}: byte offset {}: given up, the mount is stopping",
+                                    gets[i].object->url(), gets[i].offset);
+      if (!errors) throw Error(why);
+      (*errors)[i] = std::move(why);
+    }
+  };
   try {
     while (running > 0 || !waiting.empty()) {
+      if (cancel && cancel->load(std::memory_order_relaxed)) return give_up();
       const auto now = Clock::now();
       for (size_t s = 0; s < width && !waiting.empty(); ++s) {
         if (slots[s].busy) continue;

@@ -15,6 +15,7 @@
 #include <future>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ckptfs/remote/objects.h"
 
@@ -28,7 +29,7 @@ const char* const kEtag = "\"e1\"";
 uint8_t byte_at(uint64_t offset) { return static_cast<uint8_t>(offset % 251); }
 
 // A one-object store on loopback: answers each ranged GET with the bytes byte_at() gives, one
-// connection per request.
+// connection per request; once silent, it takes connections and never answers (a stalled store).
 class TinyStore {
  public:
   TinyStore() {
@@ -48,14 +49,20 @@ class TinyStore {
     ::shutdown(fd_, SHUT_RDWR);
     thread_.join();
     ::close(fd_);
+    for (int c : held_) ::close(c);
   }
   int port() const { return port_; }
+  void go_silent() { silent_ = true; }
 
  private:
   void serve() {
     while (!stop_) {
       const int c = ::accept(fd_, nullptr, nullptr);
       if (c < 0) return;
+      if (silent_) {
+        held_.push_back(c);
+        continue;
+      }
       std::string req;
       char buf[4096];
       while (req.find("\r\n\r\n") == std::string::npos) {
@@ -83,7 +90,8 @@ class TinyStore {
   }
   int fd_ = -1;
   int port_ = 0;
-  std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_{false}, silent_{false};
+  std::vector<int> held_;  // the silent store's connections, closed at the end
   std::thread thread_;
 };
 
@@ -152,6 +160,20 @@ TEST_F(RemoteCacheTest, ARefusedWantLeavesNoReaderWaiting) {
   if (!answered) cache.reset();  // wakes the waiting read, which then misses
   EXPECT_TRUE(answered) << "a READ waits for a range no fetcher was told of";
   read.get();
+}
+
+// Unmounting does not wait for GETs stalled on the store (each would take the stall limit, times
+// the retries): the fetchers give them up.
+TEST_F(RemoteCacheTest, StoppingGivesUpStalledGets) {
+  store_.go_silent();
+  auto cache = std::make_unique<RemoteCache>(8 * kMiB, 1);
+  ASSERT_TRUE(cache->want(&object_, 0, kMiB));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the GET is in flight
+  const auto start = std::chrono::steady_clock::now();
+  cache.reset();
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, std::chrono::seconds(1))
+      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
 }
 
 }  // namespace
