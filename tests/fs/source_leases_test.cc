@@ -57,11 +57,18 @@ class SourceLeasesTest : public ::testing::Test {
         change();
         done = true;
       });
+      // The writer's change breaks the lease: once that is noticed no new READ may hold the
+      // source (polled, as a loaded machine may take a while to run the writer), but the one
+      // holding it keeps it, and the writer still waits.
+      State seen = State::kLeased;
+      for (int i = 0; i < 2000 && seen == State::kLeased; ++i) {
+        SourceLeases::Hold probe(&leases);
+        seen = probe.take(first);
+        if (seen == State::kLeased) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      EXPECT_EQ(seen, State::kChanging);
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       EXPECT_FALSE(done.load()) << "the writer did not wait for the READ holding the source";
-      // Noticed: no new READ may hold it, but the one holding it keeps it.
-      SourceLeases::Hold other(&leases);
-      EXPECT_EQ(other.take(first), State::kChanging);
     }
     writer.join();
     EXPECT_TRUE(done.load());
