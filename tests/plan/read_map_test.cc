@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <ostream>
@@ -222,6 +223,34 @@ TEST(VirtualFile, MapsHeadersRangesAndMergesNeighbours) {
 namespace ckptfs::plan {
 namespace {
 
+// (file, offset) of each byte of a content, in its order.
+using Located = std::vector<std::pair<uint32_t, uint64_t>>;
+
+// Every window of `content` starting each `step` bytes and `width` bytes long (or 1 byte, or to
+// the end) maps to exactly the (file, offset) pairs `want` holds for those bytes.
+template <typename Content>
+::testing::AssertionResult windows_match(const Content& content, const Located& want, uint64_t step,
+                                         std::initializer_list<uint64_t> widths) {
+  if (content.nbytes() != want.size())
+    return ::testing::AssertionFailure()
+           << "nbytes " << content.nbytes() << ", expected " << want.size();
+  for (uint64_t begin = 0; begin < want.size(); begin += step) {
+    std::vector<uint64_t> ends{begin + 1, want.size()};
+    for (uint64_t w : widths) ends.push_back(begin + w);
+    for (uint64_t end : ends) {
+      if (end > want.size()) continue;
+      std::vector<plan::Run> runs;
+      content.map(begin, end, runs);
+      Located got;
+      for (const plan::Run& r : runs)
+        for (uint64_t k = 0; k < r.length; ++k) got.emplace_back(r.source, r.offset + k);
+      if (got != Located(want.begin() + begin, want.begin() + end))
+        return ::testing::AssertionFailure() << "window " << begin << ".." << end;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // StridedContent against element-by-element indexing: for views (transposed, offset, padded
 // rows, size-1 and 0-d dims) every byte window maps to the runs that hold exactly those bytes.
 TEST(StridedContent, EveryWindowMatchesElementwiseIndexing) {
@@ -306,18 +335,7 @@ TEST(StridedContent, PiecesAndBoxesMatchElementwiseIndexing) {
         want.emplace_back(static_cast<uint32_t>(c),
                           static_cast<uint64_t>(64 * (c + 1) + (elem - c * chunk) * e + k));
     }
-    ASSERT_EQ(s.nbytes(), want.size());
-    for (uint64_t begin = 0; begin < want.size(); begin += 5)
-      for (uint64_t end : {begin + 1, begin + 61, uint64_t{want.size()}}) {
-        if (end > want.size()) continue;
-        std::vector<plan::Run> runs;
-        s.map(begin, end, runs);
-        std::vector<std::pair<uint32_t, uint64_t>> got;
-        for (const plan::Run& r : runs)
-          for (uint64_t k = 0; k < r.length; ++k) got.emplace_back(r.source, r.offset + k);
-        ASSERT_EQ(got, decltype(want)(want.begin() + begin, want.begin() + end))
-            << "window " << begin << ".." << end;
-      }
+    ASSERT_TRUE(windows_match(s, want, 5, {61}));
   }
   EXPECT_EQ(whole.sources(), (std::vector<uint32_t>{0, 1, 2, 3}));
 }
@@ -366,7 +384,7 @@ TEST(GridContent, EveryWindowMatchesElementwiseIndexing) {
       g.cells.push_back(std::make_shared<const StridedContent>(v));
     }
     // The (file, offset) pairs of element x's bytes, found cell by cell.
-    const auto bytes_of = [&](const Shape& x, std::vector<std::pair<uint32_t, uint64_t>>& out) {
+    const auto bytes_of = [&](const Shape& x, Located& out) {
       Shape cell(x.size());
       for (size_t d = 0; d < x.size(); ++d)
         while (c.cuts[d][cell[d] + 1] <= x[d]) ++cell[d];
@@ -376,20 +394,9 @@ TEST(GridContent, EveryWindowMatchesElementwiseIndexing) {
         elem += static_cast<uint64_t>((x[d] - c.cuts[d][cell[d]]) * v.strides[d]);
       for (uint32_t b = 0; b < e; ++b) out.emplace_back(v.source, v.base + elem * e + b);
     };
-    std::vector<std::pair<uint32_t, uint64_t>> want;
+    Located want;
     for (int64_t i = 0; i < product(c.shape); ++i) bytes_of(unflatten(i, c.shape), want);
-    ASSERT_EQ(g.nbytes(), want.size());
-    for (uint64_t begin = 0; begin < want.size(); begin += 3)
-      for (uint64_t end : {begin + 1, begin + 7, begin + 29, uint64_t{want.size()}}) {
-        if (end > want.size()) continue;
-        std::vector<plan::Run> runs;
-        g.map(begin, end, runs);
-        std::vector<std::pair<uint32_t, uint64_t>> got;
-        for (const plan::Run& r : runs)
-          for (uint64_t k = 0; k < r.length; ++k) got.emplace_back(r.source, r.offset + k);
-        ASSERT_EQ(got, decltype(want)(want.begin() + begin, want.begin() + end))
-            << "window " << begin << ".." << end;
-      }
+    ASSERT_TRUE(windows_match(g, want, 3, {7, 29}));
     // Every box whose corners are at 0, 1, a cut or the end (a --dst-strategy block cut from
     // the grid): each byte window of the box's grid maps to the bytes of the box's elements.
     std::vector<Shape> marks(c.shape.size());
@@ -413,24 +420,13 @@ TEST(GridContent, EveryWindowMatchesElementwiseIndexing) {
       }
       const GridContent b = g.box(begin, extent);
       ++boxes;
-      std::vector<std::pair<uint32_t, uint64_t>> in_box;
+      Located in_box;
       for (int64_t i = 0; i < product(extent); ++i) {
         Shape x = unflatten(i, extent);
         for (size_t k = 0; k < x.size(); ++k) x[k] += begin[k];
         bytes_of(x, in_box);
       }
-      ASSERT_EQ(b.nbytes(), in_box.size());
-      for (uint64_t from = 0; from < in_box.size(); from += 5)
-        for (uint64_t to : {from + 1, from + 13, uint64_t{in_box.size()}}) {
-          if (to > in_box.size()) continue;
-          std::vector<plan::Run> runs;
-          b.map(from, to, runs);
-          std::vector<std::pair<uint32_t, uint64_t>> got;
-          for (const plan::Run& r : runs)
-            for (uint64_t k = 0; k < r.length; ++k) got.emplace_back(r.source, r.offset + k);
-          ASSERT_EQ(got, decltype(in_box)(in_box.begin() + from, in_box.begin() + to))
-              << "box at " << begin[0] << " window " << from << ".." << to;
-        }
+      ASSERT_TRUE(windows_match(b, in_box, 5, {13})) << "box at " << begin[0];
     };
     each_box(0);
     EXPECT_GT(boxes, 20u);
