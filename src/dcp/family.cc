@@ -383,20 +383,25 @@ plan::Plan view(const family::ViewInputs& in, family::ViewText& text) {
 family::ModelTensors tensors(const family::ViewInputs& in) {
   refuse_src_strategy(in);
   const Metadata md = read_metadata(in.found);
-  family::ModelTensors out;
-  out.what = fmt::format("{}: a PyTorch DCP checkpoint of {} tensors", in.src_dir.string(),
-                         md.tensors.size());
-  // A strategy lays out the names the view serves.
-  std::vector<std::string> names;
-  for (const Tensor& t : md.tensors) names.push_back(t.fqn);
-  if (const plan::ModelFileOptions model_files = in.model_files(); model_files.rename)
-    names = model_files.rename->apply_all(names);
-  for (size_t i = 0; i < md.tensors.size(); ++i)
-    out.tensors.push_back({names[i], md.tensors[i].shape});
-  return out;
+  return served_tensors(md, in,
+                        fmt::format("{}: a PyTorch DCP checkpoint of {} tensors",
+                                    in.src_dir.string(), md.tensors.size()));
 }
 
 }  // namespace
+
+family::ModelTensors served_tensors(const Metadata& metadata, const family::ViewInputs& in,
+                                    std::string what) {
+  std::vector<std::string> names;
+  for (const Tensor& t : metadata.tensors) names.push_back(t.fqn);
+  if (const plan::ModelFileOptions model_files = in.model_files(); model_files.rename)
+    names = model_files.rename->apply_all(names);
+  family::ModelTensors out;
+  out.what = std::move(what);
+  for (size_t i = 0; i < metadata.tensors.size(); ++i)
+    out.tensors.push_back({names[i], metadata.tensors[i].shape});
+  return out;
+}
 
 void refuse_src_strategy(const family::ViewInputs& in) {
   if (!in.src_strategy.empty())

@@ -78,15 +78,8 @@ family::ModelTensors tensors(const family::ViewInputs& in) {
     std::vector<index::IndexedSource> no_files;
     unstack_layers(md, no_files);
   }
-  std::vector<std::string> names;
-  for (const dcp::Tensor& t : md.tensors) names.push_back(t.fqn);
-  if (const plan::ModelFileOptions model_files = in.model_files(); model_files.rename)
-    names = model_files.rename->apply_all(names);
-  family::ModelTensors out;
-  out.what = fmt::format("{}: a Megatron-Core torch_dist checkpoint", in.found.string());
-  for (size_t i = 0; i < md.tensors.size(); ++i)
-    out.tensors.push_back({names[i], md.tensors[i].shape});
-  return out;
+  return dcp::served_tensors(
+      md, in, fmt::format("{}: a Megatron-Core torch_dist checkpoint", in.found.string()));
 }
 
 }  // namespace

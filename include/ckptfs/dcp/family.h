@@ -26,7 +26,8 @@ namespace ckptfs::dcp {
 // tensor's bytes are read in C order from its chunks, which may tile it in any way (DTensor's
 // Shard(d) splits, uneven and empty last shards, replicas saved once), each chunk a strided view.
 // With `dst`: the tensors, in .metadata's order, cut for every target rank of `dst`
-// (plan::add_full_views); a tensor of several chunks must then have each stored in C order.
+// (plan::add_full_views); a tensor of several chunks that do not tile it as a grid must then
+// have each stored in C order.
 // Non-tensor items are not served: the plan's warnings name them in one line. `dir` names the
 // checkpoint in messages. Throws Error naming the tensor for a scan that does not match the
 // metadata, a dtype safetensors cannot hold, what the rename map and add_full_views refuse.
@@ -34,6 +35,12 @@ plan::Plan make_dcp_plan(std::vector<index::IndexedSource> files, const Metadata
                          const std::string& dir, const strategy::Strategy* dst = nullptr,
                          const plan::ViewOptions& views = {},
                          const plan::ModelFileOptions& model_files = {});
+
+// The tensors of `metadata` and their global shapes under the names the view serves them (the
+// rename map of in.model_files applied), as `strategy new` lays them out; `what` describes the
+// checkpoint.
+family::ModelTensors served_tensors(const Metadata& metadata, const family::ViewInputs& in,
+                                    std::string what);
 
 // What a family whose checkpoints are DCP directories with more around them (Megatron-Core's
 // torch_dist) changes before planning: the parsed .metadata and the scans of its data files.
