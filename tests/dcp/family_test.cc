@@ -25,8 +25,10 @@ using nlohmann::json;
 
 const fs::path kData = fs::path(CKPTFS_TEST_DATA) / "dcp";
 
+// One per process: ctest runs the tests of this file in parallel processes, which must not
+// remove each other's files.
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / name;
+  const fs::path dir = fs::path(::testing::TempDir()) / (name + "." + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
