@@ -148,9 +148,10 @@ void SourceLeases::let_go(size_t i) {
   const uint32_t in_flight = w & kCount;
   while (((w = word.load(std::memory_order_acquire)) & kCount) != 0)
     word.wait(w, std::memory_order_acquire);
-  ::fcntl(sources_[i].fd, F_SETLEASE, F_UNLCK);
+  // Counted before the writer is let in, so whoever sees the write also sees the count.
   word.fetch_and(~kLeased, std::memory_order_acq_rel);
-  broken_.fetch_add(1, std::memory_order_relaxed);
+  broken_.fetch_add(1, std::memory_order_release);
+  ::fcntl(sources_[i].fd, F_SETLEASE, F_UNLCK);
   spdlog::info(
       "source {} opened for writing or truncated: lease let go after {} spliced READs in flight "
       "finished; "

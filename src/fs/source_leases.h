@@ -57,7 +57,7 @@ class SourceLeases {
   // Sources leased now (not broken).
   size_t leased() const;
   // Sources whose lease a writer broke so far.
-  size_t broken() const { return broken_.load(std::memory_order_relaxed); }
+  size_t broken() const { return broken_.load(std::memory_order_acquire); }
 
   // What one READ's sources are, for splicing.
   enum class State { kLeased, kUnleased, kChanging };
