@@ -74,7 +74,9 @@ bool SpliceStage::would_stage(uint64_t ino, uint64_t off, size_t len) const {
   if (file == nullptr) return false;
   std::vector<plan::Run>& runs = detail::scratch().splice_runs;
   runs.clear();
-  const uint64_t covered = file->map(off, len, runs);
+  // A READ of more runs than kMaxRuns is not spliced: no need to map them all (a READ of a
+  // row-parallel tensor's short rows has thousands).
+  const uint64_t covered = file->map(off, len, runs, kMaxRuns);
   return worth_it(runs, covered, slots_);
 }
 
@@ -85,7 +87,7 @@ ReadResult SpliceStage::stage(uint64_t ino, uint64_t off, size_t len, const Stag
   detail::Scratch& scratch = detail::scratch();
   std::vector<plan::Run>& runs = scratch.splice_runs;
   runs.clear();
-  const uint64_t covered = file->map(off, len, runs);
+  const uint64_t covered = file->map(off, len, runs, kMaxRuns);
   if (!worth_it(runs, covered, std::min(slots_, pipe.slots()))) return ReadResult::declined();
   // Held before the first page goes into the pipe: no writer gets a source until the reply is
   // copied out of it.

@@ -37,7 +37,8 @@ uint64_t TensorContent::nbytes() const {
 // source block. Dimensions after `c` are covered whole and aligned (the target's extent equals
 // one block's), so a run is a segment along dimension c, cut where source blocks change, times
 // everything inside it. Each run costs O(rank) arithmetic, whatever its length.
-void TensorContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) const {
+void TensorContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out,
+                        size_t max_runs) const {
   const size_t k = target_shape.size();
   const uint64_t e = element_size;
   if (begin >= end || e == 0 || k == 0) return;
@@ -60,7 +61,7 @@ void TensorContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) con
   const uint64_t grid_stride_c = grid_stride;
 
   uint64_t q = begin / e;  // element holding byte `begin`
-  while (q * e < end) {
+  while (q * e < end && out.size() <= max_runs) {
     uint64_t outer = q / row;
     const uint64_t rem = q % row;
     const uint64_t xc = rem / inner;
@@ -106,7 +107,8 @@ uint64_t dense_bytes(uint64_t element_size, std::span<const int64_t> shape) {
 
 uint64_t StridedContent::nbytes() const { return dense_bytes(element_size, shape); }
 
-void StridedContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) const {
+void StridedContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out,
+                         size_t max_runs) const {
   const uint64_t e = element_size;
   if (begin >= end || e == 0) return;
   // Trailing dimensions laid out densely in the source form one run.
@@ -116,7 +118,7 @@ void StridedContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) co
     run *= static_cast<uint64_t>(shape[k - 1]);
     --k;
   }
-  for (uint64_t q = begin / e; q * e < end;) {
+  for (uint64_t q = begin / e; q * e < end && out.size() <= max_runs;) {
     const uint64_t within = q % run;
     uint64_t outer = q / run;
     uint64_t src = storage_offset + within;
@@ -167,11 +169,11 @@ std::vector<uint32_t> StridedContent::sources() const {
 
 uint64_t GridContent::nbytes() const { return dense_bytes(element_size, shape); }
 
-void GridContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) const {
+void GridContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out, size_t max_runs) const {
   const uint64_t e = element_size;
   const size_t k = shape.size();
   if (begin >= end || e == 0) return;
-  if (k == 0) return cells[0]->map(begin, end, out);
+  if (k == 0) return cells[0]->map(begin, end, out, max_runs);
   // `split`: the last dimension cut into several cells (every cell is whole after it).
   size_t split = 0;
   for (size_t d = 0; d < k; ++d)
@@ -179,7 +181,7 @@ void GridContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) const
   uint64_t inner = 1;
   for (size_t d = split + 1; d < k; ++d) inner *= static_cast<uint64_t>(shape[d]);
   std::vector<int64_t> x(k);
-  for (uint64_t q = begin / e; q * e < end;) {
+  for (uint64_t q = begin / e; q * e < end && out.size() <= max_runs;) {
     uint64_t rest = q;
     for (size_t d = k; d-- > 0;) {
       x[d] = static_cast<int64_t>(rest % static_cast<uint64_t>(shape[d]));
@@ -200,7 +202,7 @@ void GridContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out) const
     const uint64_t run = static_cast<uint64_t>(split_end - x[split]) * inner - within;
     const uint64_t run_begin = std::max(q * e, begin);
     const uint64_t run_end = std::min((q + run) * e, end);
-    cells[cell]->map(local * e + (run_begin - q * e), local * e + (run_end - q * e), out);
+    cells[cell]->map(local * e + (run_begin - q * e), local * e + (run_end - q * e), out, max_runs);
     q += run;
   }
 }

@@ -76,13 +76,15 @@ const std::vector<uint32_t>& VirtualFile::sources() const { return impl_->source
 
 const std::vector<CopiedRecord>& VirtualFile::copied_records() const { return impl_->copied; }
 
-uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& out) const {
+uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& out,
+                          size_t max_runs) const {
   const Impl& f = *impl_;
   if (offset >= f.size) return 0;
   const uint64_t end = offset + std::min(length, f.size - offset);
   auto it = std::upper_bound(f.pieces.begin(), f.pieces.end(), offset,
                              [](uint64_t off, const Piece& p) { return off < p.start; });
   for (--it; it != f.pieces.end() && it->start < end; ++it) {
+    if (out.size() > max_runs) return 0;
     const uint64_t from = std::max(offset, it->start) - it->start;
     const uint64_t to = std::min(end, it->start + it->length) - it->start;
     switch (it->kind) {
@@ -93,17 +95,17 @@ uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& ou
         append_run(out, Run{nullptr, it->ref, it->pos + from, to - from});
         break;
       case PieceKind::Tensor:
-        f.tensors[it->ref]->map(it->pos + from, it->pos + to, out);
+        f.tensors[it->ref]->map(it->pos + from, it->pos + to, out, max_runs);
         break;
       case PieceKind::Strided:
-        f.strided[it->ref]->map(it->pos + from, it->pos + to, out);
+        f.strided[it->ref]->map(it->pos + from, it->pos + to, out, max_runs);
         break;
       case PieceKind::Grid:
-        f.grids[it->ref]->map(it->pos + from, it->pos + to, out);
+        f.grids[it->ref]->map(it->pos + from, it->pos + to, out, max_runs);
         break;
     }
   }
-  return end - offset;
+  return out.size() > max_runs ? 0 : end - offset;
 }
 
 VirtualFile::Builder::Builder() : impl_(std::make_unique<Impl>()) {}

@@ -167,6 +167,25 @@ TEST_P(ReadMapTest, EveryWindowMatchesBruteForce) {
     if (a > b) std::swap(a, b);
     ASSERT_EQ(resolve(a, b), expected.substr(a, b - a)) << "window " << a << ".." << b;
   }
+
+  // With a limit, the map stops once it holds more runs than that, and those runs still read
+  // the start of the content; at or above the map's own run count it changes nothing.
+  std::vector<plan::Run> all;
+  content->map(0, expected.size(), all);
+  for (size_t limit : {size_t{0}, size_t{1}, size_t{3}, all.size() - 1, all.size()}) {
+    std::vector<plan::Run> some;
+    content->map(0, expected.size(), some, limit);
+    std::string got;
+    for (const plan::Run& r : some) got += file.read(r.offset, r.length);
+    if (limit >= all.size()) {
+      EXPECT_EQ(got, expected) << "limit " << limit;
+      EXPECT_EQ(some.size(), all.size()) << "limit " << limit;
+    } else {
+      EXPECT_GT(some.size(), limit);
+      EXPECT_LE(some.size(), all.size());
+      EXPECT_EQ(got, expected.substr(0, got.size())) << "limit " << limit;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -207,6 +226,17 @@ TEST(VirtualFile, MapsHeadersRangesAndMergesNeighbours) {
   EXPECT_EQ(runs[1].offset, 100u);
   EXPECT_EQ(runs[1].length, 15u);
   EXPECT_EQ(std::string(runs[2].mem, runs[2].length), "TAIL!");
+
+  // Limited to 1 run, it stops after the second (returning 0), before the tail; limited to 3,
+  // it maps all.
+  runs.clear();
+  EXPECT_EQ(file.map(2, 100, runs, 1), 0u);
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(std::string(runs[0].mem, runs[0].length), "AD");
+  EXPECT_EQ(runs[1].offset, 100u);
+  runs.clear();
+  EXPECT_EQ(file.map(2, 100, runs, 3), 22u);
+  EXPECT_EQ(runs.size(), 3u);
 
   runs.clear();
   EXPECT_EQ(file.map(24, 10, runs), 0u);

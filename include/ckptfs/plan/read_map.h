@@ -5,6 +5,7 @@
 // the other const members may be called from many threads at once.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -31,8 +32,10 @@ struct TensorContent {
   std::vector<SourceBlock> blocks;   // product(grid) blocks, C order over the grid
 
   uint64_t nbytes() const;
-  // Appends runs for content bytes [begin, end) (begin <= end <= nbytes()).
-  void map(uint64_t begin, uint64_t end, std::vector<Run>& out) const;
+  // Appends runs for content bytes [begin, end) (begin <= end <= nbytes()). Stops as soon as
+  // `out` holds more than `max_runs` runs (those then cover only a prefix of the range): a caller
+  // that only needs to know whether there are more than that need not map thousands.
+  void map(uint64_t begin, uint64_t end, std::vector<Run>& out, size_t max_runs = kAllRuns) const;
 };
 
 // A piece of a storage kept in several files (an hfai tensor's torch.chunk pieces): storage
@@ -60,8 +63,10 @@ struct StridedContent {
   std::vector<int64_t> strides;
 
   uint64_t nbytes() const;
-  // Appends runs for content bytes [begin, end) (begin <= end <= nbytes()).
-  void map(uint64_t begin, uint64_t end, std::vector<Run>& out) const;
+  // Appends runs for content bytes [begin, end) (begin <= end <= nbytes()). Stops as soon as
+  // `out` holds more than `max_runs` runs (those then cover only a prefix of the range): a caller
+  // that only needs to know whether there are more than that need not map thousands.
+  void map(uint64_t begin, uint64_t end, std::vector<Run>& out, size_t max_runs = kAllRuns) const;
   // The view of the box [begin, begin + extent) of this tensor (extent[k] <= shape[k] - begin[k]).
   StridedContent box(const std::vector<int64_t>& begin, const std::vector<int64_t>& extent) const;
   // Every source file the view may read.
@@ -89,8 +94,10 @@ struct GridContent {
   std::vector<std::shared_ptr<const StridedContent>> cells;
 
   uint64_t nbytes() const;
-  // Appends runs for content bytes [begin, end) (begin <= end <= nbytes()).
-  void map(uint64_t begin, uint64_t end, std::vector<Run>& out) const;
+  // Appends runs for content bytes [begin, end) (begin <= end <= nbytes()). Stops as soon as
+  // `out` holds more than `max_runs` runs (those then cover only a prefix of the range): a caller
+  // that only needs to know whether there are more than that need not map thousands.
+  void map(uint64_t begin, uint64_t end, std::vector<Run>& out, size_t max_runs = kAllRuns) const;
   // The box [begin, begin + extent) of this tensor (extent[k] <= shape[k] - begin[k]) as a grid
   // of the boxes of the cells it meets: O(cells) whatever the box's row count. An empty box is
   // one empty cell.

@@ -3,12 +3,16 @@
 // to read from many threads. Memory is O(records + source blocks), never O(bytes).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace ckptfs::plan {
+
+// No limit on the runs a map() appends.
+inline constexpr size_t kAllRuns = SIZE_MAX;
 
 // One contiguous piece of a reply, in file order.
 struct Run {
@@ -44,8 +48,12 @@ class VirtualFile {
 
   uint64_t size() const;
   // Appends the runs covering [offset, offset + length), clipped at size(); consecutive runs of
-  // one source file at consecutive offsets are merged. Returns the bytes covered.
-  uint64_t map(uint64_t offset, uint64_t length, std::vector<Run>& out) const;
+  // one source file at consecutive offsets are merged. Returns the bytes covered. With
+  // `max_runs`, stops as soon as `out` holds more than that many runs and returns 0: the runs
+  // then cover only a prefix (for a caller that wants few runs or none, such as the splice
+  // stage, which would otherwise map thousands of short runs of a READ only to decline it).
+  uint64_t map(uint64_t offset, uint64_t length, std::vector<Run>& out,
+               size_t max_runs = kAllRuns) const;
   // Source indices this file reads from, sorted, unique.
   const std::vector<uint32_t>& sources() const;
   // The records added by add_source_record, in file order.
