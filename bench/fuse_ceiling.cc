@@ -1,15 +1,23 @@
 // fuse_ceiling: the fastest a FUSE server answers READs on this machine, so that the bench can
 // set ckptfs beside it in the same run. It serves the given files read-only as MOUNTPOINT/f0,
 // f1, ... (same sizes), with direct_io and a multi-threaded loop like a ckptfs mount, in one of
-// two modes:
+// these modes:
 //
 //   static  every READ is answered from one constant 1 MiB buffer: the transport alone, with no
 //           data to find or copy. The bytes are wrong by design; it is a bound, not a server.
 //   pread   every READ is a pread() of the file into the thread's buffer: a FUSE server in front
 //           of files that already exist, which is what ckptfs would be if the resharded files
 //           had been written out.
+//   splice  every READ is the file's range spliced from its page cache into the reply (libfuse
+//           splices it into a pipe, then into /dev/fuse): the transport plus the one copy that
+//           any server of bytes held in the page cache must make, out of memory rather than out
+//           of a cache-resident buffer. Needs pipes that hold a 1 MiB reply
+//           (fs.pipe-max-size >= 2 MiB); otherwise libfuse falls back to pread + reply.
+//   mmap    every READ is answered with fuse_reply_buf straight from a read-only mapping of
+//           the file (the kernel's copy, out of the page cache, is again the only one).
 //
-//   fuse_ceiling MOUNTPOINT static|pread FILE...     (foreground; returns when unmounted)
+//   fuse_ceiling MOUNTPOINT static|pread|splice|mmap FILE...  (foreground; returns when
+//   unmounted)
 //
 // Reply buffers sit on 2 MiB huge pages, as ckptfs's do, so the comparison is about the data
 // path and not about page size.
@@ -41,8 +49,10 @@ struct File {
   off_t size = 0;
 };
 
-bool g_static = false;
-std::vector<File> g_files;  // inode 2 + i
+enum class Mode { kStatic, kPread, kSplice, kMmap };
+Mode g_mode = Mode::kStatic;
+std::vector<File> g_files;        // inode 2 + i
+std::vector<const char*> g_maps;  // mmap mode: each file mapped whole
 
 char* huge_buffer() {
   void* p = nullptr;
@@ -123,17 +133,37 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fuse_reply_open(req, fi);
 }
 
+void op_init(void*, fuse_conn_info* conn) {
+  if (g_mode == Mode::kSplice && (conn->capable & FUSE_CAP_SPLICE_WRITE) != 0)
+    conn->want |= FUSE_CAP_SPLICE_WRITE;
+}
+
 void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-  static char* const constant = huge_buffer();
-  thread_local char* const own = g_static ? nullptr : huge_buffer();
+  static char* const constant = g_mode == Mode::kStatic ? huge_buffer() : nullptr;
+  thread_local char* const own = g_mode == Mode::kPread ? huge_buffer() : nullptr;
   const File* f = file_of(ino);
-  if (f == nullptr || size > kBuffer || (g_static ? constant : own) == nullptr) {
+  const bool ready = g_mode == Mode::kStatic  ? constant != nullptr
+                     : g_mode == Mode::kPread ? own != nullptr
+                                              : true;
+  if (f == nullptr || size > kBuffer || !ready) {
     fuse_reply_err(req, f == nullptr ? EBADF : EIO);
     return;
   }
   const size_t want = off >= f->size ? 0 : std::min<size_t>(size, f->size - off);
-  if (g_static) {
+  if (g_mode == Mode::kStatic) {
     fuse_reply_buf(req, constant, want);
+    return;
+  }
+  if (g_mode == Mode::kMmap) {
+    fuse_reply_buf(req, g_maps[ino - 2] + off, want);
+    return;
+  }
+  if (g_mode == Mode::kSplice) {
+    fuse_bufvec data = FUSE_BUFVEC_INIT(want);
+    data.buf[0].flags = static_cast<fuse_buf_flags>(FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK);
+    data.buf[0].fd = f->fd;
+    data.buf[0].pos = off;
+    fuse_reply_data(req, &data, static_cast<fuse_buf_copy_flags>(0));
     return;
   }
   size_t got = 0;
@@ -148,11 +178,15 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4 || (std::strcmp(argv[2], "static") != 0 && std::strcmp(argv[2], "pread") != 0)) {
-    std::fprintf(stderr, "usage: fuse_ceiling MOUNTPOINT static|pread FILE...\n");
+  const char* const modes[] = {"static", "pread", "splice", "mmap"};
+  int mode = -1;
+  for (int m = 0; argc >= 4 && m < 4; ++m)
+    if (std::strcmp(argv[2], modes[m]) == 0) mode = m;
+  if (mode < 0) {
+    std::fprintf(stderr, "usage: fuse_ceiling MOUNTPOINT static|pread|splice|mmap FILE...\n");
     return 2;
   }
-  g_static = std::strcmp(argv[2], "static") == 0;
+  g_mode = static_cast<Mode>(mode);
   for (int i = 3; i < argc; ++i) {
     File f{"f" + std::to_string(i - 3), open(argv[i], O_RDONLY | O_CLOEXEC)};
     struct stat st;
@@ -162,8 +196,17 @@ int main(int argc, char** argv) {
     }
     f.size = st.st_size;
     g_files.push_back(f);
+    if (g_mode == Mode::kMmap) {
+      void* map = mmap(nullptr, std::max<size_t>(f.size, 1), PROT_READ, MAP_SHARED, f.fd, 0);
+      if (map == MAP_FAILED) {
+        std::fprintf(stderr, "fuse_ceiling: mmap %s: %s\n", argv[i], std::strerror(errno));
+        return 1;
+      }
+      g_maps.push_back(static_cast<const char*>(map));
+    }
   }
   fuse_lowlevel_ops ops{};
+  ops.init = op_init;
   ops.lookup = op_lookup;
   ops.getattr = op_getattr;
   ops.readdir = op_readdir;
