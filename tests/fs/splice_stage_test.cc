@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../src/fs/scratch.h"
 #include "test_data.h"
 
 namespace ckptfs::fs {
@@ -127,7 +128,11 @@ TEST_F(SpliceStageTest, ManyTinyRunsAreDeclinedAndLeaveThePipeEmpty) {
   std::string bytes;
   EXPECT_TRUE(stage(1, 0, 512 << 10, bytes).is_declined());  // rank 1: 13-byte runs
   EXPECT_TRUE(bytes.empty());
+  // Declined after mapping just past kMaxRuns runs, not the READ's tens of thousands (which
+  // the gather then maps again).
+  EXPECT_LE(detail::scratch().splice_runs.size(), SpliceStage::kMaxRuns + 2);
   EXPECT_FALSE(stage_.would_stage(ino_of(1), 0, 512 << 10));
+  EXPECT_LE(detail::scratch().splice_runs.size(), SpliceStage::kMaxRuns + 2);
   EXPECT_TRUE(stage_.would_stage(ino_of(2), 0, 512 << 10));
   EXPECT_FALSE(stage_.would_stage(1, 0, 512 << 10));  // the root is not a file
 }
