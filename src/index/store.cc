@@ -425,7 +425,12 @@ void Store::sync_in_background() {
 }
 
 void Store::wait_synced() {
-  if (impl_->syncing.valid()) impl_->syncing.get();
+  std::future<void> syncing;
+  {
+    std::lock_guard lock(impl_->mu);
+    syncing = std::move(impl_->syncing);
+  }
+  if (syncing.valid()) syncing.get();
 }
 
 std::vector<Entry> Store::entries(std::vector<std::string>* unreadable) const {
