@@ -198,7 +198,7 @@ void build(IndexOptions& options) {
         progress.add_also(scan.params.size());
         progress.item_done();
       },
-      detected.family->readers());
+      detected.family->readers(), summaries_wanted(options));
   progress.finish();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -225,6 +225,17 @@ void build(IndexOptions& options) {
     ranks_progress.item_done();
   });
   ranks_progress.finish();
+  // The scans' pages went to the disk while the summaries were planned (build_index's
+  // sync_later); the summaries' own commit synced as usual.
+  try {
+    store->wait_synced();
+  } catch (const Error& e) {
+    spdlog::warn("{}; the new scans may not be recorded", e.what());
+    fail(
+        "{}: {} of {} files could not be recorded (see the warning above); a shipped index must "
+        "hold every source",
+        dir.string(), built.files - built.from_index, built.files);
+  }
   const auto end = std::chrono::steady_clock::now();
   if (!options.quiet)
     fmt::print(

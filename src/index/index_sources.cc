@@ -151,7 +151,6 @@ void refuse_encrypted(int fd, const std::string& name) {
         name);
 }
 
-
 }  // namespace
 
 std::optional<CachedScan> lookup_cached(const Store& store, const source::SourceFile& file,
@@ -215,7 +214,7 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
 }
 
 BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const OnFile& on_file,
-                        scan::Readers readers) {
+                        scan::Readers readers, bool sync_later) {
   std::atomic<uint64_t> params{0};
   std::atomic<size_t> hits{0}, unrecorded{0};
   std::atomic<bool> warned{false};
@@ -255,7 +254,8 @@ BuildResult build_index(Store* store, const std::vector<fs::path>& paths, const 
     }
   });
   try {
-    if (store) store->defer_sync(false);
+    if (store && sync_later) store->sync_in_background();
+    if (store && !sync_later) store->defer_sync(false);
   } catch (const Error& e) {
     spdlog::warn("{}; the new scans may not be recorded", e.what());
     unrecorded += paths.size() - hits.load();

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -129,6 +130,8 @@ struct Store::Impl {
   // One operation at a time: a map resize is only allowed while this process has no
   // transaction open, and the index is far from any hot path.
   mutable std::mutex mu;
+  // sync_in_background's sync; last, so that it is waited for before the environment closes.
+  std::future<void> syncing;
 
   // Callers hold mu.
   lmdb::Txn begin(unsigned flags) {
@@ -407,6 +410,27 @@ void Store::defer_sync(bool on) {
   lmdb::check(mdb_env_set_flags(impl_->env.get(), MDB_NOSYNC, on ? 1 : 0), dir(),
               "cannot set MDB_NOSYNC");
   if (!on) lmdb::check(mdb_env_sync(impl_->env.get(), 1), dir(), "cannot sync the index");
+}
+
+void Store::sync_in_background() {
+  if (impl_->read_only) return;
+  std::lock_guard lock(impl_->mu);
+  lmdb::check(mdb_env_set_flags(impl_->env.get(), MDB_NOSYNC, 0), dir(), "cannot set MDB_NOSYNC");
+  // Outside `mu`: readers go on while the pages reach the disk. A later commit syncs by itself
+  // (LMDB's commit writes its pages, syncs the file, then writes the meta page), so this only
+  // starts the write-back early; a map resize remaps the file, which a sync does not mind.
+  impl_->syncing = std::async(std::launch::async, [env = impl_->env.get(), dir = dir()] {
+    lmdb::check(mdb_env_sync(env, 1), dir, "cannot sync the index");
+  });
+}
+
+void Store::wait_synced() {
+  std::future<void> syncing;
+  {
+    std::lock_guard lock(impl_->mu);
+    syncing = std::move(impl_->syncing);
+  }
+  if (syncing.valid()) syncing.get();
 }
 
 std::vector<Entry> Store::entries(std::vector<std::string>* unreadable) const {

@@ -294,6 +294,30 @@ TEST_F(StoreTest, ReopenFindsWhatWasStored) {
   EXPECT_TRUE(moved.lookup(fp_).has_value());
 }
 
+// index build with summaries: the scans' sync runs while they are read back and the summaries
+// are written; everything is there after the store is closed and opened again.
+TEST_F(StoreTest, SyncInBackgroundKeepsReadsAndLaterWritesGoing) {
+  const scan::FileScan scan = full_scan();
+  source::Fingerprint other = fp_;
+  other.ino += 1;
+  {
+    Store store(dir_);
+    store.defer_sync(true);
+    const Store::NewEntry item{"/a.ckpt", fp_, &scan};
+    store.insert(std::span(&item, 1));
+    store.sync_in_background();
+    EXPECT_TRUE(store.lookup(fp_).has_value());
+    const Store::NewEntry later{"/b.ckpt", other, &scan};
+    store.insert(std::span(&later, 1));
+    store.wait_synced();
+    store.wait_synced();  // waited for already: nothing more to wait for
+  }
+  Store store(dir_);
+  ASSERT_TRUE(store.lookup(fp_).has_value());
+  ASSERT_TRUE(store.lookup(other).has_value());
+  expect_same(*store.lookup(other), scan);
+}
+
 TEST_F(StoreTest, OtherFormatVersionReadsAsAbsent) {
   const scan::FileScan scan = full_scan();
   { Store(dir_).insert(std::vector<Store::NewEntry>{{"/a.ckpt", fp_, &scan}}); }

@@ -150,6 +150,12 @@ class Store {
   void insert(std::span<const NewEntry> items);
   // While on, commits do not wait for the disk (a bulk build); turning it off syncs once.
   void defer_sync(bool on);
+  // Turns the deferral off as defer_sync(false) does, but the sync runs on a thread of its own
+  // and the caller goes on (lookups are not held up meanwhile); wait_synced() waits for it and
+  // throws its Error. Commits made after this call sync as usual. The store's destruction waits
+  // for the sync too.
+  void sync_in_background();
+  void wait_synced();
   // The fingerprint stored for the file at absolute `path` (no scan is decoded); nullopt if
   // there is none.
   std::optional<source::Fingerprint> fingerprint(const std::string& path) const;
@@ -246,9 +252,12 @@ struct BuildResult {
 // that of a file's scan per thread, whatever the number of files. `on_file` after each file.
 // Throws Error naming the first file that cannot be opened or scanned (the files stored before
 // it stay stored). A null `store` (an index that cannot be opened) scans every file and
-// records none (all counted as `unrecorded`).
+// records none (all counted as `unrecorded`). `sync_later`: the new scans' sync is only started
+// (Store::sync_in_background) and the caller waits for it (Store::wait_synced), so that index
+// build plans its target summaries while the pages reach the disk.
 BuildResult build_index(Store* store, const std::vector<std::filesystem::path>& paths,
-                        const OnFile& on_file = {}, scan::Readers readers = {});
+                        const OnFile& on_file = {}, scan::Readers readers = {},
+                        bool sync_later = false);
 
 // From a read-only shipped index only: every path must have an entry of its current size and
 // mtime, and its structure bytes (structure.h) must have the digest the entry holds, else
