@@ -15,7 +15,7 @@ packages=(
   libprotobuf-dev protobuf-compiler
   liblmdb-dev
   libspdlog-dev libfmt-dev
-  libcli11-dev nlohmann-json3-dev zlib1g-dev
+  libcli11-dev nlohmann-json3-dev zlib1g-dev libdeflate-dev
   libssl-dev  # libcrypto: encrypted checkpoints (AES, SM4)
   libjemalloc-dev
   libcurl4-openssl-dev libxml2-dev  # sources straight from S3: signed GETs, object listings

@@ -1,5 +1,5 @@
-// crc32_update takes two paths (a table walk for short spans, zlib for long ones): both must give
-// zlib's CRC-32 for every length, alignment and split of the input.
+// crc32_update must give zlib's CRC-32 (the independent oracle here) for every length, alignment
+// and split of the input.
 #include "ckptfs/ckpt/crc32.h"
 
 #include <gtest/gtest.h>
