@@ -453,7 +453,9 @@ void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors
         if (check.verdict == Verdict::kRetry && slot.attempt + 1 < kAttempts) {
           g_retries.fetch_add(1, std::memory_order_relaxed);
           spdlog::debug("{}: {}; retrying", where, check.why);
-          waiting.push_back({slot.get, slot.attempt + 1, Clock::now() + backoff(slot.attempt)});
+          // First in line once its backoff is over: behind hundreds of first tries, a range the
+          // store keeps failing would fail the call only after all of them had had their turns.
+          waiting.push_front({slot.get, slot.attempt + 1, Clock::now() + backoff(slot.attempt)});
           continue;
         }
         std::string why = fmt::format(
