@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -303,7 +304,11 @@ void add_inspect_command(CLI::App& app) {
     keys.dec_key_env = options->dec_key_env;
     view::load_key(keys);
     const remote::ObjectRef* object = remote::object_at(options->file);
-    options->name = object ? object->url() : options->file;
+    const bool staged = !s3_source_url().empty();
+    options->name = object ? object->url() : staged ? s3_source_url() : options->file;
+    if (staged && std::filesystem::is_directory(options->file))
+      fail("{}: a prefix, not one object; inspect takes s3://BUCKET/KEY of one checkpoint file",
+           options->name);
     // A file of millions of tiny records can need more memory than the process may have.
     naming_out_of_memory(options->name, "reading it", [&] {
       const UniqueFd fd = util::open_regular(options->file, "checkpoint file");
