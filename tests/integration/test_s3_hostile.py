@@ -25,7 +25,7 @@ Expected bytes are the fixture generator's files.
 * get_error_named: a 403 with an S3 error body: the line names the object and the S3 code.
 * drip_gives_up: a store that sends a byte every 50 ms: a READ ends with EIO within a minute
   (each GET given up after --s3-timeout under 16 KiB/s, then retried), with or without
-  fetch-ahead.
+  fetch-ahead; `umount -z` while READs wait on it: the daemon exits within a minute.
 * odd_keys: keys with %, +, spaces, ?, # and unicode are fetched by their own key; `inspect`
   of a prefix says so by its URL (was: the staged temp folder's path).
 * bucket_not_a_host: `s3://HOST:PORT#/x` (and `a@HOST:PORT?`) with no endpoint: refused with one
@@ -363,6 +363,22 @@ def drip_gives_up(setup):
                     raise AssertionError(f"{rel} was read from a store that drips")
                 took = time.monotonic() - start
                 print(f"  {extra}: the read failed after {took:.1f}s", flush=True)
+                assert took < 60, took
+                if extra:
+                    continue
+                # Stopping while READs wait on dripping GETs: they end, then the daemon.
+                pids = itest.daemon_pids(setup.args.ckptfs, mnt)
+                reader = threading.Thread(target=read_all, args=(mnt,), daemon=True)
+                reader.start()
+                time.sleep(1)
+                start = time.monotonic()
+                itest.run([setup.args.ckptfs, "umount", "-z", mnt])
+                reader.join(90)
+                while any(os.path.exists(f"/proc/{p}") for p in pids) and \
+                        time.monotonic() - start < 90:
+                    time.sleep(0.1)
+                took = time.monotonic() - start
+                print(f"  the daemon exited {took:.1f}s after umount -z", flush=True)
                 assert took < 60, took
         finally:
             setup.s3.get_fault = None
