@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -41,6 +42,7 @@ namespace {
 
 struct InspectOptions {
   std::string file;
+  std::string name;  // in messages: an S3 object's URL (never its placeholder's path), else file
   bool json = false;
   bool verify_crc = false;
   std::string dec_key_file;
@@ -208,7 +210,7 @@ void print_table(const scan::FileScan& scan, const InspectOptions& options) {
 // Tensors in data-offset order (the file's own), with the dtype code as written.
 void inspect_safetensors(const InspectOptions& options) {
   const UniqueFd fd = util::open_regular(options.file, "checkpoint file");
-  const safetensors::Header h = safetensors::read_header(fd.get(), options.file);
+  const safetensors::Header h = safetensors::read_header(fd.get(), options.name);
   if (options.json) {
     nlohmann::json tensors = nlohmann::json::array();
     for (const safetensors::Tensor& t : h.tensors)
@@ -255,18 +257,18 @@ void inspect_safetensors(const InspectOptions& options) {
 scan::FileScan scan_ckpt(int fd, const InspectOptions& options) {
   if (!ckpt::opens_like_checkpoint(fd) && strategy::looks_like_strategy(options.file))
     fail("{}: a parallel strategy file, not a checkpoint; show it with: ckptfs strategy show {}",
-         options.file, options.file);
+         options.name, options.file);
   // An encrypted file with its key: verified and scanned through its decrypted stream, so the
   // offsets shown are plaintext offsets (the file MindSpore would have saved unencrypted).
   if (crypt::session_key() != nullptr) {
     std::array<char, scan::kHeadBytes> head{};
     const ssize_t got = remote::pread(fd, head.data(), head.size(), 0);
     if (got > 0 && ckpt::kEncryptedReader.claims(
-                       options.file, std::string_view(head.data(), static_cast<size_t>(got))))
-      return ckpt::kEncryptedReader.scan(fd, options.file,
+                       options.name, std::string_view(head.data(), static_cast<size_t>(got))))
+      return ckpt::kEncryptedReader.scan(fd, options.name,
                                          scan::ReadOptions{.verify_crc = options.verify_crc});
   }
-  return ckpt::scan_checkpoint_fd(fd, options.file,
+  return ckpt::scan_checkpoint_fd(fd, options.name,
                                   ckpt::ScanOptions{.verify_crc = options.verify_crc});
 }
 
@@ -301,13 +303,19 @@ void add_inspect_command(CLI::App& app) {
     keys.dec_key_file = options->dec_key_file;
     keys.dec_key_env = options->dec_key_env;
     view::load_key(keys);
+    const remote::ObjectRef* object = remote::object_at(options->file);
+    const bool staged = !s3_source_url().empty();
+    options->name = object ? object->url() : staged ? s3_source_url() : options->file;
+    if (staged && std::filesystem::is_directory(options->file))
+      fail("{}: a prefix, not one object; inspect takes s3://BUCKET/KEY of one checkpoint file",
+           options->name);
     // A file of millions of tiny records can need more memory than the process may have.
-    naming_out_of_memory(options->file, "reading it", [&] {
+    naming_out_of_memory(options->name, "reading it", [&] {
       const UniqueFd fd = util::open_regular(options->file, "checkpoint file");
-      const scan::FileReader& reader = view::reader_for_file(fd.get(), options->file);
+      const scan::FileReader& reader = view::reader_for_file(fd.get(), options->name);
       switch (reader.format) {
         case scan::SourceFormat::TorchZip:
-          print_torch(torchzip::scan_torch_fd(fd.get(), options->file), options->json);
+          print_torch(torchzip::scan_torch_fd(fd.get(), options->name), options->json);
           return;
         case scan::SourceFormat::Safetensors:
           inspect_safetensors(*options);
@@ -315,7 +323,7 @@ void add_inspect_command(CLI::App& app) {
         case scan::SourceFormat::Ckpt:
           break;
         default:  // a family's own format (DCP): its params are views into the file's records
-          print_torch(reader.scan(fd.get(), options->file, {}), options->json,
+          print_torch(reader.scan(fd.get(), options->name, {}), options->json,
                       scan::format_name(reader.format));
           return;
       }

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "ckptfs/error.h"
@@ -38,6 +39,8 @@ uint64_t fnv1a(std::string_view s, uint64_t seed) {
 }
 
 // The last window a scan on this thread read.
+thread_local std::string t_failure;  // remote::pread's last reason, for read_failure
+
 struct Window {
   const ObjectRef* object = nullptr;
   uint64_t offset = 0;
@@ -134,6 +137,7 @@ void read_exact(const ObjectRef& object, uint64_t offset, std::span<uint8_t> out
 }
 
 ssize_t pread(int fd, void* buf, size_t count, off_t offset) {
+  t_failure.clear();
   const ObjectRef* object = object_of(fd);
   if (object == nullptr) return ::pread(fd, buf, count, offset);
   const auto at = static_cast<uint64_t>(offset);
@@ -142,11 +146,17 @@ ssize_t pread(int fd, void* buf, size_t count, off_t offset) {
   try {
     read_exact(*object, at, std::span(static_cast<uint8_t*>(buf), n));
   } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
+    spdlog::debug("{}", e.what());
+    t_failure = e.what();
     errno = EIO;
     return -1;
   }
   return static_cast<ssize_t>(n);
+}
+
+std::string read_failure(int err) {
+  if (t_failure.empty()) return std::strerror(err);
+  return std::exchange(t_failure, {});
 }
 
 }  // namespace ckptfs::remote

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 
 namespace ckptfs::remote {
@@ -64,19 +65,22 @@ std::string header_value(std::string_view line, size_t name_len) {
 }
 
 // One request's answer as it arrives. Body bytes go to `out` (bounded by its size) once the
-// status says they are the object's, else (an error answer) to `error_body`.
+// status says they are the object's (200 or 206), else (an error answer) to `body`: an error
+// body never lands in the caller's buffer, and its S3 code reaches the message.
 struct Answer {
   std::span<uint8_t> out;
   size_t received = 0;
   bool overflow = false;
   std::string body;  // listings and error answers (bounded)
   bool want_body = false;
+  long status = 0;  // of the answer whose headers came last
   std::string content_range, etag;
   char errbuf[CURL_ERROR_SIZE] = {};
 
   void reset() {
     received = 0;
     overflow = false;
+    status = 0;
     body.clear();
     content_range.clear();
     etag.clear();
@@ -90,6 +94,10 @@ size_t on_header(char* data, size_t size, size_t n, void* user) {
   if (line.rfind("HTTP/", 0) == 0) {  // a new answer (after a 100 or a redirect)
     a->content_range.clear();
     a->etag.clear();
+    const auto space = line.find(' ');
+    a->status = space == std::string_view::npos
+                    ? 0
+                    : std::atol(std::string(line.substr(space + 1, 3)).c_str());
   } else if (starts_with_nocase(line, "content-range:")) {
     a->content_range = header_value(line, 14);
   } else if (starts_with_nocase(line, "etag:")) {
@@ -104,6 +112,10 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
   if (a->want_body) {
     if (a->body.size() + len > (64u << 20)) return 0;
     a->body.append(data, len);
+    return len;
+  }
+  if (a->status != 200 && a->status != 206) {  // an error answer: its head is enough
+    a->body.append(data, std::min(len, (64u << 10) - std::min<size_t>(a->body.size(), 64u << 10)));
     return len;
   }
   if (a->received + len > a->out.size()) {
@@ -214,7 +226,9 @@ void prepare(CURL* e, const S3Config& config, const std::string& sigv4, int stal
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, static_cast<long>(stall_seconds));
-  curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  // Stalled: under kMinSpeed for stall_seconds. A store that drips bytes is no better than one
+  // that sends none, and a floor of one byte a second would let it hold a READ for hours.
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, static_cast<long>(S3Client::kMinSpeed));
   curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, static_cast<long>(stall_seconds));
   curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, &a);
@@ -237,6 +251,7 @@ Slist base_headers(const S3Config& config) {
 std::vector<ObjectInfo> S3Client::list(const std::string& bucket, const std::string& prefix) const {
   std::vector<ObjectInfo> all;
   std::string token;
+  std::set<std::string> tokens;  // every token followed: a store that repeats one loops for good
   const std::string where = "s3://" + bucket + "/" + prefix;
   for (;;) {
     // Query parameters in SigV4's canonical (sorted) order.
@@ -268,6 +283,11 @@ std::vector<ObjectInfo> S3Client::list(const std::string& bucket, const std::str
     for (ObjectInfo& o : page.objects) all.push_back(std::move(o));
     if (!page.truncated) break;
     token = page.next_token;
+    if (!tokens.insert(token).second)
+      fail(
+          "{}: the listing gives continuation token \"{}\" a second time (the store would list "
+          "for good); check the endpoint is an S3 store",
+          where, token);
   }
   return all;
 }
@@ -292,7 +312,13 @@ Check judge(const Get& g, CURLcode code, long status, const Answer& a) {
             status == 412 ? "its ETag is no longer " + o.info.etag : "it no longer exists"};
   if (status >= 500 || status == 429) return {Verdict::kRetry, describe_failure(code, status, a)};
   if (status != 206 && status != 200) return {Verdict::kFailed, describe_failure(code, status, a)};
-  if (!a.etag.empty() && a.etag != o.info.etag)
+  // Without an ETag nothing shows that these are the scanned object's bytes: a store that also
+  // ignores If-Match would serve a rewritten object's.
+  if (a.etag.empty())
+    return {Verdict::kFailed,
+            "the answer carries no ETag, so nothing shows the object is the one scanned (ckptfs "
+            "reads only from stores that send ETags)"};
+  if (a.etag != o.info.etag)
     return {Verdict::kChanged, "its ETag is now " + a.etag + ", was " + o.info.etag};
   if (status == 206) {
     // "bytes FIRST-LAST/TOTAL"
@@ -427,7 +453,9 @@ void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors
         if (check.verdict == Verdict::kRetry && slot.attempt + 1 < kAttempts) {
           g_retries.fetch_add(1, std::memory_order_relaxed);
           spdlog::debug("{}: {}; retrying", where, check.why);
-          waiting.push_back({slot.get, slot.attempt + 1, Clock::now() + backoff(slot.attempt)});
+          // First in line once its backoff is over: behind hundreds of first tries, a range the
+          // store keeps failing would fail the call only after all of them had had their turns.
+          waiting.push_front({slot.get, slot.attempt + 1, Clock::now() + backoff(slot.attempt)});
           continue;
         }
         std::string why = fmt::format(

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 
 #include "ckptfs/error.h"
 #include "ckptfs/remote/objects.h"
@@ -53,6 +54,14 @@ StageResult stage(const std::string& url, const S3Options& options, int stall_se
   const std::string bucket = rest.substr(0, slash);
   std::string prefix = slash == std::string::npos ? "" : rest.substr(slash + 1);
   if (bucket.empty()) fail("{}: no bucket; write s3://BUCKET/PREFIX", url);
+  // Without an endpoint the bucket is part of a host name: ':', '@', '#' or '?' in it would
+  // send the signed request to another host.
+  if (bucket.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") != std::string::npos)
+    fail(
+        "{}: \"{}\" is not a bucket name (letters, digits, '.', '-' and '_'); write "
+        "s3://BUCKET/PREFIX",
+        url, bucket);
   while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
   auto client = std::make_shared<const S3Client>(find_config(options), stall_seconds);
   // One listing answers both questions: is the URL one object (inspect FILE), or a prefix?
@@ -81,9 +90,19 @@ StageResult stage(const std::string& url, const S3Options& options, int stall_se
       prefix.empty() ? bucket : fs::path(prefix.substr(0, prefix.size() - 1)).filename().string();
   result.dir = result.staged->dir() / leaf;
   fs::create_directories(result.dir);
+  // The key each file was made for: "P/x" and "P//x" are one path, and whichever came last
+  // would be served under it.
+  std::map<fs::path, std::string> made;
   for (const ObjectInfo& o : objects) {
     const auto rel = relative_path(o.key, prefix);
     if (!rel) continue;
+    if (const auto [it, fresh] = made.emplace(*rel, o.key); !fresh) {
+      if (it->second == o.key) continue;  // listed twice
+      fail(
+          "s3://{}/{} and s3://{}/{} would be the same file {}; rename or remove one of them, "
+          "or mount a prefix that holds only one",
+          bucket, it->second, bucket, o.key, rel->string());
+    }
     const fs::path local = result.dir / *rel;
     fs::create_directories(local.parent_path());
     ObjectRef ref{bucket, o};

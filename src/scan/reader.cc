@@ -14,7 +14,7 @@ namespace ckptfs::scan {
 const FileReader& pick_reader(Readers readers, int fd, const std::string& name) {
   char head[kHeadBytes] = {};
   const ssize_t got = retry_eintr([&] { return remote::pread(fd, head, sizeof head, 0); });
-  if (got < 0) fail("{}: cannot read: {}", name, std::strerror(errno));
+  if (got < 0) fail("{}: cannot read: {}", name, remote::read_failure(errno));
   const std::string_view first(head, static_cast<size_t>(got));
   for (const FileReader* reader : readers)
     if (reader->claims(name, first)) return *reader;

@@ -14,7 +14,8 @@ void read_exact(int fd, const std::string& name, uint64_t offset, char* out, uin
   while (length > 0) {
     const ssize_t n =
         retry_eintr([&] { return remote::pread(fd, out, length, static_cast<off_t>(offset)); });
-    if (n < 0) fail("{}: byte offset {}: read failed: {}", name, offset, std::strerror(errno));
+    if (n < 0)
+      fail("{}: byte offset {}: read failed: {}", name, offset, remote::read_failure(errno));
     if (n == 0) fail("{}: byte offset {}: unexpected end of file", name, offset);
     out += n;
     offset += static_cast<uint64_t>(n);

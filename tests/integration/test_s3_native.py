@@ -25,6 +25,8 @@ faults. Keys come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, as the AWS too
   it fail with EIO (the log names the object and offset), every other file is served exactly.
 * wrong_keys_one_line: a wrong secret key: the mount is refused with one line naming the URL.
 * inspect_object: `inspect s3://BUCKET/KEY` prints what `inspect` of the local copy prints.
+* odd_keys_signed: objects whose keys hold %, +, spaces, ?, #, ;, &, =, ~, (), ! and unicode
+  are read by `inspect s3://...` (each request signed for its own key, which the server checks).
 * profile_keys: keys from a profile of a credentials file (AWS_SHARED_CREDENTIALS_FILE,
   --s3-profile) mount as well.
 
@@ -34,6 +36,7 @@ Skipped (exit 77) only when the server cannot be installed on this machine.
 import errno
 import os
 import tempfile
+import urllib.parse
 
 import itest
 import ckpt_fixture
@@ -380,6 +383,18 @@ def inspect_object(setup):
     assert strip(local.stdout) == strip(remote.stdout), (local.stdout, remote.stdout)
 
 
+def odd_keys_signed(setup):
+    rel = sorted(r for r in itest.tree_files(setup.fx.src_dir) if r.endswith(".ckpt"))[0]
+    path = os.path.join(setup.fx.src_dir, rel)
+    local = itest.run([setup.args.ckptfs, "inspect", path]).stdout.count("\n")
+    for key in ("odd/50% off+more.ckpt", "odd/a b?c#d.ckpt", "odd/ünïcødé-検査.ckpt",
+                "odd/semi;colon&amp=x.ckpt", "odd/tilde~(paren)!.ckpt"):
+        setup.server.put_file(path, BUCKET, urllib.parse.quote(key, safe="/"))
+        out = itest.run([setup.args.ckptfs, "inspect", f"s3://{BUCKET}/{key}"]
+                        + setup.s3_args()).stdout
+        assert out.count("\n") == local, (key, out)
+
+
 def main():
     args = itest.parse_args()
     try:
@@ -401,6 +416,7 @@ def main():
         checks.run("wrong_keys_one_line", wrong_keys_one_line, setup)
         checks.run("profile_keys", profile_keys, setup)
         checks.run("inspect_object", inspect_object, setup)
+        checks.run("odd_keys_signed", odd_keys_signed, setup)
     checks.finish()
 
 

@@ -59,7 +59,12 @@ void read_exact(const ObjectRef& object, uint64_t offset, std::span<uint8_t> out
 inline constexpr uint64_t kScanWindow = 256 << 10;
 
 // pread(2) that reads `fd`'s object when it stands for one: at most `count` bytes, fewer only at
-// the object's end; -1 with errno EIO (the reason logged) when the object cannot be read.
+// the object's end; -1 with errno EIO when the object cannot be read, the reason kept for
+// read_failure (and logged at debug level: the caller's one line gives it).
 ssize_t pread(int fd, void* buf, size_t count, off_t offset);
+
+// Why this thread's last failed pread failed: the object's reason (naming its URL and offset)
+// when it was an object's, else strerror(err). Taken once: a later call gives strerror(err).
+std::string read_failure(int err);
 
 }  // namespace ckptfs::remote

@@ -1,8 +1,9 @@
 // Signed S3 requests through libcurl (CURLOPT_AWS_SIGV4): object listings and ranged GETs of an
 // object whose identity (size, ETag) was recorded at scan time. Each GET carries If-Match with
 // that ETag and its answer is checked (status, Content-Range start and total size, ETag, byte
-// count), so a changed object is a Changed error, never other bytes. Timeouts, dropped
-// connections, 5xx and 429 answers are retried with exponential backoff (kAttempts in all).
+// count; an answer without an ETag is refused), so a changed object is a Changed error, never
+// other bytes. Stalls (under kMinSpeed for stall_seconds), dropped connections, short bodies,
+// 5xx and 429 answers are retried with exponential backoff (kAttempts in all).
 //
 // Thread-safety: an S3Client is immutable once made and may be used from any number of threads
 // at once; each thread keeps its own curl handles (remade after a fork).
@@ -52,10 +53,13 @@ class S3Client {
   static constexpr int kAttempts = 6;
   // Concurrent GETs of one fetch() call.
   static constexpr size_t kInFlight = 16;
+  // Bytes a second under which a request, over its stall_seconds, counts as stalled (retried).
+  static constexpr long kMinSpeed = 16 << 10;
 
   explicit S3Client(S3Config config, int stall_seconds = 10);
 
-  // Every object under `prefix` (ListObjectsV2, following continuation tokens).
+  // Every object under `prefix` (ListObjectsV2, following continuation tokens; a token given
+  // twice is an Error, not a loop).
   std::vector<ObjectInfo> list(const std::string& bucket, const std::string& prefix) const;
 
   // Reads every get, up to kInFlight at a time. Throws Changed when an object changed, Error
