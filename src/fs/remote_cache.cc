@@ -136,6 +136,14 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
     if (it == held.end()) break;
     at = std::max(at, it->second->end);
   }
+  // The held ranges it overlaps will be read again soon: they become the most recently used, so
+  // that room is made from ranges no reader is coming back to (a range one file read long ago
+  // that the next file's window needs was freed first, and that file's READs fetched their runs
+  // alone: 15k GETs instead of 300 for a checkpoint a little larger than the bound).
+  auto touched = held.upper_bound(begin);
+  if (touched != held.begin() && std::prev(touched)->second->end > begin) --touched;
+  for (; touched != held.end() && touched->first < end; ++touched)
+    if (touched->second->in_lru) lru_.splice(lru_.end(), lru_, touched->second->lru);
   // Room for every gap or none is queued: a part queued here without the fetchers told of it
   // (below) would keep a READ that waits for it waiting.
   uint64_t need = 0;

@@ -77,8 +77,9 @@ class RemoteCache {
   RemoteCache(const RemoteCache&) = delete;
   RemoteCache& operator=(const RemoteCache&) = delete;
 
-  // Queues [begin, end) of `object` (which outlives this cache) unless a held or queued range
-  // overlaps it; false when the bound leaves no room (nothing queued).
+  // Queues the parts of [begin, end) of `object` (which outlives this cache) no held or queued
+  // range covers, and marks the held ones it overlaps as the most recently used; false when the
+  // bound leaves no room (nothing queued).
   bool want(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
 
   enum class Got { kCopied, kMiss, kFailed };

@@ -191,6 +191,21 @@ TEST_F(RemoteCacheTest, ARunAcrossTwoRangesIsCopiedFromBoth) {
   EXPECT_EQ(cache.stats().misses, 0u);
 }
 
+// A want that overlaps a held range (the next file's window over a range an earlier file read)
+// keeps it: room for new ranges is made from the ones no window asked for since.
+TEST_F(RemoteCacheTest, AWantedRangeIsNotTheFirstFreed) {
+  RemoteCache cache(8 * kMiB, 1);
+  for (uint64_t at = 0; at < 6 * kMiB; at += 2 * kMiB)
+    ASSERT_TRUE(cache.want(&object_, at, at + 2 * kMiB));
+  cache.wait_idle();
+  ASSERT_TRUE(cache.want(&object_, 0, kMiB));  // held: nothing to fetch
+  ASSERT_TRUE(cache.want(&object_, 6 * kMiB, 9 * kMiB));
+  cache.wait_idle();
+  EXPECT_EQ(store_.gets(), 4);
+  EXPECT_TRUE(holds(cache, 0, 2 * kMiB)) << "the range just wanted was freed";
+  EXPECT_FALSE(holds(cache, 2 * kMiB, 2 * kMiB));  // the least recently used instead
+}
+
 // Unmounting does not wait for GETs stalled on the store (each would take the stall limit, times
 // the retries): the fetchers give them up.
 TEST_F(RemoteCacheTest, StoppingGivesUpStalledGets) {
