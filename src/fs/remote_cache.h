@@ -4,13 +4,19 @@
 // ETag; READs copy their runs from here (read), waiting for a range still in flight. A range
 // that several targets read is fetched once while it is held.
 //
-// Bounded: ranges held or in flight, all objects together, stay under `max_bytes` (the mount's
-// -o readahead_max). A new range first takes the room of the ranges used least recently that
-// have arrived; past that it is not fetched ahead, and its reader fetches its own runs.
+// Bounded: the bytes of the S3 path, all objects together, stay under `max_bytes` (the mount's
+// share of -o readahead_max): ranges held or in flight, and the buffers READs charge (reserve)
+// for the GETs of runs no range holds. A new range first takes the room of the ranges used least
+// recently that have arrived and that no READ is copying from; past that it is not fetched
+// ahead, and its reader fetches its own runs. A range's bytes are pages of its own from 64 KiB
+// (RangeBuffer), so that a dropped range's memory leaves the daemon at once.
 //
 // Never a wrong byte: a range whose GET fails (after the client's retries) or whose object
 // changed is logged once and dropped; the reads waiting for it fail (EIO), later reads fetch
 // for themselves and meet the same answer.
+//
+// A READ's run may span several ranges next to each other (ranges asked for by two windows, or
+// the gaps a want filled between held ones): it is copied from all of them.
 //
 // Thread-safety: every member may be called from any thread; `mutex_` guards the ranges, the
 // queue and the counters, is a leaf, and is never held during a GET or a copy of many bytes.
@@ -34,6 +40,29 @@
 
 namespace ckptfs::fs {
 
+// Bytes of one fetched range or one READ's staged GETs. From kMappedBytes on, pages mapped for
+// it alone and unmapped when it is freed: from the heap, a freed range of a few MiB stays in the
+// allocator's per-thread arenas, and a mount bounded at 32 MiB grew by 96 MiB. Below, the heap
+// (small blocks are reused there). Not zeroed. Thread-safety: one owner at a time.
+class RangeBuffer {
+ public:
+  static constexpr size_t kMappedBytes = size_t{64} << 10;
+  RangeBuffer() = default;
+  explicit RangeBuffer(size_t size);  // throws std::bad_alloc
+  ~RangeBuffer() { reset(); }
+  RangeBuffer(RangeBuffer&& other) noexcept;
+  RangeBuffer& operator=(RangeBuffer&& other) noexcept;
+  RangeBuffer(const RangeBuffer&) = delete;
+  RangeBuffer& operator=(const RangeBuffer&) = delete;
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  void reset() noexcept;
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 class RemoteCache {
  public:
   // Fetcher threads; each sends its batch of up to kBatch GETs at once (curl multi), so up to
@@ -48,21 +77,31 @@ class RemoteCache {
   RemoteCache(const RemoteCache&) = delete;
   RemoteCache& operator=(const RemoteCache&) = delete;
 
-  // Queues [begin, end) of `object` (which outlives this cache) unless a held or queued range
-  // overlaps it; false when the bound leaves no room (nothing queued).
+  // Queues the parts of [begin, end) of `object` (which outlives this cache) no held or queued
+  // range covers, and marks the held ones it overlaps as the most recently used; false when the
+  // bound leaves no room (nothing queued).
   bool want(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
 
   enum class Got { kCopied, kMiss, kFailed };
-  // Copies out.size() bytes at `offset` of `object` from one held range, waiting while that
-  // range is in flight: kMiss when no range holds them all, kFailed when the range failed.
+  // Copies out.size() bytes at `offset` of `object` from the held ranges that cover them (one,
+  // or several end to end), waiting while one is in flight: kMiss when the ranges held leave a
+  // byte out, kFailed when one of them failed.
   Got read(const remote::ObjectRef* object, uint64_t offset, std::span<uint8_t> out);
+
+  // Charges `bytes` of a READ's own buffers to the bound, taking the room of ranges read least
+  // recently, and waiting while the room is taken by ranges in flight or other READs' charges;
+  // false (nothing charged) when `bytes` could never fit, or the cache is stopping. A charge is
+  // given back with release().
+  bool reserve(uint64_t bytes);
+  void release(uint64_t bytes);
 
   struct Stats {
     uint64_t fetched = 0;           // bytes of ranges that arrived
     uint64_t ranges = 0;            // ranges that arrived
     uint64_t failed = 0;            // ranges that failed
     uint64_t hits = 0, misses = 0;  // reads
-    uint64_t held = 0;              // bytes held or in flight now
+    uint64_t held = 0;              // bytes held, in flight or charged by READs now
+    uint64_t peak = 0;              // the most `held` has been
   };
   Stats stats() const;
   // Waits until nothing is queued or in flight (tests, bench).
@@ -74,16 +113,19 @@ class RemoteCache {
     const remote::ObjectRef* object = nullptr;
     uint64_t begin = 0, end = 0;
     State state = State::kQueued;
-    std::vector<uint8_t> bytes;
+    RangeBuffer bytes;
     std::list<Entry*>::iterator lru;  // valid while in_lru
     bool in_lru = false;              // ready and not evicted
   };
   using Ranges = std::map<uint64_t, std::shared_ptr<Entry>>;  // begin -> range, disjoint
 
-  // Under mutex_: frees ready ranges, least recently used first, until `need` more bytes fit;
-  // false, and nothing freed, when they would not fit even with every ready range freed.
-  bool make_room(uint64_t need);
-  void drop(const Entry& e);  // under mutex_: forgets a range (not in the LRU list)
+  // Under mutex_: forgets ready ranges no READ is copying from, least recently used first, until
+  // `need` more bytes fit, and moves them to `freed` (to free once mutex_ is let go); false,
+  // and nothing forgotten, when they would not fit even with every ready range forgotten.
+  bool make_room(uint64_t need, std::vector<std::shared_ptr<Entry>>& freed);
+  // Under mutex_: forgets a range (not in the LRU list); its bytes go with the returned pointer.
+  std::shared_ptr<Entry> drop(const Entry& e);
+  void charge(uint64_t bytes);  // under mutex_: `held` grows (and its peak)
   void fetcher_loop();
 
   const size_t max_bytes_;
@@ -92,7 +134,9 @@ class RemoteCache {
   std::condition_variable work_, done_;
   std::unordered_map<const remote::ObjectRef*, Ranges> ranges_;
   std::deque<std::shared_ptr<Entry>> queue_;
-  std::list<Entry*> lru_;   // ready ranges, least recently read first
+  // Ready ranges, least recently read first. A READ copying from one holds a reference to it,
+  // taken under mutex_ only, so a use count of 1 (the map's) under mutex_ means no READ is.
+  std::list<Entry*> lru_;
   uint64_t lru_bytes_ = 0;  // their bytes: what make_room may free
   unsigned busy_ = 0;       // fetchers with a batch
   bool stopping_ = false;

@@ -52,7 +52,6 @@ bool fetch_remote_runs(std::span<const plan::Run> runs, std::span<char* const> d
                        std::vector<uint32_t>& order,
                        std::span<const remote::ObjectRef* const> objects) {
   thread_local std::vector<uint32_t> mine;
-  thread_local std::vector<uint8_t> buffer;
   size_t kept = 0;
   mine.clear();
   for (uint32_t i : order) {
@@ -62,7 +61,8 @@ bool fetch_remote_runs(std::span<const plan::Run> runs, std::span<char* const> d
       order[kept++] = i;
   }
   order.resize(kept);
-  if (RemoteCache* cache = g_cache.load(std::memory_order_acquire); cache && !mine.empty()) {
+  RemoteCache* const cache = g_cache.load(std::memory_order_acquire);
+  if (cache && !mine.empty()) {
     kept = 0;
     for (uint32_t i : mine) {
       const plan::Run& r = runs[i];
@@ -80,12 +80,28 @@ bool fetch_remote_runs(std::span<const plan::Run> runs, std::span<char* const> d
     mine.resize(kept);
   }
   if (mine.empty()) return true;
-  const std::vector<MergedRange> merged = merge_runs(runs, mine);
-  // A range of one run is read straight into place; the others through one buffer.
-  uint64_t staged = 0;
-  for (const MergedRange& m : merged)
-    if (m.count > 1) staged += m.end - m.begin;
-  buffer.resize(staged);
+  std::vector<MergedRange> merged = merge_runs(runs, mine);
+  // A range of one run is read straight into place; the others through one buffer, charged to
+  // the mount's bound on S3 bytes. One that could never fit there goes without: a GET per run.
+  const auto staged_bytes = [&] {
+    uint64_t n = 0;
+    for (const MergedRange& m : merged)
+      if (m.count > 1) n += m.end - m.begin;
+    return n;
+  };
+  uint64_t staged = staged_bytes();
+  if (cache && staged > 0 && !cache->reserve(staged)) {
+    merged = merge_runs(runs, mine, MergePolicy{.gap = 0, .slack = 0, .extra = 0, .max_range = 0});
+    staged = staged_bytes();
+  }
+  struct Charge {
+    RemoteCache* cache;
+    uint64_t bytes;
+    ~Charge() {
+      if (cache && bytes > 0) cache->release(bytes);
+    }
+  } charge{cache, staged};
+  RangeBuffer buffer(staged);
   std::vector<remote::Get> gets;
   gets.reserve(merged.size());
   uint64_t at = 0;
@@ -112,8 +128,6 @@ bool fetch_remote_runs(std::span<const plan::Run> runs, std::span<char* const> d
     }
     at += m.end - m.begin;
   }
-  // A large request's buffer is not kept for the life of the thread.
-  if (buffer.capacity() > (4u << 20)) buffer = {};
   return true;
 }
 

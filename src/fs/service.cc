@@ -89,7 +89,11 @@ Service::Settled Service::start(const Offer& offer) {
   settled.max_read = options_.max_read;
   const size_t block =
       std::min<size_t>(settled.max_write, options_.max_read != 0 ? options_.max_read : ~0u);
-  if (options_.read_ahead && !options_.cache && options_.read_ahead_max < block) {
+  // With S3 sources -o readahead_max bounds the files' read-ahead and the S3 path together.
+  const size_t files_max = remote::any_registered()
+                               ? files_read_ahead_share(options_.read_ahead_max, block)
+                               : options_.read_ahead_max;
+  if (options_.read_ahead && !options_.cache && files_max < block) {
     spdlog::info("read-ahead off: -o readahead_max={} holds no block of {} bytes",
                  options_.read_ahead_max, block);
   } else if (options_.read_ahead && !options_.cache) {
@@ -98,15 +102,18 @@ Service::Settled Service::start(const Offer& offer) {
           tree_, std::clamp(std::thread::hardware_concurrency(), 1u, kMaxHelpers),
           // Only when every READ it takes is spliced: with -o splice a lone reader's READs are
           // gathered, ahead.
-          block, options_.splice == Splice::kAlways ? stage_.get() : nullptr,
-          options_.read_ahead_max);
+          block, options_.splice == Splice::kAlways ? stage_.get() : nullptr, files_max);
     } catch (const std::exception& e) {
       // Read-ahead only speeds sequential readers up; the mount serves the same bytes without.
       spdlog::warn("read-ahead off: {}", e.what());
     }
   }
-  start_source_prefetch();
+  start_source_prefetch(options_.read_ahead_max - (prefetcher_ ? files_max : 0));
   return settled;
+}
+
+size_t Service::files_read_ahead_share(size_t max_bytes, size_t block) {
+  return std::max(max_bytes / 8, std::min(max_bytes / 2, 4 * block));
 }
 
 void Service::start_leases() {
@@ -120,26 +127,28 @@ void Service::start_leases() {
   leases_ = std::make_unique<SourceLeases>(std::move(sources));
 }
 
-void Service::start_source_prefetch() noexcept {
+void Service::start_source_prefetch(size_t s3_bytes) noexcept {
   if (options_.read_ahead_max == 0) return;
   try {
     if (!SourcePrefetch::any_remote(tree_)) return;
     SourcePrefetch::Options o;
     o.max_bytes = options_.read_ahead_max;
     if (remote::any_registered()) {
-      remote_cache_ = std::make_unique<RemoteCache>(options_.read_ahead_max);
-      o.ahead = kS3AheadBytes;
+      remote_cache_ = std::make_unique<RemoteCache>(s3_bytes);
+      // A reader's window and a GET take a small part of the bound, so that the ranges a reader
+      // waits for never crowd out the next window (then READs would fetch their runs alone).
+      o.ahead = std::min<uint64_t>(kS3AheadBytes, s3_bytes / 4);
       o.cache = remote_cache_.get();
       o.merge = MergePolicy{.gap = kS3GapBytes,
                             .slack = kMergeSlack,
                             .extra = std::max(0.0, options_.s3_amplify - 1),
-                            .max_range = kS3MaxRange};
+                            .max_range = std::min<uint64_t>(kS3MaxRange, s3_bytes / 16)};
       use_remote_cache(remote_cache_.get());
       spdlog::info(
-          "S3 sources: fetching ahead up to {} MiB, {} GETs in flight, at most {:g}x the bytes "
-          "needed (-o s3_amplify)",
-          options_.read_ahead_max >> 20, RemoteCache::kFetchers * RemoteCache::kBatch,
-          options_.s3_amplify);
+          "S3 sources: fetching ahead up to {} MiB (of -o readahead_max={} MiB), {} GETs in "
+          "flight, at most {:g}x the bytes needed (-o s3_amplify)",
+          s3_bytes >> 20, options_.read_ahead_max >> 20,
+          RemoteCache::kFetchers * RemoteCache::kBatch, options_.s3_amplify);
     } else {
       spdlog::info("sources on a remote filesystem: reading ahead up to {} MiB of them in parallel",
                    options_.read_ahead_max >> 20);

@@ -115,6 +115,10 @@ class Service {
   static constexpr uint64_t kS3AheadBytes = uint64_t{32} << 20;
   static constexpr uint64_t kS3GapBytes = uint64_t{256} << 10;
   static constexpr uint64_t kS3MaxRange = uint64_t{4} << 20;
+  // With S3 sources, the part of -o readahead_max the served files' read-ahead (Prefetcher)
+  // takes: an eighth, at least 4 blocks (a reader keeps 3 ahead) if that is at most half; the
+  // S3 path (RemoteCache: ranges fetched ahead, GETs in flight, READs' own GETs) has the rest.
+  static size_t files_read_ahead_share(size_t max_bytes, size_t block);
 
   // `tree` must outlive the service; `chosen` is what was mounted and why (Status).
   Service(const Tree& tree, std::string chosen, Options options);
@@ -238,8 +242,9 @@ class Service {
   void read_status(const Handle& handle, int64_t off, size_t size, ReadSink& sink) const;
   // At start(), once READs may be spliced: a read lease on each local source it can have.
   void start_leases();
-  // At start(): the sources' read-ahead, if one is remote and -o readahead_max allows it.
-  void start_source_prefetch() noexcept;
+  // At start(): the sources' read-ahead, if one is remote and -o readahead_max allows it; S3
+  // objects' ranges and READs' own GETs within `s3_bytes`.
+  void start_source_prefetch(size_t s3_bytes) noexcept;
   bool splice_wanted(uint64_t ino, const ReadsInFlight::Guard& reading) const;
   // Stages the READ in this thread's pipe and replies from it; declined: nothing replied.
   ReadResult reply_spliced(uint64_t ino, uint64_t off, size_t size, ReadSink& sink);

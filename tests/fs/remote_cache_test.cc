@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../src/fs/remote_runs.h"
 #include "ckptfs/remote/objects.h"
 
 namespace ckptfs::fs {
@@ -53,6 +54,7 @@ class TinyStore {
   }
   int port() const { return port_; }
   void go_silent() { silent_ = true; }
+  int gets() const { return gets_; }
 
  private:
   void serve() {
@@ -70,6 +72,7 @@ class TinyStore {
         if (n <= 0) break;
         req.append(buf, static_cast<size_t>(n));
       }
+      ++gets_;
       unsigned long long first = 0, last = 0;
       const size_t at = req.find("ange: bytes=");
       if (at != std::string::npos) std::sscanf(req.c_str() + at + 12, "%llu-%llu", &first, &last);
@@ -91,7 +94,8 @@ class TinyStore {
   int fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false}, silent_{false};
-  std::vector<int> held_;  // the silent store's connections, closed at the end
+  std::atomic<int> gets_{0};  // requests answered
+  std::vector<int> held_;     // the silent store's connections, closed at the end
   std::thread thread_;
 };
 
@@ -160,6 +164,46 @@ TEST_F(RemoteCacheTest, ARefusedWantLeavesNoReaderWaiting) {
   if (!answered) cache.reset();  // wakes the waiting read, which then misses
   EXPECT_TRUE(answered) << "a READ waits for a range no fetcher was told of";
   read.get();
+}
+
+// A READ's run that two held ranges cover end to end (ranges asked for by two windows) is copied
+// from both: no GET of its own.
+TEST_F(RemoteCacheTest, ARunAcrossTwoRangesIsCopiedFromBoth) {
+  RemoteCache cache(8 * kMiB, 1);
+  ASSERT_TRUE(cache.want(&object_, 0, kMiB));
+  ASSERT_TRUE(cache.want(&object_, kMiB, 2 * kMiB));
+  cache.wait_idle();
+  ASSERT_EQ(store_.gets(), 2);
+  plan::Run run{};
+  run.offset = kMiB - 100;
+  run.length = 300;
+  std::vector<char> out(run.length);
+  char* const dest[] = {out.data()};
+  const remote::ObjectRef* const objects[] = {&object_};
+  std::vector<uint32_t> order = {0};
+  use_remote_cache(&cache);
+  const bool read = fetch_remote_runs(std::span(&run, 1), dest, order, objects);
+  use_remote_cache(nullptr);
+  ASSERT_TRUE(read);
+  EXPECT_EQ(store_.gets(), 2) << "the run was fetched again";
+  for (uint64_t i = 0; i < run.length; ++i)
+    ASSERT_EQ(static_cast<uint8_t>(out[i]), byte_at(run.offset + i)) << i;
+  EXPECT_EQ(cache.stats().misses, 0u);
+}
+
+// A want that overlaps a held range (the next file's window over a range an earlier file read)
+// keeps it: room for new ranges is made from the ones no window asked for since.
+TEST_F(RemoteCacheTest, AWantedRangeIsNotTheFirstFreed) {
+  RemoteCache cache(8 * kMiB, 1);
+  for (uint64_t at = 0; at < 6 * kMiB; at += 2 * kMiB)
+    ASSERT_TRUE(cache.want(&object_, at, at + 2 * kMiB));
+  cache.wait_idle();
+  ASSERT_TRUE(cache.want(&object_, 0, kMiB));  // held: nothing to fetch
+  ASSERT_TRUE(cache.want(&object_, 6 * kMiB, 9 * kMiB));
+  cache.wait_idle();
+  EXPECT_EQ(store_.gets(), 4);
+  EXPECT_TRUE(holds(cache, 0, 2 * kMiB)) << "the range just wanted was freed";
+  EXPECT_FALSE(holds(cache, 2 * kMiB, 2 * kMiB));  // the least recently used instead
 }
 
 // Unmounting does not wait for GETs stalled on the store (each would take the stall limit, times

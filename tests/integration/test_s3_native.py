@@ -23,6 +23,12 @@ faults. Keys come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, as the AWS too
   ~once (the ranges are shared by all targets), and the bytes equal the expected files.
 * failed_range_is_eio: every GET of one range of one object answered 503: the files that need
   it fail with EIO (the log names the object and offset), every other file is served exactly.
+* memory_bounded: a 64 MiB checkpoint (the generator's `bench`, 8 -> 4) read from s3:// with
+  -o readahead_max=16M, its four targets at once (each nearly the cap, all four four times it):
+  the daemon's peak RSS grows by at most the cap + MEMORY_OVERHEAD (the reply buffers, threads,
+  curl handles: measured 21-26 MiB), and every byte equals the expected files. Before one budget
+  bounded the S3 path, it grew by 58-64 MiB (the range cache, the files' read-ahead and READs'
+  own GETs each bounded apart, freed ranges kept in the allocator's arenas).
 * wrong_keys_one_line: a wrong secret key: the mount is refused with one line naming the URL.
 * inspect_object: `inspect s3://BUCKET/KEY` prints what `inspect` of the local copy prints.
 * odd_keys_signed: objects whose keys hold %, +, spaces, ?, #, ;, &, =, ~, (), ! and unicode
@@ -36,6 +42,7 @@ Skipped (exit 77) only when the server cannot be installed on this machine.
 import errno
 import os
 import tempfile
+import threading
 import urllib.parse
 
 import itest
@@ -46,6 +53,13 @@ from test_s3fs_source import from_index, md5s  # as the s3fs test reads them
 
 BUCKET = "ckpt"
 PREFIX = "train"
+MIB = 1 << 20
+MEMORY_CAP = 16 * MIB
+# Beyond the cap: reply buffers (halves of 2 MiB huge pages, one per FUSE worker), thread stacks,
+# curl's handles and the heap's small blocks. Under ASan, its quarantine of freed blocks and the
+# shadow of what is touched (as test_read_ahead_memory).
+MEMORY_OVERHEAD = 36 * MIB + (itest.ASAN_QUARANTINE_KIB * 1024 + MEMORY_CAP // 8
+                              if itest.SANITIZED else 0)
 
 
 class Setup:
@@ -337,6 +351,47 @@ def failed_range_is_eio(setup):
     assert f"s3://{BUCKET}/{PREFIX}/{source}" in text and "GET failed" in text, text
 
 
+def memory_bounded(setup):
+    fx = ckpt_fixture.make_builtin("bench", os.path.join(setup.args.work, "big"), size_gib=0.0625,
+                                   src_devices=8, dst_devices=4)
+    setup.server.upload_dir(fx.src_dir, BUCKET, "big")
+    want = {t: itest.read_file(p) for t, p in fx.expected_files().items()}
+    assert sum(map(len, want.values())) > 3 * MEMORY_CAP, "the checkpoint does not exceed the cap"
+    log = os.path.join(setup.args.work, "memory.log")
+    with itest.mounted(setup.args.ckptfs, f"s3://{BUCKET}/big",
+                       os.path.join(setup.args.work, "big-view"), src_strategy=fx.src_strategy,
+                       dst_strategy=fx.dst_strategy,
+                       index_dir=os.path.join(setup.args.work, "idx-big"), log_file=log,
+                       options=f"readahead_max={MEMORY_CAP >> 20}M",
+                       extra_args=setup.s3_args()) as mnt:
+        pids = itest.daemon_pids(setup.args.ckptfs, mnt)
+        assert len(pids) == 1, f"daemon of {mnt}: {pids}"
+        base = itest.status_kib(pids[0], "VmRSS") * 1024
+        with open(f"/proc/{pids[0]}/clear_refs", "w") as f:
+            f.write("5")  # VmHWM from here
+        got = {}
+
+        def read(t, path):
+            with open(os.path.join(mnt, f"rank_{t}", os.path.basename(path)), "rb") as f:
+                got[t] = f.read()
+
+        readers = [threading.Thread(target=read, args=item)
+                   for item in fx.expected_files().items()]
+        for r in readers:
+            r.start()
+        for r in readers:
+            r.join()
+        grown = itest.status_kib(pids[0], "VmHWM") * 1024 - base
+    print(f"  4 readers of {sum(map(len, want.values())) / MIB:.0f} MiB: daemon RSS "
+          f"{base / MIB:.0f} MiB before, +{grown / MIB:.0f} MiB at peak (cap "
+          f"{MEMORY_CAP / MIB:.0f} MiB + {MEMORY_OVERHEAD / MIB:.0f} MiB)", flush=True)
+    for t, data in want.items():
+        assert got.get(t) == data, f"rank {t}: other bytes than the expected file"
+    assert grown <= MEMORY_CAP + MEMORY_OVERHEAD, (
+        f"the daemon's RSS grew by {grown / MIB:.0f} MiB, over the cap of "
+        f"{MEMORY_CAP / MIB:.0f} MiB + {MEMORY_OVERHEAD / MIB:.0f} MiB")
+
+
 def wrong_keys_one_line(setup):
     os.environ["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"
     try:
@@ -413,6 +468,7 @@ def main():
         checks.run("overwritten_is_eio", overwritten_is_eio, setup)
         checks.run("coalesced_fetch_ahead", coalesced_fetch_ahead, setup)
         checks.run("failed_range_is_eio", failed_range_is_eio, setup)
+        checks.run("memory_bounded", memory_bounded, setup)
         checks.run("wrong_keys_one_line", wrong_keys_one_line, setup)
         checks.run("profile_keys", profile_keys, setup)
         checks.run("inspect_object", inspect_object, setup)
