@@ -83,14 +83,11 @@ bool RemoteCache::make_room(uint64_t need, std::vector<std::shared_ptr<Entry>>& 
   return stats_.held + need <= max_bytes_;
 }
 
-std::shared_ptr<RemoteCache::Entry> RemoteCache::drop(const Entry& e) {
+void RemoteCache::drop(const Entry& e) {
   const auto in = ranges_.find(e.object);
-  if (in == ranges_.end()) return nullptr;
+  if (in == ranges_.end()) return;
   const auto it = in->second.find(e.begin);
-  if (it == in->second.end() || it->second.get() != &e) return nullptr;
-  std::shared_ptr<Entry> out = std::move(it->second);
-  in->second.erase(it);
-  return out;
+  if (it != in->second.end() && it->second.get() == &e) in->second.erase(it);
 }
 
 void RemoteCache::charge(uint64_t bytes) {

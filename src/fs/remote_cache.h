@@ -120,11 +120,13 @@ class RemoteCache {
   using Ranges = std::map<uint64_t, std::shared_ptr<Entry>>;  // begin -> range, disjoint
 
   // Under mutex_: forgets ready ranges no READ is copying from, least recently used first, until
-  // `need` more bytes fit, and moves them to `freed` (to free once mutex_ is let go); false,
-  // and nothing forgotten, when they would not fit even with every ready range forgotten.
+  // `need` more bytes fit, and moves them to `freed` (to free once mutex_ is let go). False when
+  // they do not fit: nothing is forgotten when even every ready range would not make room, but
+  // some may be when the ranges READs are copying from hold the rest.
   bool make_room(uint64_t need, std::vector<std::shared_ptr<Entry>>& freed);
-  // Under mutex_: forgets a range (not in the LRU list); its bytes go with the returned pointer.
-  std::shared_ptr<Entry> drop(const Entry& e);
+  // Under mutex_: forgets a range (not in the LRU list; its owner, the queue or a fetcher's
+  // batch, still holds it).
+  void drop(const Entry& e);
   void charge(uint64_t bytes);  // under mutex_: `held` grows (and its peak)
   void fetcher_loop();
 
