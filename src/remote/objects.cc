@@ -38,9 +38,9 @@ uint64_t fnv1a(std::string_view s, uint64_t seed) {
   return h;
 }
 
-// The last window a scan on this thread read.
 thread_local std::string t_failure;  // remote::pread's last reason, for read_failure
 
+// The last window a scan on this thread read.
 struct Window {
   const ObjectRef* object = nullptr;
   uint64_t offset = 0;
