@@ -30,15 +30,25 @@ T load(const void* base, size_t at) {
 
 DirectIoMmap& state(void* userdata) { return static_cast<Server*>(userdata)->direct_io_mmap; }
 
+// The kernel fails a read with ECONNABORTED instead of ENODEV when the connection is shut down
+// (by a plain unmount too) just as it hands the reading thread a request. libfuse ends the
+// session cleanly on ENODEV only and reports anything else as a failure, so an unmount racing a
+// RELEASE made the daemon exit 1. FUSE_ABORT_ERROR, the only thing that gives ECONNABORTED a
+// meaning of its own, is never negotiated: both say the connection is gone.
+ssize_t gone_as_enodev(ssize_t n) {
+  if (n < 0 && errno == ECONNABORTED) errno = ENODEV;
+  return n;
+}
+
 ssize_t device_splice(int fdin, off_t* offin, int fdout, off_t* offout, size_t len,
                       unsigned int flags, void*) {
-  return ::splice(fdin, offin, fdout, offout, len, flags);
+  return gone_as_enodev(::splice(fdin, offin, fdout, offout, len, flags));
 }
 
 }  // namespace
 
 ssize_t device_read(int fd, void* buf, size_t len, void* userdata) {
-  const ssize_t n = ::read(fd, buf, len);
+  const ssize_t n = gone_as_enodev(::read(fd, buf, len));
   // INIT comes first and alone: nothing else is in flight while it is answered.
   if (n >= static_cast<ssize_t>(kInHeader + kInitInFlags2 + 4) &&
       load<uint32_t>(buf, 4) == kOpInit) {

@@ -1,6 +1,8 @@
 // The session's traffic with /dev/fuse: plain read, writev and splice, except that the INIT
 // reply also asks for FUSE_DIRECT_IO_ALLOW_MMAP when the kernel offers it (shared mmap of files
-// opened with direct_io), a flag libfuse 3.14 cannot ask for. Private to the fs module.
+// opened with direct_io), a flag libfuse 3.14 cannot ask for, and a read the kernel fails with
+// ECONNABORTED (a request caught by the connection's shutdown) fails with ENODEV, the end of
+// the session libfuse knows. Private to the fs module.
 #pragma once
 
 #include <sys/uio.h>

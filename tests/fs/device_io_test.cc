@@ -1,15 +1,24 @@
 // The INIT handshake of the device hook, over pipes standing in for /dev/fuse: the reply asks
 // for FUSE_DIRECT_IO_ALLOW_MMAP exactly when the kernel's INIT offered it, and nothing else
-// changes. (tests/fs/mount_test.cc checks a real mount.)
+// changes. (tests/fs/mount_test.cc checks a real mount.) And over a real /dev/fuse: a read the
+// kernel fails with ECONNABORTED reaches libfuse as ENODEV.
 #include "../../src/fs/device_io.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/fuse.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "support/test_support.h"
 
 namespace ckptfs::fs::detail {
 namespace {
@@ -121,6 +130,67 @@ TEST(DeviceIoTest, LeavesErrorsAndOtherRepliesAlone) {
     EXPECT_EQ(get<uint32_t>(reply, 16 + 32), 0u);
     EXPECT_FALSE(s.direct_io_mmap.granted);
   }
+}
+
+// The kernel answers ECONNABORTED when the connection is shut down as it hands a reader a
+// request, which no test can time. It answers the same to every read once the connection is
+// aborted through fusectl, if INIT's reply asked for FUSE_ABORT_ERROR: this test mounts a bare
+// connection, answers INIT so, aborts it, and reads.
+TEST(DeviceIoTest, AReadOfAShutDownConnectionFailsWithEnodev) {
+  if (::geteuid() != 0 || ::access("/dev/fuse", R_OK | W_OK) != 0)
+    GTEST_SKIP() << "needs root and /dev/fuse";
+  const testsupport::TempDir dir;
+  const std::filesystem::path mnt = dir.path() / "mnt", ctl = dir.path() / "ctl";
+  std::filesystem::create_directory(mnt);
+  std::filesystem::create_directory(ctl);
+  const int dev = ::open("/dev/fuse", O_RDWR | O_CLOEXEC);
+  ASSERT_GE(dev, 0);
+  const std::string options = "fd=" + std::to_string(dev) + ",rootmode=40000,user_id=0,group_id=0";
+  ASSERT_EQ(::mount("ckptfs-test", mnt.c_str(), "fuse.ckptfs-test", MS_RDONLY | MS_NOSUID,
+                    options.c_str()),
+            0)
+      << std::strerror(errno);
+
+  std::vector<char> buf(size_t{1} << 20);
+  ASSERT_GE(::read(dev, buf.data(), buf.size()), static_cast<ssize_t>(sizeof(fuse_in_header)));
+  fuse_in_header in;
+  std::memcpy(&in, buf.data(), sizeof in);
+  ASSERT_EQ(in.opcode, static_cast<uint32_t>(FUSE_INIT));
+  struct {
+    fuse_out_header header;
+    fuse_init_out init;
+  } reply{};
+  reply.header = {sizeof reply, 0, in.unique};
+  reply.init.major = 7;
+  reply.init.minor = 31;
+  reply.init.flags = FUSE_ABORT_ERROR;
+  reply.init.max_write = 4096;
+  ASSERT_EQ(::write(dev, &reply, sizeof reply), static_cast<ssize_t>(sizeof reply));
+
+  // The connection's number is the minor of the mount's device (mountinfo's third field).
+  std::string id;
+  std::ifstream mountinfo("/proc/self/mountinfo");
+  for (std::string line; std::getline(mountinfo, line);) {
+    std::istringstream fields(line);
+    std::string mount_id, parent, device, root, path;
+    fields >> mount_id >> parent >> device >> root >> path;
+    if (path == mnt.native()) id = device.substr(device.find(':') + 1);
+  }
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(::mount("fusectl", ctl.c_str(), "fusectl", 0, nullptr), 0) << std::strerror(errno);
+  std::ofstream(ctl / id / "abort") << "1";
+  ::umount2(ctl.c_str(), MNT_DETACH);
+
+  errno = 0;
+  EXPECT_EQ(::read(dev, buf.data(), buf.size()), -1);
+  EXPECT_EQ(errno, ECONNABORTED) << "the kernel no longer answers as this test assumes";
+  Server s;
+  errno = 0;
+  EXPECT_EQ(device_read(dev, buf.data(), buf.size(), &s), -1);
+  EXPECT_EQ(errno, ENODEV);
+
+  EXPECT_EQ(::umount2(mnt.c_str(), MNT_DETACH), 0);
+  ::close(dev);
 }
 
 }  // namespace
