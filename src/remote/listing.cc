@@ -56,6 +56,11 @@ ObjectInfo parse_contents(const xmlNode* contents, const std::string& what) {
   }
   if (!has_key || !has_size || !has_etag || info.etag.empty())
     fail("{}: a listing entry lacks its Key, Size or ETag", what);
+  if (info.etag.starts_with("W/"))
+    fail(
+        "{}: the listing gives {} the weak ETag {}, which names no bytes (list the store itself, "
+        "not through a proxy that rewrites ETags)",
+        what, info.key, info.etag);
   return info;
 }
 

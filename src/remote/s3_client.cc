@@ -302,6 +302,14 @@ struct Check {
   std::string why;
 };
 
+// An entity tag without its quotes: some stores list `abc` and answer GETs with `"abc"`, one
+// version named twice.
+std::string_view opaque(std::string_view etag) {
+  if (etag.size() >= 2 && etag.front() == '"' && etag.back() == '"')
+    etag = etag.substr(1, etag.size() - 2);
+  return etag;
+}
+
 Check judge(const Get& g, CURLcode code, long status, const Answer& a) {
   const ObjectRef& o = *g.object;
   if (code != CURLE_OK && !a.overflow)
@@ -318,7 +326,13 @@ Check judge(const Get& g, CURLcode code, long status, const Answer& a) {
     return {Verdict::kFailed,
             "the answer carries no ETag, so nothing shows the object is the one scanned (ckptfs "
             "reads only from stores that send ETags)"};
-  if (a.etag != o.info.etag)
+  // A weak tag (a proxy's, made when it re-encodes the body) names no bytes.
+  if (a.etag.starts_with("W/"))
+    return {Verdict::kFailed, "the answer's ETag " + a.etag +
+                                  " is weak, so nothing shows the bytes are the object scanned "
+                                  "(read from the store itself, not through a proxy that rewrites "
+                                  "ETags)"};
+  if (opaque(a.etag) != opaque(o.info.etag))
     return {Verdict::kChanged, "its ETag is now " + a.etag + ", was " + o.info.etag};
   if (status == 206) {
     // "bytes FIRST-LAST/TOTAL"
@@ -379,7 +393,8 @@ void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors
         slot.headers.release(),
         fmt::format("Range: bytes={}-{}", g.offset, g.offset + g.out.size() - 1).c_str()));
     slot.headers.reset(
-        curl_slist_append(slot.headers.release(), ("If-Match: " + g.object->info.etag).c_str()));
+        curl_slist_append(slot.headers.release(),
+                          fmt::format("If-Match: \"{}\"", opaque(g.object->info.etag)).c_str()));
     slot.url = url(g.object->bucket, g.object->info.key);
     CURL* e = easy_at(s);
     prepare(e, config_, sigv4_, stall_seconds_, slot.url, slot.headers.get(), slot.answer);

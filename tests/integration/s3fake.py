@@ -21,6 +21,7 @@ from xml.sax.saxutils import escape
 
 # What get_fault may answer, besides None (a correct answer):
 #   "no-etag"      the right bytes, no ETag header
+#   "weak-etag"    the right bytes, the ETag made weak (W/"..."), as a re-encoding proxy does
 #   "whole"        200 with the whole object, whatever the Range
 #   "other-range"  206 with the range one byte further on, its Content-Range saying so
 #   "short"        206 with a correct Content-Range but one byte fewer (Content-Length agrees)
@@ -29,7 +30,7 @@ from xml.sax.saxutils import escape
 #   "drip"         206 whose body comes a byte every drip_seconds
 #   "503"          503 SlowDown
 #   "403"          403 with an S3 error body (ExpiredToken)
-FAULTS = ("no-etag", "whole", "other-range", "short", "cut", "long", "drip", "503", "403")
+FAULTS = ("no-etag", "weak-etag", "whole", "other-range", "short", "cut", "long", "drip", "503", "403")
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -86,7 +87,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             page = keys[start:start + fake.page_size]
             entries = "".join(
                 f"<Contents><Key>{escape(k)}</Key><Size>{len(fake.objects[k])}</Size>"
-                f"<ETag>{escape(fake.etags[k])}</ETag></Contents>" for k in page)
+                f"<ETag>{escape(fake.listed_etag(k))}</ETag></Contents>" for k in page)
         more = start + len(page) < len(keys)
         body = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult>"
                 f"<Name>{fake.bucket}</Name><Prefix>{escape(prefix)}</Prefix>{entries}"
@@ -114,7 +115,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._send(503, _error("SlowDown", "injected"))
         if fault == "403":
             return self._send(403, _error("ExpiredToken", "The provided token has expired."))
-        etag_header = [] if fault == "no-etag" else [("ETag", etag)]
+        etag_header = ([] if fault == "no-etag" else
+                       [("ETag", "W/" + etag)] if fault == "weak-etag" else [("ETag", etag)])
         if fault == "whole" or not rng:
             return self._send(200, data, etag_header)
         first, last = (int(x) for x in rng[len("bytes="):].split("-"))
@@ -155,6 +157,7 @@ class FakeS3:
         self.objects, self.etags = {}, {}
         self.page_size = 1000
         self.ignore_if_match = False
+        self.unquoted_listing = False  # list ETags without their quotes (GETs keep them)
         self.get_fault = None
         self.list_answer = None
         self.drip_seconds = 0.5
@@ -170,6 +173,9 @@ class FakeS3:
         with self.lock:
             self.objects[key] = bytes(data)
             self.etags[key] = etag or '"' + hashlib.md5(data).hexdigest() + '"'
+
+    def listed_etag(self, key):
+        return self.etags[key].strip('"') if self.unquoted_listing else self.etags[key]
 
     def __enter__(self):
         self._thread.start()

@@ -6,6 +6,11 @@ Expected bytes are the fixture generator's files.
 * fake_serves: the fixture mounted from the fake store is byte-identical (the fake is sound).
 * no_etag_refused: a store whose GET answers carry no ETag (and that ignores If-Match): the
   mount is refused with one line naming the object, instead of trusting bytes nothing checks.
+* weak_etag_refused: a store (or a proxy before it) whose GET answers carry weak ETags
+  (W/"..."): the mount is refused with one line naming the object and saying why.
+* unquoted_listing_served: a listing that gives ETags without their quotes while GETs quote
+  them: the mount serves exact bytes (was: every READ failed as "changed"), and objects rewritten
+  after the mount still give EIO.
 * ignored_if_match_eio: a store that ignores If-Match but sends the ETag: objects rewritten
   (same size) after the mount give EIO, never the new bytes.
 * replaced_after_listing: every object replaced between the LIST and the first GET: the mount
@@ -179,6 +184,31 @@ def no_etag_refused(setup):
         setup.put_all()
     assert line is not None, "mounted from a store that sends no ETag"
     assert f"s3://{BUCKET}/{PREFIX}/" in line and "no ETag" in line, line
+
+
+def weak_etag_refused(setup):
+    setup.s3.get_fault = lambda n, key, rng: "weak-etag"
+    try:
+        line = refusal_or_sound(setup, ["-o", "readahead_max=0"])
+    finally:
+        setup.s3.get_fault = None
+    assert line is not None, "mounted from a store that sends weak ETags"
+    assert f"s3://{BUCKET}/{PREFIX}/" in line and "weak" in line, line
+
+
+def unquoted_listing_served(setup):
+    setup.s3.unquoted_listing = True
+    try:
+        with setup.mount(["-o", "readahead_max=0"]) as mnt:
+            problems = ckpt_fixture.compare_tree(setup.fx, mnt)
+            assert not problems, problems
+            setup.put_all(rewritten)
+            served = read_all(mnt)
+    finally:
+        setup.s3.unquoted_listing = False
+        setup.put_all()
+    failed = assert_never_wrong(setup, served)
+    assert failed, "nothing failed though every object changed"
 
 
 def ignored_if_match_eio(setup):
@@ -458,6 +488,8 @@ def main():
         setup = Setup(args, s3)
         checks.run("fake_serves", fake_serves, setup)
         checks.run("no_etag_refused", no_etag_refused, setup)
+        checks.run("weak_etag_refused", weak_etag_refused, setup)
+        checks.run("unquoted_listing_served", unquoted_listing_served, setup)
         checks.run("ignored_if_match_eio", ignored_if_match_eio, setup)
         checks.run("replaced_after_listing", replaced_after_listing, setup)
         checks.run("listing_loops", listing_loops, setup)

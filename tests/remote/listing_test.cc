@@ -68,6 +68,28 @@ TEST(Listing, NamesTheRequestInItsError) {
   }
 }
 
+TEST(Listing, RefusesAWeakEtagNamingTheKey) {
+  try {
+    parse_list_page(
+        "<ListBucketResult><Contents><Key>p/k.ckpt</Key><Size>12</Size><ETag>W/\"e\"</ETag>"
+        "</Contents></ListBucketResult>",
+        "s3://b/p/");
+    FAIL() << "a weak ETag was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("s3://b/p/"), std::string::npos) << what;
+    EXPECT_NE(what.find("p/k.ckpt"), std::string::npos) << what;
+    EXPECT_NE(what.find("weak"), std::string::npos) << what;
+  }
+  // An unquoted tag is a strong one.
+  EXPECT_EQ(parse_list_page("<ListBucketResult><Contents><Key>k</Key><Size>1</Size><ETag>e</ETag>"
+                            "</Contents></ListBucketResult>",
+                            "x")
+                .objects.at(0)
+                .etag,
+            "e");
+}
+
 TEST(Listing, EntitiesAreNotExpanded) {
   // An external entity would read a local file; the parser must not fetch or substitute it.
   const char* xxe = R"(<?xml version="1.0"?>

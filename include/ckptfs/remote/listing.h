@@ -14,7 +14,7 @@ namespace ckptfs::remote {
 struct ObjectInfo {
   std::string key;
   uint64_t size = 0;
-  std::string etag;  // as the server quotes it, quotes included: If-Match sends it back as is
+  std::string etag;  // as listed (quoted or not, never weak); If-Match sends it quoted
 };
 
 struct ListPage {
