@@ -196,32 +196,32 @@ def weak_etag_refused(setup):
     assert f"s3://{BUCKET}/{PREFIX}/" in line and "weak" in line, line
 
 
-def unquoted_listing_served(setup):
-    setup.s3.unquoted_listing = True
+def rewritten_under_mount(setup, quirk, before=None):
+    """With the store's `quirk` attribute set, mounts, runs `before(mnt)`, rewrites every object
+    and reads all: every expected file is exact or EIO, and some failed."""
+    setattr(setup.s3, quirk, True)
     try:
         with setup.mount(["-o", "readahead_max=0"]) as mnt:
-            problems = ckpt_fixture.compare_tree(setup.fx, mnt)
-            assert not problems, problems
+            if before:
+                before(mnt)
             setup.put_all(rewritten)
             served = read_all(mnt)
     finally:
-        setup.s3.unquoted_listing = False
+        setattr(setup.s3, quirk, False)
         setup.put_all()
     failed = assert_never_wrong(setup, served)
     assert failed, "nothing failed though every object changed"
+
+
+def unquoted_listing_served(setup):
+    def exact(mnt):
+        problems = ckpt_fixture.compare_tree(setup.fx, mnt)
+        assert not problems, problems
+    rewritten_under_mount(setup, "unquoted_listing", exact)
 
 
 def ignored_if_match_eio(setup):
-    setup.s3.ignore_if_match = True
-    try:
-        with setup.mount(["-o", "readahead_max=0"]) as mnt:
-            setup.put_all(rewritten)
-            served = read_all(mnt)
-    finally:
-        setup.s3.ignore_if_match = False
-        setup.put_all()
-    failed = assert_never_wrong(setup, served)
-    assert failed, "nothing failed though every object changed"
+    rewritten_under_mount(setup, "ignore_if_match")
     assert "changed since it was scanned" in setup.log_text()
 
 
