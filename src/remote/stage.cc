@@ -1,5 +1,6 @@
 #include "ckptfs/remote/stage.h"
 
+#include <limits.h>
 #include <spdlog/spdlog.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -37,6 +38,43 @@ std::optional<fs::path> relative_path(const std::string& key, const std::string&
     out /= part;
   }
   return out;
+}
+
+// Where each object goes in the staged folder (its index in `objects` by relative path),
+// refusing, with the keys' URLs, what a folder cannot hold: "P/x" and "P//x" are one path
+// (whichever came last would be served under it), "P/a" beside "P/a/b" needs `a` to be a file
+// and a folder, and a file name holds at most NAME_MAX bytes.
+std::map<fs::path, size_t> layout(const std::vector<ObjectInfo>& objects, const std::string& bucket,
+                                  const std::string& prefix) {
+  std::map<fs::path, size_t> files;
+  std::map<fs::path, size_t> folders;  // a folder's path, by the first key that needs it
+  for (size_t i = 0; i < objects.size(); ++i) {
+    const std::string& key = objects[i].key;
+    const auto rel = relative_path(key, prefix);
+    if (!rel) continue;
+    for (const auto& part : *rel)
+      if (part.native().size() > NAME_MAX)
+        fail(
+            "s3://{}/{}: a part of its key is {} bytes, over the {} a file name holds; rename "
+            "it, or mount a prefix that does not hold it",
+            bucket, key, part.native().size(), NAME_MAX);
+    if (const auto [it, fresh] = files.emplace(*rel, i); !fresh) {
+      if (objects[it->second].key == key) continue;  // listed twice
+      fail(
+          "s3://{}/{} and s3://{}/{} would be the same file {}; rename or remove one of them, "
+          "or mount a prefix that holds only one",
+          bucket, objects[it->second].key, bucket, key, rel->string());
+    }
+    for (fs::path up = rel->parent_path(); !up.empty(); up = up.parent_path())
+      folders.emplace(up, i);
+  }
+  for (const auto& [path, at] : files)
+    if (const auto it = folders.find(path); it != folders.end())
+      fail(
+          "s3://{}/{} and s3://{}/{}: {} would be both a file and a folder; rename or remove "
+          "one of them, or mount a prefix that holds only one",
+          bucket, objects[at].key, bucket, objects[it->second].key, path.string());
+  return files;
 }
 
 }  // namespace
@@ -90,20 +128,9 @@ StageResult stage(const std::string& url, const S3Options& options, int stall_se
       prefix.empty() ? bucket : fs::path(prefix.substr(0, prefix.size() - 1)).filename().string();
   result.dir = result.staged->dir() / leaf;
   fs::create_directories(result.dir);
-  // The key each file was made for: "P/x" and "P//x" are one path, and whichever came last
-  // would be served under it.
-  std::map<fs::path, std::string> made;
-  for (const ObjectInfo& o : objects) {
-    const auto rel = relative_path(o.key, prefix);
-    if (!rel) continue;
-    if (const auto [it, fresh] = made.emplace(*rel, o.key); !fresh) {
-      if (it->second == o.key) continue;  // listed twice
-      fail(
-          "s3://{}/{} and s3://{}/{} would be the same file {}; rename or remove one of them, "
-          "or mount a prefix that holds only one",
-          bucket, it->second, bucket, o.key, rel->string());
-    }
-    const fs::path local = result.dir / *rel;
+  for (const auto& [rel, at] : layout(objects, bucket, prefix)) {
+    const ObjectInfo& o = objects[at];
+    const fs::path local = result.dir / rel;
     fs::create_directories(local.parent_path());
     ObjectRef ref{bucket, o};
     ++result.objects;

@@ -22,6 +22,9 @@ Expected bytes are the fixture generator's files.
 * odd_listing: a duplicate entry, a key outside the prefix and a `..` key: a sound mount that
   never GETs the last two; two keys naming one file (PREFIX//x and PREFIX/x): refused with
   one line naming both, instead of serving whichever was listed last.
+* unstageable_keys_refused: a key beside another that needs it as a folder (P/x and P/x/y), or
+  with a part over 255 bytes: the mount is refused with one line naming the keys' URLs (was: a
+  message naming a temporary folder).
 * bad_answers_refused: every GET answered with another range, fewer or more bytes, or a cut
   body: `inspect s3://...` fails with one line naming the object, in bounded time.
 * whole_answer_eio: every GET answered 200 with the whole object: READs fail with EIO (the log
@@ -320,6 +323,23 @@ def odd_listing(setup):
     assert twin in line and f"{PREFIX}/{rel}" in line, line
 
 
+def unstageable_keys_refused(setup):
+    entries = fixture_entries(setup)
+    rel = setup.data_keys()[0]
+    long_part = "x" * 256
+    for extra, named in (((f"{PREFIX}/{rel}/y", 1, '"e"'), [f"{PREFIX}/{rel}", "folder"]),
+                         ((f"{PREFIX}/rank_0/{long_part}", 1, '"e"'), [long_part, "256 bytes"])):
+        odd = entries + [extra]
+        setup.s3.list_answer = lambda prefix, token, odd=odd: (200, listing_xml(odd))
+        try:
+            line = refusal_or_sound(setup)
+        finally:
+            setup.s3.list_answer = None
+        assert line is not None, f"mounted with {extra[0]}"
+        assert all(n in line for n in named) and f"s3://{BUCKET}/" in line, line
+        assert "ckptfs-s3." not in line, line
+
+
 def bad_answers_refused(setup):
     rel = setup.data_keys()[0]
     for fault in ("other-range", "short", "long", "cut"):
@@ -495,6 +515,7 @@ def main():
         checks.run("listing_loops", listing_loops, setup)
         checks.run("hostile_xml", hostile_xml, setup)
         checks.run("odd_listing", odd_listing, setup)
+        checks.run("unstageable_keys_refused", unstageable_keys_refused, setup)
         checks.run("bad_answers_refused", bad_answers_refused, setup)
         checks.run("whole_answer_eio", whole_answer_eio, setup)
         checks.run("flaky_answers_served", flaky_answers_served, setup)
