@@ -32,6 +32,7 @@ if [ "${1:-}" != --demo ]; then
     clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer
     lld  # the sanitizer builds link with it (CMakeLists.txt)
     s3fs curl  # tests/integration/s3harness.py: the S3 filesystem sources are read through, uploads
+    gdb  # tests/integration/itest.py: the threads of a command that overran its time
   )
 fi
 

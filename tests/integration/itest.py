@@ -153,8 +153,38 @@ def is_mounted(path):
     return os.path.realpath(path) in mount_points()
 
 
+def thread_stacks(pid):
+    """What a process that overran its time is doing: every thread's stack from gdb (when
+    installed), else each thread's kernel stack and wait channel."""
+    if shutil.which("gdb"):
+        try:
+            out = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex",
+                                  "thread apply all bt"], capture_output=True, text=True,
+                                 timeout=60).stdout
+            return "\n".join(line for line in out.splitlines()
+                             if line.startswith(("#", "Thread")))
+        except subprocess.TimeoutExpired:
+            pass
+    lines = []
+    for task in sorted(os.listdir(f"/proc/{pid}/task")):
+        for name in ("comm", "wchan", "stack"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/{name}") as f:
+                lines.append(f"{task} {name}: {f.read().strip()}")
+    return "\n".join(lines)
+
+
 def run(cmd, timeout=120, check=True):
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as child:
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stacks = thread_stacks(child.pid)
+            child.kill()
+            stdout, stderr = child.communicate()
+            raise AssertionError(f"{' '.join(cmd)} still ran after {timeout} s; its threads:\n"
+                                 f"{stacks}\nstderr: {stderr}") from None
+    proc = subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout: {proc.stdout}\n"
                              f"stderr: {proc.stderr}")
