@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -164,6 +166,35 @@ std::string walk(const std::filesystem::path& dir, size_t map_size, unsigned max
   return "";
 }
 
+// The variable that makes this program the probe's child: "FD FLAGS MAX_DBS MAP_SIZE DIR".
+constexpr const char* kProbeVariable = "CKPTFS_INDEX_PROBE";
+constexpr int kProbeFd = 3;
+
+// In the probe's child (any program holding this file, run by probe()): walks the index, writes
+// why it failed ("" if it did not) to the pipe, and ends the process before main. The child
+// dies of what a damaged page does to LMDB, silently: its assertion text is not for this walk.
+__attribute__((constructor)) void probe_child() {
+  const char* spec = std::getenv(kProbeVariable);
+  if (spec == nullptr) return;
+  int fd = -1, consumed = 0;
+  unsigned flags = 0, max_dbs = 0;
+  unsigned long long map_size = 0;
+  if (std::sscanf(spec, "%d %u %u %llu %n", &fd, &flags, &max_dbs, &map_size, &consumed) != 4)
+    ::_exit(2);
+  // Default actions, not a handler a runtime (a sanitizer's) installed before main.
+  for (int sig : {SIGABRT, SIGBUS, SIGSEGV, SIGFPE, SIGILL}) ::signal(sig, SIG_DFL);
+  const int null = ::open("/dev/null", O_WRONLY);
+  if (null >= 0) ::dup2(null, STDERR_FILENO);
+  std::string why;
+  try {
+    why = walk(spec + consumed, map_size, max_dbs, flags);
+  } catch (...) {
+    why = "out of memory";
+  }
+  const ssize_t n = ::write(fd, why.data(), why.size());
+  ::_exit(n == static_cast<ssize_t>(why.size()) ? 0 : 1);
+}
+
 // A probe that takes longer than this is taken for a walk caught in a loop of damaged pages.
 constexpr auto kProbeTimeout = std::chrono::seconds(60);
 
@@ -197,24 +228,29 @@ std::string probe(const std::filesystem::path& dir, size_t map_size, unsigned ma
   if (::pipe2(fds, O_CLOEXEC) != 0)
     fail("{}: cannot check the index: pipe: {}", dir.string(), std::strerror(errno));
   UniqueFd read_end(fds[0]), write_end(fds[1]);
-  const pid_t pid = ::fork();
-  if (pid < 0) fail("{}: cannot check the index: fork: {}", dir.string(), std::strerror(errno));
-  if (pid == 0) {
-    // The child dies of what a damaged page does to LMDB, silently: its assertion text and a
-    // handler inherited from the parent (the daemon guards its reads against SIGBUS) are not
-    // for this walk.
-    for (int sig : {SIGABRT, SIGBUS, SIGSEGV, SIGFPE, SIGILL}) ::signal(sig, SIG_DFL);
-    const int null = ::open("/dev/null", O_WRONLY);
-    if (null >= 0) ::dup2(null, STDERR_FILENO);
-    std::string why;
-    try {
-      why = walk(dir, map_size, max_dbs, flags);
-    } catch (...) {
-      why = "out of memory";
-    }
-    const ssize_t n = ::write(write_end.get(), why.data(), why.size());
-    ::_exit(n == static_cast<ssize_t>(why.size()) ? 0 : 1);
-  }
+  // The walk runs in a fresh copy of this program, never in a bare fork: a child forked while
+  // another thread holds a lock (a sanitizer's allocator, say, which a fork does not reset)
+  // waits for it for ever. probe_child() below, run before main, does the walk there.
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (!std::string_view(*e).starts_with(fmt::format("{}=", kProbeVariable)))
+      env_text.emplace_back(*e);
+  env_text.push_back(fmt::format("{}={} {} {} {} {}", kProbeVariable, kProbeFd, flags, max_dbs,
+                                 map_size, dir.string()));
+  std::vector<char*> envp;
+  for (std::string& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  char name[] = "ckptfs-index-probe";
+  char* argv[] = {name, nullptr};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, write_end.get(), kProbeFd);  // without O_CLOEXEC
+  pid_t pid = 0;
+  const int spawned = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0)
+    fail("{}: cannot check the index: cannot run /proc/self/exe: {}", dir.string(),
+         std::strerror(spawned));
   write_end = UniqueFd();
   std::string why;
   const auto deadline = std::chrono::steady_clock::now() + kProbeTimeout;

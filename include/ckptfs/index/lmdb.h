@@ -26,11 +26,12 @@ inline constexpr size_t kLockFileBytes = 8192;
 
 // Whether LMDB can read the environment in `dir` without crashing this process. LMDB keeps no
 // checksums: a damaged page makes it abort on an assertion, fault, or hand out a value past the
-// end of data.mdb. So a child process opens the environment (as `flags` say: MDB_NOLOCK for a
-// shipped index, else registered as a reader, so that a concurrent writer cannot recycle the
-// pages it walks) and walks every database, the free list included, with a cursor: every key
-// must ascend and be found again by a lookup, every key and value lie inside data.mdb, every
-// free-list entry be a well-formed list of pages inside it. Returns "" if all holds, else why
+// end of data.mdb. So a child process (this program run anew from /proc/self/exe, never a bare
+// fork, which could inherit a lock another thread holds) opens the environment (as `flags` say:
+// MDB_NOLOCK for a shipped index, else registered as a reader, so that a concurrent writer cannot
+// recycle the pages it walks) and walks every database, the free list included, with a cursor:
+// every key must ascend and be found again by a lookup, every key and value lie inside data.mdb,
+// every free-list entry be a well-formed list of pages inside it. Returns "" if all holds, else why
 // not (in a few words: the signal that killed the walk, LMDB's error, the check that failed).
 // The walk reads branch and leaf pages only, not values stored on overflow pages (those are
 // checked by the entries' own CRC-32s). Safe from any thread: the child only calls LMDB.
