@@ -63,24 +63,85 @@ RemoteCache::~RemoteCache() {
 bool RemoteCache::make_room(uint64_t need, std::vector<std::shared_ptr<Entry>>& freed) {
   // Freeing the ranges still to be read would not make room: keep them.
   if (stats_.held - lru_bytes_ + need > max_bytes_) return false;
-  for (auto it = lru_.begin(); stats_.held + need > max_bytes_ && it != lru_.end();) {
-    Entry* e = *it;
-    Ranges& held = ranges_[e->object];
-    const auto at = held.find(e->begin);  // a ready range is in the map until forgotten here
-    if (at != held.end() && at->second.use_count() > 1) {  // a READ copies from it: keep it
-      ++it;
-      continue;
-    }
-    it = lru_.erase(it);
-    e->in_lru = false;
-    stats_.held -= e->end - e->begin;
-    lru_bytes_ -= e->end - e->begin;
-    if (at != held.end()) {
-      freed.push_back(std::move(at->second));
-      held.erase(at);
+  // First the ranges whose expected bytes were all copied out, then the least recently read.
+  for (const bool spent_only : {true, false}) {
+    for (auto it = lru_.begin(); stats_.held + need > max_bytes_ && it != lru_.end();) {
+      Entry* e = *it;
+      if (spent_only && !e->spent()) {
+        ++it;
+        continue;
+      }
+      Ranges& held = ranges_[e->object];
+      const auto at = held.find(e->begin);  // a ready range is in the map until forgotten here
+      if (at != held.end() && at->second.use_count() > 1) {  // a READ copies from it: keep it
+        ++it;
+        continue;
+      }
+      it = lru_.erase(it);
+      e->in_lru = false;
+      stats_.held -= e->end - e->begin;
+      lru_bytes_ -= e->end - e->begin;
+      stats_.evicted += e->end - e->begin;
+      if (!e->spent() && e->planned) stats_.evicted_needed += e->end - e->begin;
+      if (at != held.end()) {
+        freed.push_back(std::move(at->second));
+        held.erase(at);
+      }
     }
   }
   return stats_.held + need <= max_bytes_;
+}
+
+void RemoteCache::expect(const remote::ObjectRef* object, uint64_t offset, uint64_t length) {
+  if (length == 0 || object == nullptr) return;
+  std::lock_guard lock(mutex_);
+  auto [it, added] = needs_.try_emplace(object);
+  Needs& needs = it->second;
+  if (added) {
+    while ((uint64_t{8192} << needs.shift) < object->info.size) ++needs.shift;
+    needs.bytes.assign(((object->info.size + (uint64_t{1} << needs.shift) - 1) >> needs.shift) + 1,
+                       0);
+  }
+  const uint64_t size = uint64_t{1} << needs.shift;
+  for (uint64_t at = offset, end = offset + length; at < end;) {
+    const uint64_t block = at >> needs.shift;
+    const uint64_t to = std::min(end, (block + 1) * size);
+    if (block < needs.bytes.size()) needs.bytes[block] += to - at;
+    at = to;
+  }
+}
+
+uint64_t RemoteCache::expected_in(const remote::ObjectRef* object, uint64_t begin,
+                                  uint64_t end) const {
+  const auto it = needs_.find(object);
+  if (it == needs_.end()) return 0;
+  const Needs& needs = it->second;
+  const uint64_t size = uint64_t{1} << needs.shift;
+  uint64_t out = 0;
+  for (uint64_t at = begin; at < end;) {
+    const uint64_t block = at >> needs.shift;
+    const uint64_t to = std::min(end, (block + 1) * size);
+    if (block < needs.bytes.size()) {
+      const unsigned __int128 share =
+          static_cast<unsigned __int128>(needs.bytes[block]) * (to - at) / size;
+      out += static_cast<uint64_t>(share);
+    }
+    at = to;
+  }
+  return out;
+}
+
+void RemoteCache::consume(const remote::ObjectRef* object, uint64_t begin, uint64_t end) {
+  const auto it = needs_.find(object);
+  if (it == needs_.end()) return;
+  Needs& needs = it->second;
+  const uint64_t size = uint64_t{1} << needs.shift;
+  for (uint64_t at = begin; at < end;) {
+    const uint64_t block = at >> needs.shift;
+    const uint64_t to = std::min(end, (block + 1) * size);
+    if (block < needs.bytes.size()) needs.bytes[block] -= std::min(needs.bytes[block], to - at);
+    at = to;
+  }
 }
 
 void RemoteCache::drop(const Entry& e) {
@@ -152,6 +213,8 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
     entry->object = object;
     entry->begin = b;
     entry->end = e;
+    entry->planned = needs_.contains(object);
+    entry->expected = expected_in(object, b, e);
     held.emplace(b, entry);
     queue_.push_back(std::move(entry));
     charge(e - b);
@@ -187,6 +250,8 @@ RemoteCache::Got RemoteCache::read(const remote::ObjectRef* object, uint64_t off
   {
     std::unique_lock lock(mutex_);
     const uint64_t end = offset + out.size();
+    // Copied out here, or by the READ's own GET after a miss: expected no more.
+    consume(object, offset, end);
     const auto in = ranges_.find(object);
     if (in != ranges_.end()) {
       auto it = in->second.upper_bound(offset);
@@ -228,8 +293,11 @@ RemoteCache::Got RemoteCache::read(const remote::ObjectRef* object, uint64_t off
       return got;
     }
     ++stats_.hits;
-    for (const std::shared_ptr<Entry>& entry : parts)
+    for (const std::shared_ptr<Entry>& entry : parts) {
       if (entry->in_lru) lru_.splice(lru_.end(), lru_, entry->lru);
+      const uint64_t copied = std::min(end, entry->end) - std::max(offset, entry->begin);
+      entry->expected -= std::min(entry->expected, copied);
+    }
   }
   // Their bytes never change once ready, and no range is freed while a READ holds it.
   uint64_t at = offset;

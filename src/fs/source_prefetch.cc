@@ -97,6 +97,7 @@ void SourcePrefetch::note(uint64_t ino, uint64_t off, size_t len) noexcept {
     const auto [tree, local] = serving(ino);
     const plan::VirtualFile* file = tree ? tree->file(local) : nullptr;
     if (file == nullptr) return;
+    if (options_.cache && tree_.lazy() == nullptr) std::call_once(expected_, [&] { expect_all(); });
     uint64_t begin = 0;
     const uint64_t ahead = options_.ahead;
     const uint64_t end = std::min(file->size(), off + len + ahead);
@@ -159,6 +160,23 @@ void SourcePrefetch::want_objects(std::vector<plan::Run>& runs,
   std::erase_if(runs, [&](const plan::Run& r) {
     return r.mem == nullptr && r.source < objects.size() && objects[r.source] != nullptr;
   });
+}
+
+void SourcePrefetch::expect_all() const {
+  const auto& sources = tree_.plan().sources;
+  std::vector<const remote::ObjectRef*> objects(sources.size(), nullptr);
+  for (size_t i = 0; i < sources.size(); ++i)
+    if (!sources[i].scan.encrypted) objects[i] = remote::object_of(sources[i].file.fd.get());
+  std::vector<plan::Run> runs;
+  for (size_t i = 0; i < tree_.plan().targets.size(); ++i) {
+    const plan::VirtualFile* file = tree_.file(tree_.target_ino(i));
+    if (file == nullptr) continue;
+    runs.clear();
+    file->map(0, file->size(), runs);
+    for (const plan::Run& r : runs)
+      if (r.mem == nullptr && r.source < objects.size() && objects[r.source] != nullptr)
+        options_.cache->expect(objects[r.source], r.offset, r.length);
+  }
 }
 
 void SourcePrefetch::queue(Source& source, uint64_t begin, uint64_t end) {
