@@ -102,46 +102,26 @@ void RemoteCache::expect(const remote::ObjectRef* object, uint64_t offset, uint6
     needs.bytes.assign(((object->info.size + (uint64_t{1} << needs.shift) - 1) >> needs.shift) + 1,
                        0);
   }
-  const uint64_t size = uint64_t{1} << needs.shift;
-  for (uint64_t at = offset, end = offset + length; at < end;) {
-    const uint64_t block = at >> needs.shift;
-    const uint64_t to = std::min(end, (block + 1) * size);
-    if (block < needs.bytes.size()) needs.bytes[block] += to - at;
-    at = to;
-  }
+  needs.each(offset, offset + length, [](uint64_t& block, uint64_t part) { block += part; });
 }
 
-uint64_t RemoteCache::expected_in(const remote::ObjectRef* object, uint64_t begin,
-                                  uint64_t end) const {
+uint64_t RemoteCache::expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end) {
   const auto it = needs_.find(object);
   if (it == needs_.end()) return 0;
-  const Needs& needs = it->second;
-  const uint64_t size = uint64_t{1} << needs.shift;
+  Needs& needs = it->second;
+  const unsigned shift = needs.shift;
   uint64_t out = 0;
-  for (uint64_t at = begin; at < end;) {
-    const uint64_t block = at >> needs.shift;
-    const uint64_t to = std::min(end, (block + 1) * size);
-    if (block < needs.bytes.size()) {
-      const unsigned __int128 share =
-          static_cast<unsigned __int128>(needs.bytes[block]) * (to - at) / size;
-      out += static_cast<uint64_t>(share);
-    }
-    at = to;
-  }
+  needs.each(begin, end, [&](const uint64_t& block, uint64_t part) {
+    out += static_cast<uint64_t>(static_cast<unsigned __int128>(block) * part >> shift);
+  });
   return out;
 }
 
 void RemoteCache::consume(const remote::ObjectRef* object, uint64_t begin, uint64_t end) {
   const auto it = needs_.find(object);
   if (it == needs_.end()) return;
-  Needs& needs = it->second;
-  const uint64_t size = uint64_t{1} << needs.shift;
-  for (uint64_t at = begin; at < end;) {
-    const uint64_t block = at >> needs.shift;
-    const uint64_t to = std::min(end, (block + 1) * size);
-    if (block < needs.bytes.size()) needs.bytes[block] -= std::min(needs.bytes[block], to - at);
-    at = to;
-  }
+  it->second.each(begin, end,
+                  [](uint64_t& block, uint64_t part) { block -= std::min(block, part); });
 }
 
 void RemoteCache::drop(const Entry& e) {

@@ -26,6 +26,7 @@
 // queue and the counters, is a leaf, and is never held during a GET or a copy of many bytes.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -137,6 +138,16 @@ class RemoteCache {
   struct Needs {
     unsigned shift = 12;
     std::vector<uint64_t> bytes;
+    // Calls fn(bytes of the block, bytes of [begin, end) in it) for each block it touches.
+    template <typename Fn>
+    void each(uint64_t begin, uint64_t end, Fn fn) {
+      for (uint64_t at = begin; at < end;) {
+        const uint64_t block = at >> shift;
+        const uint64_t to = std::min(end, (block + 1) << shift);
+        if (block < bytes.size()) fn(bytes[block], to - at);
+        at = to;
+      }
+    }
   };
   using Ranges = std::map<uint64_t, std::shared_ptr<Entry>>;  // begin -> range, disjoint
 
@@ -151,7 +162,7 @@ class RemoteCache {
   void charge(uint64_t bytes);  // under mutex_: `held` grows (and its peak)
   // Under mutex_: the bytes of [begin, end) of `object` READs are still expected to copy out (a
   // block's share in proportion to the part of it inside), and their taking (never below 0).
-  uint64_t expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end) const;
+  uint64_t expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
   void consume(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
   void fetcher_loop();
 
