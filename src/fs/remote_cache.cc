@@ -92,8 +92,9 @@ bool RemoteCache::make_room(uint64_t need, std::vector<std::shared_ptr<Entry>>& 
   return stats_.held + need <= max_bytes_;
 }
 
-void RemoteCache::expect(const remote::ObjectRef* object, uint64_t offset, uint64_t length) {
-  if (length == 0 || object == nullptr) return;
+void RemoteCache::expect(const remote::ObjectRef* object,
+                         std::span<const std::pair<uint64_t, uint64_t>> runs) {
+  if (runs.empty() || object == nullptr) return;
   std::lock_guard lock(mutex_);
   auto [it, added] = needs_.try_emplace(object);
   Needs& needs = it->second;
@@ -102,7 +103,8 @@ void RemoteCache::expect(const remote::ObjectRef* object, uint64_t offset, uint6
     needs.bytes.assign(((object->info.size + (uint64_t{1} << needs.shift) - 1) >> needs.shift) + 1,
                        0);
   }
-  needs.each(offset, offset + length, [](uint64_t& block, uint64_t part) { block += part; });
+  for (const auto& [offset, length] : runs)
+    needs.each(offset, offset + length, [](uint64_t& block, uint64_t part) { block += part; });
 }
 
 uint64_t RemoteCache::expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end) {

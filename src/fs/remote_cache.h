@@ -39,6 +39,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ckptfs/remote/objects.h"
@@ -91,7 +92,12 @@ class RemoteCache {
   // more (call it per run of every file the mount serves, before they are read; a byte several
   // files read is expected that many times). Kept per block of at least 4 KiB, at most 8,192
   // blocks an object.
-  void expect(const remote::ObjectRef* object, uint64_t offset, uint64_t length);
+  void expect(const remote::ObjectRef* object, uint64_t offset, uint64_t length) {
+    const std::pair<uint64_t, uint64_t> run{offset, length};
+    expect(object, std::span(&run, 1));
+  }
+  // The same for many runs ({offset, length}) of one object, under one lock.
+  void expect(const remote::ObjectRef* object, std::span<const std::pair<uint64_t, uint64_t>> runs);
 
   enum class Got { kCopied, kMiss, kFailed };
   // Copies out.size() bytes at `offset` of `object` from the held ranges that cover them (one,

@@ -17,7 +17,8 @@
 // (remote_runs.h's merge_runs with Options::merge), asked for in the order the file needs them.
 // At the first read the cache is told every run of every file the tree serves (expect), so that
 // it frees first the ranges no file still needs (a tree of lazily planned ranks does not know
-// them all; its cache frees the least recently read).
+// them all; its cache frees the least recently read). Told from a thread of its own instead,
+// the plan came after the first ranges and reads (1.45x the bytes again).
 //
 // Thread-safety: note() may be called from any number of FUSE workers at once; `mutex_` guards
 // the per-file and per-source state and the job queue, is a leaf, and is never held during a
