@@ -63,24 +63,67 @@ RemoteCache::~RemoteCache() {
 bool RemoteCache::make_room(uint64_t need, std::vector<std::shared_ptr<Entry>>& freed) {
   // Freeing the ranges still to be read would not make room: keep them.
   if (stats_.held - lru_bytes_ + need > max_bytes_) return false;
-  for (auto it = lru_.begin(); stats_.held + need > max_bytes_ && it != lru_.end();) {
-    Entry* e = *it;
-    Ranges& held = ranges_[e->object];
-    const auto at = held.find(e->begin);  // a ready range is in the map until forgotten here
-    if (at != held.end() && at->second.use_count() > 1) {  // a READ copies from it: keep it
-      ++it;
-      continue;
-    }
-    it = lru_.erase(it);
-    e->in_lru = false;
-    stats_.held -= e->end - e->begin;
-    lru_bytes_ -= e->end - e->begin;
-    if (at != held.end()) {
-      freed.push_back(std::move(at->second));
-      held.erase(at);
+  // First the ranges whose expected bytes were all copied out, then the least recently read.
+  for (const bool spent_only : {true, false}) {
+    for (auto it = lru_.begin(); stats_.held + need > max_bytes_ && it != lru_.end();) {
+      Entry* e = *it;
+      if (spent_only && !e->spent()) {
+        ++it;
+        continue;
+      }
+      Ranges& held = ranges_[e->object];
+      const auto at = held.find(e->begin);  // a ready range is in the map until forgotten here
+      if (at != held.end() && at->second.use_count() > 1) {  // a READ copies from it: keep it
+        ++it;
+        continue;
+      }
+      it = lru_.erase(it);
+      e->in_lru = false;
+      stats_.held -= e->end - e->begin;
+      lru_bytes_ -= e->end - e->begin;
+      stats_.evicted += e->end - e->begin;
+      if (!e->spent() && e->planned) stats_.evicted_needed += e->end - e->begin;
+      if (at != held.end()) {
+        freed.push_back(std::move(at->second));
+        held.erase(at);
+      }
     }
   }
   return stats_.held + need <= max_bytes_;
+}
+
+void RemoteCache::expect(const remote::ObjectRef* object,
+                         std::span<const std::pair<uint64_t, uint64_t>> runs) {
+  if (runs.empty() || object == nullptr) return;
+  std::lock_guard lock(mutex_);
+  auto [it, added] = needs_.try_emplace(object);
+  Needs& needs = it->second;
+  if (added) {
+    while ((uint64_t{8192} << needs.shift) < object->info.size) ++needs.shift;
+    needs.bytes.assign(((object->info.size + (uint64_t{1} << needs.shift) - 1) >> needs.shift) + 1,
+                       0);
+  }
+  for (const auto& [offset, length] : runs)
+    needs.each(offset, offset + length, [](uint64_t& block, uint64_t part) { block += part; });
+}
+
+uint64_t RemoteCache::expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end) {
+  const auto it = needs_.find(object);
+  if (it == needs_.end()) return 0;
+  Needs& needs = it->second;
+  const unsigned shift = needs.shift;
+  uint64_t out = 0;
+  needs.each(begin, end, [&](const uint64_t& block, uint64_t part) {
+    out += static_cast<uint64_t>(static_cast<unsigned __int128>(block) * part >> shift);
+  });
+  return out;
+}
+
+void RemoteCache::consume(const remote::ObjectRef* object, uint64_t begin, uint64_t end) {
+  const auto it = needs_.find(object);
+  if (it == needs_.end()) return;
+  it->second.each(begin, end,
+                  [](uint64_t& block, uint64_t part) { block -= std::min(block, part); });
 }
 
 void RemoteCache::drop(const Entry& e) {
@@ -152,6 +195,8 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
     entry->object = object;
     entry->begin = b;
     entry->end = e;
+    entry->planned = needs_.contains(object);
+    entry->expected = expected_in(object, b, e);
     held.emplace(b, entry);
     queue_.push_back(std::move(entry));
     charge(e - b);
@@ -187,6 +232,8 @@ RemoteCache::Got RemoteCache::read(const remote::ObjectRef* object, uint64_t off
   {
     std::unique_lock lock(mutex_);
     const uint64_t end = offset + out.size();
+    // Copied out here, or by the READ's own GET after a miss: expected no more.
+    consume(object, offset, end);
     const auto in = ranges_.find(object);
     if (in != ranges_.end()) {
       auto it = in->second.upper_bound(offset);
@@ -228,8 +275,11 @@ RemoteCache::Got RemoteCache::read(const remote::ObjectRef* object, uint64_t off
       return got;
     }
     ++stats_.hits;
-    for (const std::shared_ptr<Entry>& entry : parts)
+    for (const std::shared_ptr<Entry>& entry : parts) {
       if (entry->in_lru) lru_.splice(lru_.end(), lru_, entry->lru);
+      const uint64_t copied = std::min(end, entry->end) - std::max(offset, entry->begin);
+      entry->expected -= std::min(entry->expected, copied);
+    }
   }
   // Their bytes never change once ready, and no range is freed while a READ holds it.
   uint64_t at = offset;

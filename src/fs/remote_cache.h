@@ -8,7 +8,11 @@
 // share of -o readahead_max): ranges held or in flight, and the buffers READs charge (reserve)
 // for the GETs of runs no range holds. A new range first takes the room of the ranges used least
 // recently that have arrived and that no READ is copying from; past that it is not fetched
-// ahead, and its reader fetches its own runs. A range's bytes are pages of its own from 64 KiB
+// ahead, and its reader fetches its own runs. When the plan said which bytes its files will read
+// (expect), a range whose expected bytes have all been copied out to READs is forgotten before
+// any range still to be read: read least recently is no guide when the files that read a range
+// come one after another (the next file needs the ranges the last one read first, and those
+// were freed first). A range's bytes are pages of its own from 64 KiB
 // (RangeBuffer), so that a dropped range's memory leaves the daemon at once.
 //
 // Never a wrong byte: a range whose GET fails (after the client's retries) or whose object
@@ -22,6 +26,7 @@
 // queue and the counters, is a leaf, and is never held during a GET or a copy of many bytes.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -34,6 +39,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ckptfs/remote/objects.h"
@@ -82,6 +88,17 @@ class RemoteCache {
   // bound leaves no room (nothing queued).
   bool want(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
 
+  // The plan's word on what READs will copy out: `length` bytes at `offset` of `object`, once
+  // more (call it per run of every file the mount serves, before they are read; a byte several
+  // files read is expected that many times). Kept per block of at least 4 KiB, at most 8,192
+  // blocks an object.
+  void expect(const remote::ObjectRef* object, uint64_t offset, uint64_t length) {
+    const std::pair<uint64_t, uint64_t> run{offset, length};
+    expect(object, std::span(&run, 1));
+  }
+  // The same for many runs ({offset, length}) of one object, under one lock.
+  void expect(const remote::ObjectRef* object, std::span<const std::pair<uint64_t, uint64_t>> runs);
+
   enum class Got { kCopied, kMiss, kFailed };
   // Copies out.size() bytes at `offset` of `object` from the held ranges that cover them (one,
   // or several end to end), waiting while one is in flight: kMiss when the ranges held leave a
@@ -102,6 +119,8 @@ class RemoteCache {
     uint64_t hits = 0, misses = 0;  // reads
     uint64_t held = 0;              // bytes held, in flight or charged by READs now
     uint64_t peak = 0;              // the most `held` has been
+    uint64_t evicted = 0;           // bytes of arrived ranges forgotten to make room
+    uint64_t evicted_needed = 0;    // of those, bytes of ranges the plan still expected READs of
   };
   Stats stats() const;
   // Waits until nothing is queued or in flight (tests, bench).
@@ -116,6 +135,25 @@ class RemoteCache {
     RangeBuffer bytes;
     std::list<Entry*>::iterator lru;  // valid while in_lru
     bool in_lru = false;              // ready and not evicted
+    bool planned = false;             // its object has expectations: `expected` means something
+    uint64_t expected = 0;            // bytes READs are still expected to copy out of it
+    // All its expected bytes were copied out (within what the blocks' rounding leaves).
+    bool spent() const { return planned && expected * 16 < end - begin; }
+  };
+  // Per object: bytes READs are still expected to copy out of each block of 1 << shift bytes.
+  struct Needs {
+    unsigned shift = 12;
+    std::vector<uint64_t> bytes;
+    // Calls fn(bytes of the block, bytes of [begin, end) in it) for each block it touches.
+    template <typename Fn>
+    void each(uint64_t begin, uint64_t end, Fn fn) {
+      for (uint64_t at = begin; at < end;) {
+        const uint64_t block = at >> shift;
+        const uint64_t to = std::min(end, (block + 1) << shift);
+        if (block < bytes.size()) fn(bytes[block], to - at);
+        at = to;
+      }
+    }
   };
   using Ranges = std::map<uint64_t, std::shared_ptr<Entry>>;  // begin -> range, disjoint
 
@@ -128,6 +166,10 @@ class RemoteCache {
   // batch, still holds it).
   void drop(const Entry& e);
   void charge(uint64_t bytes);  // under mutex_: `held` grows (and its peak)
+  // Under mutex_: the bytes of [begin, end) of `object` READs are still expected to copy out (a
+  // block's share in proportion to the part of it inside), and their taking (never below 0).
+  uint64_t expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
+  void consume(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
   void fetcher_loop();
 
   const size_t max_bytes_;
@@ -135,6 +177,7 @@ class RemoteCache {
   mutable std::mutex mutex_;
   std::condition_variable work_, done_;
   std::unordered_map<const remote::ObjectRef*, Ranges> ranges_;
+  std::unordered_map<const remote::ObjectRef*, Needs> needs_;
   std::deque<std::shared_ptr<Entry>> queue_;
   // Ready ranges, least recently read first. A READ copying from one holds a reference to it,
   // taken under mutex_ only, so a use count of 1 (the map's) under mutex_ means no READ is.

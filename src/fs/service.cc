@@ -180,8 +180,10 @@ void Service::stop() noexcept {
   leases_.reset();
   if (remote_cache_) {
     const RemoteCache::Stats rc = remote_cache_->stats();
-    spdlog::info("S3 read-ahead: {} ranges, {} MiB fetched; {} reads from them, {} fetched alone",
-                 rc.ranges, rc.fetched >> 20, rc.hits, rc.misses);
+    spdlog::info(
+        "S3 read-ahead: {} ranges, {} MiB fetched; {} reads from them, {} fetched alone; {} MiB "
+        "freed for room, {} MiB of them still to be read",
+        rc.ranges, rc.fetched >> 20, rc.hits, rc.misses, rc.evicted >> 20, rc.evicted_needed >> 20);
     use_remote_cache(nullptr);
     remote_cache_.reset();
   }

@@ -97,6 +97,7 @@ void SourcePrefetch::note(uint64_t ino, uint64_t off, size_t len) noexcept {
     const auto [tree, local] = serving(ino);
     const plan::VirtualFile* file = tree ? tree->file(local) : nullptr;
     if (file == nullptr) return;
+    if (options_.cache && tree_.lazy() == nullptr) std::call_once(expected_, [&] { expect_all(); });
     uint64_t begin = 0;
     const uint64_t ahead = options_.ahead;
     const uint64_t end = std::min(file->size(), off + len + ahead);
@@ -159,6 +160,32 @@ void SourcePrefetch::want_objects(std::vector<plan::Run>& runs,
   std::erase_if(runs, [&](const plan::Run& r) {
     return r.mem == nullptr && r.source < objects.size() && objects[r.source] != nullptr;
   });
+}
+
+void SourcePrefetch::expect_all() const {
+  try {
+    const auto& sources = tree_.plan().sources;
+    std::vector<const remote::ObjectRef*> objects(sources.size(), nullptr);
+    for (size_t i = 0; i < sources.size(); ++i)
+      if (!sources[i].scan.encrypted) objects[i] = remote::object_of(sources[i].file.fd.get());
+    std::vector<plan::Run> runs;
+    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> per_source(sources.size());
+    for (size_t i = 0; i < tree_.plan().targets.size(); ++i) {
+      const plan::VirtualFile* file = tree_.file(tree_.target_ino(i));
+      if (file == nullptr) continue;
+      runs.clear();
+      file->map(0, file->size(), runs);
+      for (const plan::Run& r : runs)
+        if (r.mem == nullptr && r.source < objects.size() && objects[r.source] != nullptr)
+          per_source[r.source].emplace_back(r.offset, r.length);
+      for (size_t s = 0; s < per_source.size(); ++s) {
+        options_.cache->expect(objects[s], per_source[s]);
+        per_source[s].clear();
+      }
+    }
+  } catch (const std::exception& e) {  // the ranges not expected are freed least recent first
+    spdlog::debug("S3 read-ahead: the plan was not all told to the cache: {}", e.what());
+  }
 }
 
 void SourcePrefetch::queue(Source& source, uint64_t begin, uint64_t end) {

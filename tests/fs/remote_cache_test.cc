@@ -206,6 +206,31 @@ TEST_F(RemoteCacheTest, AWantedRangeIsNotTheFirstFreed) {
   EXPECT_FALSE(holds(cache, 2 * kMiB, 2 * kMiB));  // the least recently used instead
 }
 
+// With the plan's expectations, a range all of whose expected bytes were copied out goes before
+// one still to be read, even one read less recently: files read one after another need the
+// ranges the last file read first, and read-least-recently freed exactly those (1.47x the bytes
+// of the resharded view fetched from S3).
+TEST_F(RemoteCacheTest, ASpentRangeIsFreedBeforeOneStillExpected) {
+  RemoteCache cache(8 * kMiB, 1);
+  cache.expect(&object_, 0, 4 * kMiB);  // two files read [0, 4 MiB)
+  cache.expect(&object_, 0, 4 * kMiB);
+  cache.expect(&object_, 4 * kMiB, 4 * kMiB);  // one file reads [4, 8 MiB)
+  cache.expect(&object_, 8 * kMiB, 4 * kMiB);
+  ASSERT_TRUE(cache.want(&object_, 0, 4 * kMiB));
+  ASSERT_TRUE(cache.want(&object_, 4 * kMiB, 8 * kMiB));
+  cache.wait_idle();
+  ASSERT_TRUE(holds(cache, 0, 4 * kMiB));         // the first file: the second is still to come
+  ASSERT_TRUE(holds(cache, 4 * kMiB, 4 * kMiB));  // its only reader: spent
+  ASSERT_TRUE(cache.want(&object_, 8 * kMiB, 12 * kMiB));
+  cache.wait_idle();
+  EXPECT_EQ(store_.gets(), 3);
+  EXPECT_TRUE(holds(cache, 0, 4 * kMiB)) << "a range the second file needs was freed";
+  EXPECT_FALSE(holds(cache, 4 * kMiB, kMiB));  // the spent one instead
+  const RemoteCache::Stats stats = cache.stats();
+  EXPECT_EQ(stats.evicted, 4 * kMiB);
+  EXPECT_EQ(stats.evicted_needed, 0u);
+}
+
 // Unmounting does not wait for GETs stalled on the store (each would take the stall limit, times
 // the retries): the fetchers give them up.
 TEST_F(RemoteCacheTest, StoppingGivesUpStalledGets) {
