@@ -13,26 +13,21 @@
 
 #include "ckptfs/crypt/block_cipher.h"
 #include "ckptfs/error.h"
+#include "ckptfs/util/anonymous_mapping.h"
 
 namespace ckptfs::crypt {
 
 // One cached page: an anonymous mapping left out of core dumps, wiped before it is unmapped.
 struct DecryptedStream::Slot {
-  explicit Slot(size_t capacity) : size(capacity) {
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    bytes = static_cast<uint8_t*>(p);
-    ::madvise(bytes, size, MADV_DONTDUMP);  // best effort: a kernel without it still works
+  explicit Slot(size_t capacity) : bytes(capacity) {
+    // Best effort: a kernel without it still works.
+    ::madvise(bytes.data(), bytes.size(), MADV_DONTDUMP);
   }
-  ~Slot() {
-    OPENSSL_cleanse(bytes, size);
-    ::munmap(bytes, size);
-  }
+  ~Slot() { OPENSSL_cleanse(bytes.data(), bytes.size()); }  // before `bytes` unmaps them
   Slot(const Slot&) = delete;
   Slot& operator=(const Slot&) = delete;
 
-  uint8_t* bytes = nullptr;
-  size_t size = 0;
+  AnonymousMapping bytes;
   std::optional<std::pair<uint64_t, uint32_t>> page;  // (block, page in it); none: empty
   size_t length = 0;                                  // plaintext bytes held
   uint64_t used = 0;  // the tick of the last read (least recently used goes first)
@@ -240,16 +235,16 @@ DecryptedStream::Slot& DecryptedStream::slot_for(uint64_t index, uint32_t page) 
   const BlockPlace place = framing_.block(index);
   size_t length = 0;
   if (framing_.mode == Mode::kAesGcm) {
-    length =
-        decrypt_block(source_, framing_, key_, index, std::span(slot->bytes, slot->size), name_);
+    length = decrypt_block(source_, framing_, key_, index,
+                           std::span(slot->bytes.data(), slot->bytes.size()), name_);
     if (length != plain_length(index)) refuse_length(place, length);
   } else {
     const uint32_t from = page * page_length_;
     const uint32_t n = std::min(page_length_, place.cipher_length - from);
-    length =
-        decrypt_cbc_range(source_, framing_, key_, index, from, std::span(slot->bytes, n), name_);
+    length = decrypt_cbc_range(source_, framing_, key_, index, from,
+                               std::span(slot->bytes.data(), n), name_);
     if (from + n == place.cipher_length && from + length != plain_length(index)) {
-      OPENSSL_cleanse(slot->bytes, n);
+      OPENSSL_cleanse(slot->bytes.data(), n);
       refuse_length(place, from + length);
     }
   }
@@ -282,7 +277,7 @@ void DecryptedStream::read(uint64_t offset, std::span<uint8_t> out) {
     const Slot& slot = slot_for(index, page);
     const uint64_t within = in_block - uint64_t{page} * page_length_;
     const size_t n = std::min<uint64_t>(out.size() - done, slot.length - within);
-    std::memcpy(out.data() + done, slot.bytes + within, n);
+    std::memcpy(out.data() + done, slot.bytes.data() + within, n);
     done += n;
   }
 }

@@ -1,7 +1,6 @@
 #include "remote_cache.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
@@ -13,35 +12,29 @@ namespace ckptfs::fs {
 
 RangeBuffer::RangeBuffer(size_t size) : size_(size) {
   if (size == 0) return;
-  if (size < kMappedBytes) {
-    data_ = new uint8_t[size];
-    return;
-  }
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  data_ = static_cast<uint8_t*>(p);
+  if (size < kMappedBytes)
+    heap_ = std::make_unique_for_overwrite<uint8_t[]>(size);
+  else
+    mapped_ = AnonymousMapping(size);
 }
 
 RangeBuffer::RangeBuffer(RangeBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : heap_(std::move(other.heap_)),
+      mapped_(std::move(other.mapped_)),
+      size_(std::exchange(other.size_, 0)) {}
 
 RangeBuffer& RangeBuffer::operator=(RangeBuffer&& other) noexcept {
   if (this != &other) {
-    reset();
-    data_ = std::exchange(other.data_, nullptr);
+    heap_ = std::move(other.heap_);
+    mapped_ = std::move(other.mapped_);
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
 }
 
 void RangeBuffer::reset() noexcept {
-  if (data_ != nullptr) {
-    if (size_ < kMappedBytes)
-      delete[] data_;
-    else
-      ::munmap(data_, size_);
-  }
-  data_ = nullptr;
+  heap_.reset();
+  mapped_.reset();
   size_ = 0;
 }
 

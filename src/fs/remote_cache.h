@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "ckptfs/remote/objects.h"
+#include "ckptfs/util/anonymous_mapping.h"
 
 namespace ckptfs::fs {
 
@@ -60,12 +61,13 @@ class RangeBuffer {
   RangeBuffer& operator=(RangeBuffer&& other) noexcept;
   RangeBuffer(const RangeBuffer&) = delete;
   RangeBuffer& operator=(const RangeBuffer&) = delete;
-  uint8_t* data() const { return data_; }
+  uint8_t* data() const { return heap_ ? heap_.get() : mapped_.data(); }
   size_t size() const { return size_; }
   void reset() noexcept;
 
  private:
-  uint8_t* data_ = nullptr;
+  std::unique_ptr<uint8_t[]> heap_;  // below kMappedBytes
+  AnonymousMapping mapped_;          // from kMappedBytes on
   size_t size_ = 0;
 };
 
