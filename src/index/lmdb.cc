@@ -199,7 +199,7 @@ __attribute__((constructor)) void probe_child() {
 constexpr auto kProbeTimeout = std::chrono::seconds(60);
 
 // probe() once per version of a data.mdb in this process: a mount plans ranks one by one from
-// the same shipped index, and forking a daemon that holds gigabytes costs milliseconds.
+// the same shipped index, and running the program anew for each walk costs milliseconds.
 std::string probe_once(const std::filesystem::path& dir, size_t map_size, unsigned max_dbs,
                        unsigned flags) {
   struct stat st;
@@ -230,11 +230,11 @@ std::string probe(const std::filesystem::path& dir, size_t map_size, unsigned ma
   UniqueFd read_end(fds[0]), write_end(fds[1]);
   // The walk runs in a fresh copy of this program, never in a bare fork: a child forked while
   // another thread holds a lock (a sanitizer's allocator, say, which a fork does not reset)
-  // waits for it for ever. probe_child() below, run before main, does the walk there.
+  // waits for it for ever. probe_child() above, run before main, does the walk there.
+  const std::string ours = fmt::format("{}=", kProbeVariable);
   std::vector<std::string> env_text;
   for (char** e = environ; *e != nullptr; ++e)
-    if (!std::string_view(*e).starts_with(fmt::format("{}=", kProbeVariable)))
-      env_text.emplace_back(*e);
+    if (!std::string_view(*e).starts_with(ours)) env_text.emplace_back(*e);
   env_text.push_back(fmt::format("{}={} {} {} {} {}", kProbeVariable, kProbeFd, flags, max_dbs,
                                  map_size, dir.string()));
   std::vector<char*> envp;
