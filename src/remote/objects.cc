@@ -61,6 +61,15 @@ void register_object(const std::filesystem::path& placeholder, ObjectRef object,
   g_any.store(true, std::memory_order_release);
 }
 
+void unregister_object(const std::filesystem::path& placeholder) {
+  struct stat st;
+  if (::stat(placeholder.c_str(), &st) != 0) return;  // never registered: it must exist
+  registry().erase({static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)});
+  if (!registry().empty()) return;
+  g_any.store(false, std::memory_order_release);
+  g_client.reset();
+}
+
 namespace {
 
 const ObjectRef* registered(const struct stat& st) {

@@ -102,8 +102,8 @@ class TinyStore {
 class RemoteCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // The client is registered with an object (the process keeps it); every test's store
-    // listens on its own port, so each test registers its own.
+    // The client is registered with an object; every test's store listens on its own port,
+    // so each test registers its own (and TearDown forgets it).
     placeholder_ = std::filesystem::temp_directory_path() /
                    fmt::format("remote_cache_test.{}.{}", ::getpid(),
                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -118,7 +118,11 @@ class RemoteCacheTest : public ::testing::Test {
     remote::register_object(placeholder_, object_,
                             std::make_shared<const remote::S3Client>(config, 2));
   }
-  void TearDown() override { std::filesystem::remove(placeholder_); }
+  // The registry is the process's: leave no object behind for the tests after this one.
+  void TearDown() override {
+    remote::unregister_object(placeholder_);
+    std::filesystem::remove(placeholder_);
+  }
 
   bool holds(RemoteCache& cache, uint64_t offset, uint64_t length) {
     std::vector<uint8_t> out(length);

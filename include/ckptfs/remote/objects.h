@@ -36,6 +36,12 @@ struct Identity {
 void register_object(const std::filesystem::path& placeholder, ObjectRef object,
                      std::shared_ptr<const S3Client> client);
 
+// Forgets `placeholder`'s registration (a no-op for a file not registered); once none is left,
+// any_registered() is false and client() fails again. For a caller that stages objects for a
+// while only (a test): call it before removing the placeholder, whose inode a later file may get,
+// and, like register_object, while no reader runs.
+void unregister_object(const std::filesystem::path& placeholder);
+
 // Whether any placeholder is registered (a mount of s3:// sources).
 bool any_registered();
 
