@@ -148,6 +148,13 @@ class WireReader {
     return true;
   }
   bool varint(uint64_t& out) {
+    // Most are one byte (tags, lengths, small values). Read here rather than through an
+    // optional, whose two halves stored apart and read back whole stall the store buffer:
+    // that was 5% of index build's cycles.
+    if (at_ != end_ && *at_ < 0x80) {
+      out = *at_++;
+      return true;
+    }
     size_t used = 0;
     const std::optional<uint64_t> v =
         ckpt::get_varint(std::span(at_, static_cast<size_t>(end_ - at_)), used);
