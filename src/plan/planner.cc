@@ -132,7 +132,8 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
   if (sources.empty()) fail("no source checkpoint found (expected rank_<N>/*.ckpt directories)");
   check_views_chosen(views);
   // MindSpore's safetensors transform has no duplicate or __param_key__ rules.
-  const bool st_rules = apply_source_rules(sources, true);
+  const bool st_rules = apply_source_rules(
+      sources, true, views.layout_memo ? &as_saved_names(*views.layout_memo) : nullptr);
   std::vector<int64_t> ranks;
   for (const auto& [rank, source] : sources) ranks.push_back(rank);
   // The directory holding the rank directories, for messages. A subset of targets loads a
