@@ -14,15 +14,30 @@ constexpr char kContent = 0x1A;  // TensorProto.tensor_content (field 3, LEN)
 
 uint64_t length_delimited_size(uint64_t payload) { return 1 + varint_size(payload) + payload; }
 
-}  // namespace
-
-std::string record_header(std::string_view tag, std::span<const int64_t> dims,
-                          std::string_view tensor_type, uint64_t content_length) {
+// The TensorProto's and the Value's payload sizes (the content included).
+struct Sizes {
+  uint64_t tensor = 0, value = 0;
+};
+Sizes payload_sizes(std::string_view tag, std::span<const int64_t> dims,
+                    std::string_view tensor_type, uint64_t content_length) {
   uint64_t tensor_size =
       length_delimited_size(tensor_type.size()) + length_delimited_size(content_length);
   for (int64_t dim : dims) tensor_size += 1 + varint_size(static_cast<uint64_t>(dim));
-  const uint64_t value_size =
-      length_delimited_size(tag.size()) + length_delimited_size(tensor_size);
+  return {tensor_size, length_delimited_size(tag.size()) + length_delimited_size(tensor_size)};
+}
+
+}  // namespace
+
+uint64_t record_header_size(std::string_view tag, std::span<const int64_t> dims,
+                            std::string_view tensor_type, uint64_t content_length) {
+  // The whole record (key, length, Value) less the content that follows the header.
+  const uint64_t value_size = payload_sizes(tag, dims, tensor_type, content_length).value;
+  return 1 + varint_size(value_size) + value_size - content_length;
+}
+
+std::string record_header(std::string_view tag, std::span<const int64_t> dims,
+                          std::string_view tensor_type, uint64_t content_length) {
+  const auto [tensor_size, value_size] = payload_sizes(tag, dims, tensor_type, content_length);
 
   std::string out;
   out.reserve(32 + tag.size() + tensor_type.size() + 11 * dims.size());

@@ -640,6 +640,11 @@ bool same_names(std::span<const Param> a, std::span<const Param> b) {
                     [](const Param& x, const Param& y) { return x.name == y.name; });
 }
 
+bool same_names(std::span<const std::string> names, std::span<const Param> params) {
+  return std::equal(names.begin(), names.end(), params.begin(), params.end(),
+                    [](const std::string& n, const Param& p) { return n == p.name; });
+}
+
 std::vector<Param> loaded_params(FileScan scan) {
   // Nearly every file has unique names and no cache keys: then the order is the file's.
   if (loads_as_saved(scan.params)) return std::move(scan.params);

@@ -148,12 +148,27 @@ class WireReader {
     return true;
   }
   bool varint(uint64_t& out) {
+    // Read here rather than through get_varint's optional, whose two halves stored apart and
+    // read back whole stall the store buffer on every tag, length and offset (that was 5% of
+    // index build's cycles). Up to nine bytes get_varint would take as they are; a tenth, whose
+    // top bits it checks, and a malformed one go through it.
+    const uint8_t* p = at_;
+    uint64_t v = 0;
+    for (unsigned shift = 0; shift < 63 && p != end_; shift += 7) {
+      const uint8_t b = *p++;
+      v |= uint64_t{b & 0x7Fu} << shift;
+      if (b < 0x80) {
+        at_ = p;
+        out = v;
+        return true;
+      }
+    }
     size_t used = 0;
-    const std::optional<uint64_t> v =
+    const std::optional<uint64_t> value =
         ckpt::get_varint(std::span(at_, static_cast<size_t>(end_ - at_)), used);
-    if (!v) return false;
+    if (!value) return false;
     at_ += used;
-    out = *v;
+    out = *value;
     return true;
   }
   bool bytes(std::string_view& out) {

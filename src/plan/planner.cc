@@ -92,9 +92,11 @@ void plan_by_stage(Plan& plan, const strategy::Strategy* src, const strategy::St
   }
   for (int64_t l = 0; l < dst->devices_per_stage; ++l)
     for (uint32_t stage = 0; stage < src->num_stages; ++stage)
-      plan.targets.push_back(TargetFile{
-          l, ckpt_view(by_stage_and_rank[stage * dst->devices_per_stage + l], views.ckpt_trailing),
-          fmt::format("{}{}_part{}.ckpt", views.prefix, l, stage), false});
+      plan.targets.push_back(
+          TargetFile{l,
+                     ckpt_view(by_stage_and_rank[stage * dst->devices_per_stage + l],
+                               views.ckpt_trailing, views.sizes_only),
+                     fmt::format("{}{}_part{}.ckpt", views.prefix, l, stage), false});
 }
 
 }  // namespace
@@ -130,7 +132,8 @@ Plan make_plan(std::map<int64_t, index::IndexedSource> sources, const strategy::
   if (sources.empty()) fail("no source checkpoint found (expected rank_<N>/*.ckpt directories)");
   check_views_chosen(views);
   // MindSpore's safetensors transform has no duplicate or __param_key__ rules.
-  const bool st_rules = apply_source_rules(sources, true);
+  const bool st_rules = apply_source_rules(
+      sources, true, views.layout_memo ? &as_saved_names(*views.layout_memo) : nullptr);
   std::vector<int64_t> ranks;
   for (const auto& [rank, source] : sources) ranks.push_back(rank);
   // The directory holding the rank directories, for messages. A subset of targets loads a
@@ -256,10 +259,10 @@ void add_full_views(Plan& plan, const std::vector<FullTensor>& tensors,
     std::move(passthrough.begin(), passthrough.end(), std::back_inserter(entries));
     std::set<std::string> left_out;  // none: every tensor has a type both views hold
     if (views.ckpt)
-      plan.targets.push_back(
-          TargetFile{t, ckpt_view(entries), fmt::format("{}{}.ckpt", views.prefix, t), false});
+      plan.targets.push_back(TargetFile{t, ckpt_view(entries, {}, views.sizes_only),
+                                        fmt::format("{}{}.ckpt", views.prefix, t), false});
     if (views.safetensors)
-      plan.targets.push_back(TargetFile{t, safetensors_view(entries, left_out),
+      plan.targets.push_back(TargetFile{t, safetensors_view(entries, left_out, views.sizes_only),
                                         fmt::format("{}{}.safetensors", views.prefix, t), true});
     if (!left_out.empty()) fail("tensor {}: no safetensors type for it", *left_out.begin());
     if (views.on_planned) views.on_planned(k + 1, targets.size());
@@ -295,10 +298,11 @@ Plan plan_views(Plan plan, const strategy::Strategy* src, const strategy::Strate
     const std::vector<Entry> entries = planner.plan_target(t);
     if (views.on_planned) views.on_planned(k + 1, targets.size());
     if (views.ckpt)
-      plan.targets.push_back(TargetFile{t, ckpt_view(entries, views.ckpt_trailing),
+      plan.targets.push_back(TargetFile{t,
+                                        ckpt_view(entries, views.ckpt_trailing, views.sizes_only),
                                         fmt::format("{}{}.ckpt", views.prefix, t), false});
     if (views.safetensors)
-      plan.targets.push_back(TargetFile{t, safetensors_view(entries, left_out),
+      plan.targets.push_back(TargetFile{t, safetensors_view(entries, left_out, views.sizes_only),
                                         fmt::format("{}{}.safetensors", views.prefix, t), true});
   }
   if (!left_out.empty()) {

@@ -4,6 +4,7 @@
 // the order given.
 #pragma once
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,28 +33,45 @@ bool safetensors_rules(const Sources& sources) {
 // MindSpore's loader rules (ckpt::loaded_params), file after file. A file listing the same names
 // in the same order as the last one that loads as saved loads as saved too: comparing its names
 // is cheaper than hashing them, and a checkpoint's files nearly always list the same names. The
-// scans must stay where they are while rules are applied.
+// scans must stay where they are while rules are applied. `known` (optional, kept by the caller
+// across plans: index build's per-thread memo) holds the names of a list found to load as saved
+// before, so that the next plan's files are compared with it, not hashed again.
 class LoaderRules {
  public:
+  explicit LoaderRules(std::vector<std::string>* known = nullptr) : known_(known) {}
+
   void apply(scan::FileScan& scan) {
     if (as_saved_ && ckpt::same_names(*as_saved_, scan.params)) return;
-    if (ckpt::loads_as_saved(scan.params))
+    // Whether a list loads as saved depends on its names alone.
+    if (known_ && !known_->empty() && ckpt::same_names(*known_, scan.params)) {
       as_saved_ = &scan.params;
-    else
+      return;
+    }
+    if (ckpt::loads_as_saved(scan.params)) {
+      as_saved_ = &scan.params;
+      if (known_) {
+        known_->clear();
+        known_->reserve(scan.params.size());
+        for (const scan::Param& p : scan.params) known_->push_back(p.name);
+      }
+    } else {
       scan.params = ckpt::loaded_params(std::move(scan));
+    }
   }
 
  private:
+  std::vector<std::string>* known_;
   const std::vector<scan::Param>* as_saved_ = nullptr;
 };
 
 // Whether MindSpore's safetensors rules apply (all sources .safetensors; a mix is refused), with
-// the loader rules applied to .ckpt sources if `loader_rules`.
+// the loader rules applied to .ckpt sources if `loader_rules` (`known` as LoaderRules takes it).
 template <typename Sources>
-bool apply_source_rules(Sources& sources, bool loader_rules) {
+bool apply_source_rules(Sources& sources, bool loader_rules,
+                        std::vector<std::string>* known = nullptr) {
   const bool st_rules = safetensors_rules(sources);
   if (loader_rules && !st_rules) {
-    LoaderRules rules;
+    LoaderRules rules(known);
     for (auto& [rank, source] : sources) rules.apply(source.scan);
   }
   return st_rules;

@@ -94,15 +94,6 @@ void check_rank_count(const std::vector<int64_t>& ranks, const strategy::Strateg
       src_dir, present.size(), shape, all_absent ? "missing" : "no checkpoint for", which);
 }
 
-namespace {
-
-bool lists(const std::vector<std::string>& names, const std::vector<scan::Param>& params) {
-  return std::equal(names.begin(), names.end(), params.begin(), params.end(),
-                    [](const std::string& n, const scan::Param& p) { return n == p.name; });
-}
-
-}  // namespace
-
 void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sources,
                             const strategy::Strategy& src, CoveredNames* covered) {
   if (covered && covered->src != &src) *covered = CoveredNames{&src, {}};
@@ -119,7 +110,7 @@ void check_strategy_covered(const std::map<int64_t, index::IndexedSource>& sourc
     if (known[stage]) continue;
     if (covered) {
       auto it = covered->by_stage.find(stage);
-      if (it != covered->by_stage.end() && lists(it->second, source.scan.params)) {
+      if (it != covered->by_stage.end() && ckpt::same_names(it->second, source.scan.params)) {
         known[stage] = true;
         continue;
       }

@@ -274,9 +274,11 @@ class LayoutMemo {
 
  public:
   CoveredNames covered;
+  std::vector<std::string> as_saved;
 };
 
 CoveredNames& covered_names(LayoutMemo& memo) { return memo.covered; }
+std::vector<std::string>& as_saved_names(LayoutMemo& memo) { return memo.as_saved; }
 
 namespace {
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -27,6 +28,8 @@ class Planner;
 // The name lists a memo's plans found to cover their stages (check_strategy_covered), kept with
 // the memo's other derived facts.
 CoveredNames& covered_names(LayoutMemo& memo);
+// A name list a memo's plans found to load as saved (LoaderRules' `known`).
+std::vector<std::string>& as_saved_names(LayoutMemo& memo);
 
 // Not thread-safe: one per planning thread. Entries it returns point into it and into `plan`'s
 // scans: they live until the planner and the plan are gone.

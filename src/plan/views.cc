@@ -35,9 +35,10 @@ void add_content(VirtualFile::Builder& builder, const Entry& e, uint64_t begin, 
 }  // namespace
 
 VirtualFile ckpt_view(const std::vector<Entry>& entries,
-                      const std::vector<TrailingScalar>& trailing) {
-  VirtualFile::Builder builder;
-  builder.reserve(2 * (entries.size() + trailing.size()));  // a header and its content each
+                      const std::vector<TrailingScalar>& trailing, bool sizes_only) {
+  VirtualFile::Builder builder(sizes_only);
+  if (!sizes_only)
+    builder.reserve(2 * (entries.size() + trailing.size()));  // a header and its content each
   for (const Entry& e : entries) {
     if (e.copy && e.kind == scan::EntryKind::MapTensor) {
       for (const scan::Extent& r : e.copy->records)
@@ -53,7 +54,10 @@ VirtualFile ckpt_view(const std::vector<Entry>& entries,
     uint64_t begin = 0;
     do {
       const uint64_t end = std::min(nbytes, begin + ckpt::kRecordChunkBytes);
-      builder.add_bytes(ckpt::record_header(e.name, dims, e.dtype, end - begin));
+      if (sizes_only)
+        builder.add_bytes(ckpt::record_header_size(e.name, dims, e.dtype, end - begin));
+      else
+        builder.add_bytes(ckpt::record_header(e.name, dims, e.dtype, end - begin));
       add_content(builder, e, begin, end);
       begin = end;
     } while (begin < nbytes);
@@ -68,7 +72,8 @@ VirtualFile ckpt_view(const std::vector<Entry>& entries,
   return builder.finish();
 }
 
-VirtualFile safetensors_view(const std::vector<Entry>& entries, std::set<std::string>& left_out) {
+VirtualFile safetensors_view(const std::vector<Entry>& entries, std::set<std::string>& left_out,
+                             bool sizes_only) {
   std::vector<safetensors::HeaderEntry> header;
   std::vector<const Entry*> from;
   for (const Entry& e : entries) {
@@ -86,11 +91,11 @@ VirtualFile safetensors_view(const std::vector<Entry>& entries, std::set<std::st
   const std::vector<size_t> order = safetensors::sort_like_writer(header);
   static const std::vector<std::pair<std::string, std::string>> kMetadata{{"format", "ms"}};
 
-  VirtualFile::Builder builder;
+  VirtualFile::Builder builder(sizes_only);
   builder.add_bytes(safetensors::encode_header(header, kMetadata));
   // Freed before the pieces grow: a large view holds millions of entries.
   header = decltype(header)();
-  builder.reserve(1 + order.size());
+  if (!sizes_only) builder.reserve(1 + order.size());
   for (size_t i : order)
     if (const uint64_t n = from[i]->nbytes(); n > 0) add_content(builder, *from[i], 0, n);
   return builder.finish();

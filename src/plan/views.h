@@ -40,13 +40,15 @@ struct Entry {
 // The .ckpt view: one record per entry, re-serialized with ≥2.3 conventions, one record per
 // 512 MiB of content (≥2.3 byte chunking), each header followed by its bytes; then the
 // `trailing` scalars no entry names.
+// `sizes_only`: the file's size and sources alone (VirtualFile::Builder(true)), for a summary.
 VirtualFile ckpt_view(const std::vector<Entry>& entries,
-                      const std::vector<TrailingScalar>& trailing = {});
+                      const std::vector<TrailingScalar>& trailing = {}, bool sizes_only = false);
 
 // The .safetensors view: what MindSpore >= 2.7's transform writes with output_format=
 // "safetensors" (the reference writer's layout, {"format":"ms"}). Entries of a type safetensors
 // has no code for (strings, map tensors, a .ckpt's Int4 and other opaque types) are left out and
 // named in `left_out`; a safetensors source's Int4 tensors keep their stored type.
-VirtualFile safetensors_view(const std::vector<Entry>& entries, std::set<std::string>& left_out);
+VirtualFile safetensors_view(const std::vector<Entry>& entries, std::set<std::string>& left_out,
+                             bool sizes_only = false);
 
 }  // namespace ckptfs::plan

@@ -1,6 +1,7 @@
 #include "ckptfs/plan/virtual_file.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <utility>
 
 #include "append_run.h"
@@ -51,17 +52,24 @@ struct VirtualFile::Impl {
   std::vector<uint32_t> sources;
   std::vector<CopiedRecord> copied;
   uint64_t size = 0;
+  bool sizes_only = false;  // Builder(true): no pieces, header bytes or contents kept
+  // Which sources are in `sources` already: a resharded tensor names each of its blocks' files,
+  // so a file of many merged tensors would otherwise list its few sources millions of times.
+  std::vector<bool> listed;
 
-  // Sorted and deduplicated by finish(); runs of one source are common and are kept once here.
+  // Sorted by finish().
   void add_source(uint32_t source) {
-    if (sources.empty() || sources.back() != source) sources.push_back(source);
+    if (source >= listed.size()) listed.resize(size_t{source} + 1);
+    if (listed[source]) return;
+    listed[source] = true;
+    sources.push_back(source);
   }
 
   void add(Piece piece) {
     if (piece.length == 0) return;
     piece.start = size;
     size += piece.length;
-    pieces.push_back(piece);
+    if (!sizes_only) pieces.push_back(piece);
   }
 };
 
@@ -79,7 +87,7 @@ const std::vector<CopiedRecord>& VirtualFile::copied_records() const { return im
 uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& out,
                           size_t max_runs) const {
   const Impl& f = *impl_;
-  if (offset >= f.size) return 0;
+  if (offset >= f.size || f.sizes_only) return 0;
   const uint64_t end = offset + std::min(length, f.size - offset);
   auto it = std::upper_bound(f.pieces.begin(), f.pieces.end(), offset,
                              [](uint64_t off, const Piece& p) { return off < p.start; });
@@ -109,9 +117,20 @@ uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& ou
 }
 
 VirtualFile::Builder::Builder() : impl_(std::make_unique<Impl>()) {}
+VirtualFile::Builder::Builder(bool sizes_only) : Builder() { impl_->sizes_only = sizes_only; }
 VirtualFile::Builder::~Builder() = default;
 
+bool VirtualFile::Builder::sizes_only() const { return impl_->sizes_only; }
+
+void VirtualFile::Builder::add_bytes(uint64_t length) {
+  if (!impl_->sizes_only) throw std::logic_error("VirtualFile::Builder: bytes not given");
+  Piece piece;
+  piece.length = length;
+  impl_->add(piece);
+}
+
 void VirtualFile::Builder::add_bytes(std::string bytes) {
+  if (impl_->sizes_only) return add_bytes(uint64_t{bytes.size()});
   Piece piece;
   piece.kind = PieceKind::Bytes;
   piece.pos = impl_->arena.size();
@@ -136,7 +155,8 @@ void VirtualFile::Builder::add_source_range(uint32_t source, uint64_t offset, ui
 
 void VirtualFile::Builder::add_source_record(uint32_t source, uint64_t offset, uint64_t length,
                                              std::string name) {
-  if (length > 0) impl_->copied.push_back({impl_->size, length, std::move(name)});
+  if (length > 0 && !impl_->sizes_only)
+    impl_->copied.push_back({impl_->size, length, std::move(name)});
   add_source_range(source, offset, length);
 }
 
@@ -147,6 +167,7 @@ void VirtualFile::Builder::add_tensor(std::shared_ptr<const TensorContent> conte
   piece.pos = begin;
   piece.length = end - begin;
   for (const SourceBlock& block : content->blocks) impl_->add_source(block.source);
+  if (impl_->sizes_only) return impl_->add(piece);
   if (impl_->tensors.empty() || impl_->tensors.back() != content)
     impl_->tensors.push_back(std::move(content));
   piece.ref = static_cast<uint32_t>(impl_->tensors.size() - 1);
@@ -160,6 +181,7 @@ void VirtualFile::Builder::add_strided(std::shared_ptr<const StridedContent> con
   piece.pos = begin;
   piece.length = end - begin;
   for (uint32_t source : content->sources()) impl_->add_source(source);
+  if (impl_->sizes_only) return impl_->add(piece);
   impl_->strided.push_back(std::move(content));
   piece.ref = static_cast<uint32_t>(impl_->strided.size() - 1);
   impl_->add(piece);
@@ -172,6 +194,7 @@ void VirtualFile::Builder::add_grid(std::shared_ptr<const GridContent> content, 
   piece.pos = begin;
   piece.length = end - begin;
   for (uint32_t source : content->sources()) impl_->add_source(source);
+  if (impl_->sizes_only) return impl_->add(piece);
   impl_->grids.push_back(std::move(content));
   piece.ref = static_cast<uint32_t>(impl_->grids.size() - 1);
   impl_->add(piece);
@@ -193,8 +216,8 @@ void shrink_if_loose(Container& c) {
 VirtualFile VirtualFile::Builder::finish() {
   auto& sources = impl_->sources;
   std::sort(sources.begin(), sources.end());
-  sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
   shrink_if_loose(sources);
+  impl_->listed = {};
   shrink_if_loose(impl_->arena);
   shrink_if_loose(impl_->pieces);
   shrink_if_loose(impl_->tensors);
@@ -202,7 +225,9 @@ VirtualFile VirtualFile::Builder::finish() {
   shrink_if_loose(impl_->grids);
   shrink_if_loose(impl_->copied);
   VirtualFile file;
-  file.impl_ = std::exchange(impl_, std::make_unique<Impl>());
+  auto fresh = std::make_unique<Impl>();
+  fresh->sizes_only = impl_->sizes_only;
+  file.impl_ = std::exchange(impl_, std::move(fresh));
   return file;
 }
 

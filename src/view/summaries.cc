@@ -325,6 +325,8 @@ size_t summarize_targets(const ViewArgs& args, index::Store& store,
   const RankDirs dirs = prepare_rank_dirs(*detected.family, args, notes);
   Planning& planning = *dirs.planning;
   planning.store = &store;
+  // A summary holds each file's size and sources: the pieces that would serve it are not built.
+  planning.views.sizes_only = true;
   const int64_t count = plan::target_count(planning.dst.get());
   std::vector<index::TargetSummary> summaries(static_cast<size_t>(count));
   std::atomic<int64_t> next{0};

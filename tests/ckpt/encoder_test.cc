@@ -68,6 +68,22 @@ TEST(RecordHeader, RealRouterRecordPrefix) {
   EXPECT_EQ(record_header("gating.weight", dims, "Float32", 256), expected);
 }
 
+// A summary's file sizes come from record_header_size: the spec example's 20 header bytes, and
+// the written header's length wherever a length's varint grows a byte (tag, type, dims,
+// content and the record's own length at 127/128 and 16383/16384).
+TEST(RecordHeader, SizeWithoutWritingIt) {
+  EXPECT_EQ(record_header_size("w", std::vector<int64_t>{2}, "Float32", 8), 20u);
+  for (size_t tag : {1, 100, 127, 128, 16383, 16384})
+    for (uint64_t content : {0ull, 127ull, 128ull, 16384ull, 536870912ull, ~0ull >> 2})
+      for (const std::vector<int64_t>& dims :
+           {std::vector<int64_t>{}, {0}, {127, 128}, {-1}, std::vector<int64_t>(64, 300)}) {
+        const std::string name(tag, 'x');
+        EXPECT_EQ(record_header_size(name, dims, "BFloat16", content),
+                  record_header(name, dims, "BFloat16", content).size())
+            << tag << " " << content << " " << dims.size();
+      }
+}
+
 TEST(Varint, RoundTripsAndSizes) {
   for (uint64_t v : {0ull, 1ull, 127ull, 128ull, 300ull, 536870912ull, ~0ull}) {
     std::string out;

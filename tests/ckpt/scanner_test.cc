@@ -433,6 +433,12 @@ TEST_F(ScannerTest, SameNamesComparesNamesInOrder) {
   EXPECT_FALSE(same_names(ab.params, scan(float_record("a", "AAAA")).params));
   EXPECT_FALSE(
       same_names(ab.params, scan(float_record("a", "AAAA") + float_record("bb", "BBBB")).params));
+  // Against names kept from an earlier file.
+  const std::vector<std::string> kept{"a", "b"};
+  EXPECT_TRUE(same_names(kept, ab.params));
+  EXPECT_FALSE(same_names(std::vector<std::string>{"b", "a"}, ab.params));
+  EXPECT_FALSE(same_names(std::vector<std::string>{"a"}, ab.params));
+  EXPECT_FALSE(same_names(std::vector<std::string>{"a", "b", "c"}, ab.params));
 }
 
 // Every prefix of a multi-record file either ends on a record boundary outside a chunk run

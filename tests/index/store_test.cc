@@ -201,6 +201,54 @@ TEST_F(StoreTest, TargetSummariesRoundTripAndAreReplacedAsAWhole) {
   EXPECT_EQ(got->source_ranks, (std::vector<int64_t>{2, 6, 7}));
 }
 
+// The entry reader decodes varints of up to nine bytes itself and hands longer ones to
+// get_varint: a ScannedFile whose sizes are written with varints of every length from 1 to 10
+// bytes (padded ones too, which protobuf accepts) must read as protobuf's own parser reads it, and
+// one of 11 bytes, or of 10 whose last byte holds more than the 64th bit, must be refused.
+TEST(DecodeEntryTest, VarintsOfEveryLengthReadAsProtobufReadsThem) {
+  const auto entry = [](const std::string& size_varint) {
+    std::string bytes = {0x08, static_cast<char>(kFormatVersion), 0x18};  // version, file_size
+    bytes += size_varint;
+    bytes += '\x20';  // body_size
+    bytes += size_varint;
+    return bytes;
+  };
+  const auto checked = [](std::string bytes) {
+    const uint32_t crc = ckpt::crc32_update(
+        0, std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>(crc >> shift));
+    return bytes;
+  };
+  std::vector<std::string> varints;
+  for (int length = 1; length <= 10; ++length) {
+    std::string canonical, padded;  // the value 2^(7(length-1)), and 1 padded to this length
+    for (int i = 0; i + 1 < length; ++i) canonical += '\x80';
+    canonical += '\x01';
+    padded = length == 1 ? std::string("\x01") : "\x81" + std::string(length - 2, '\x80') + '\x00';
+    varints.push_back(canonical);
+    varints.push_back(padded);
+  }
+  for (const std::string& v : varints) {
+    SCOPED_TRACE(v.size());
+    indexpb::ScannedFile parsed;
+    ASSERT_TRUE(parsed.ParseFromString(entry(v)));
+    std::string why;
+    const std::optional<scan::FileScan> got =
+        decode_entry(checked(entry(v)), parsed.file_size(), &why);
+    ASSERT_TRUE(got.has_value()) << why;
+    EXPECT_EQ(got->file_size, parsed.file_size());
+    EXPECT_EQ(got->body_size, parsed.body_size());
+  }
+  for (const std::string& bad : {std::string(11, '\x80') + '\x00', std::string(9, '\x80')}) {
+    SCOPED_TRACE(bad.size());
+    indexpb::ScannedFile parsed;
+    EXPECT_FALSE(parsed.ParseFromString(entry(bad)));
+    std::string why;
+    EXPECT_FALSE(decode_entry(checked(entry(bad)), 0, &why));
+    EXPECT_EQ(why, "it does not decode");
+  }
+}
+
 // A shipped index comes from another machine: a summary whose names could not be directory
 // entries of the mount, whose sizes overflow an off_t or whose source ranks are not ascending
 // reads as absent (the mount then plans the ranks itself), with the reason.

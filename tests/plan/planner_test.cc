@@ -226,6 +226,37 @@ TEST_P(PlannerAgainstGenerator, TargetsInAnyOrderWithASharedMemoPlanTheSame) {
   }
 }
 
+// index build's summaries plan with sizes_only: no pieces are built, but every file's size and
+// sources must be those of the file a mount serves. The .ckpt sizes are the generator's; the
+// .safetensors sizes are the served files' (whose bytes PlannedRecordsAreWhatAReaderOfTheFileFinds
+// reads back).
+TEST_P(PlannerAgainstGenerator, SizesOnlyGiveTheServedFilesSizesAndSources) {
+  ViewOptions sized;
+  sized.sizes_only = true;
+  const Plan served = this->plan(ViewOptions{}), summary = this->plan(sized);
+  ASSERT_EQ(summary.targets.size(), served.targets.size());
+  ASSERT_FALSE(summary.targets.empty());
+  std::map<int64_t, uint64_t> ckpt_sizes;
+  for (const json& want : fixture_.at("targets"))
+    ckpt_sizes[want.at("rank").get<int64_t>()] = want.at("size").get<uint64_t>();
+  for (size_t i = 0; i < served.targets.size(); ++i) {
+    const TargetFile &got = summary.targets[i], &want = served.targets[i];
+    SCOPED_TRACE(want.path());
+    EXPECT_EQ(got.path(), want.path());
+    EXPECT_EQ(got.page_cache, want.page_cache);
+    if (!want.file_name().ends_with(".safetensors")) {
+      EXPECT_EQ(got.file.size(), ckpt_sizes.at(got.rank));
+    }
+    EXPECT_EQ(got.file.size(), want.file.size());
+    EXPECT_EQ(got.file.sources(), want.file.sources());
+    EXPECT_EQ(sources_read(summary, got.file).ranks, sources_read(served, want.file).ranks);
+    EXPECT_TRUE(got.file.copied_records().empty());
+    std::vector<plan::Run> runs;
+    EXPECT_EQ(got.file.map(0, got.file.size(), runs), 0u);
+    EXPECT_TRUE(runs.empty());
+  }
+}
+
 // Layout changes of every kind the generator knows with one strategy file (or directory) per
 // side: M -> N, merge, split, optimizer sharding on either side, pipelines on either side,
 // JSON, multi-axis maps, a non-multiple, chunked sources, CRC trailers and old scalars, a real

@@ -20,6 +20,9 @@ inline constexpr uint64_t kRecordChunkBytes = 536870912;
 // 12 typelen type | 1A content_len.
 std::string record_header(std::string_view tag, std::span<const int64_t> dims,
                           std::string_view tensor_type, uint64_t content_length);
+// record_header(...).size(), without writing it (a file's size from metadata alone).
+uint64_t record_header_size(std::string_view tag, std::span<const int64_t> dims,
+                            std::string_view tensor_type, uint64_t content_length);
 
 // A header record_header wrote, read back from the start of `bytes`: its fields and how many
 // bytes it takes. nullopt unless `bytes` start with a whole header of exactly that form (bytes

@@ -63,5 +63,7 @@ bool loads_as_saved(std::span<const scan::Param> params);
 // The same names in the same order: what holds for one file holds for the other. Comparing is
 // cheaper than hashing, and the files of a checkpoint nearly always list the same names.
 bool same_names(std::span<const scan::Param> a, std::span<const scan::Param> b);
+// The same, against a list of names kept from an earlier file.
+bool same_names(std::span<const std::string> names, std::span<const scan::Param> params);
 
 }  // namespace ckptfs::ckpt

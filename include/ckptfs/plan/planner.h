@@ -71,6 +71,9 @@ struct ViewOptions {
   std::function<void(size_t done, size_t total)> on_planned;
   // Kept across this thread's plans of the same strategies (null: none kept).
   std::shared_ptr<LayoutMemo> layout_memo;
+  // Each file's size and sources only (index build's target summaries): its bytes are never
+  // served, so the pieces that map them are not built (VirtualFile::Builder(true)).
+  bool sizes_only = false;
 };
 
 // How many target ranks `dst` has (1 for the unsharded side).

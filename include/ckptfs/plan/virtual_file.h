@@ -69,12 +69,18 @@ class VirtualFile {
 class VirtualFile::Builder {
  public:
   Builder();
+  // `sizes_only`: the file keeps only its size and sources (index build's target summaries, which
+  // list files without serving them): map() of it covers nothing and it has no copied records.
+  explicit Builder(bool sizes_only);
   ~Builder();
   // Room for `pieces` additions (each add_* call is one piece), so that a file of millions of
   // records is not copied as it grows. An estimate: more pieces are still taken.
   void reserve(size_t pieces);
   // Bytes held in memory (record headers).
   void add_bytes(std::string bytes);
+  // `length` such bytes, not written: sizes only (a full builder throws std::logic_error).
+  void add_bytes(uint64_t length);
+  bool sizes_only() const;
   // A verbatim byte range of a source file.
   void add_source_range(uint32_t source, uint64_t offset, uint64_t length);
   // A whole record of a source, copied verbatim (a map tensor's), named `name`.
