@@ -15,7 +15,7 @@ RangeBuffer::RangeBuffer(size_t size) : size_(size) {
   if (size < kMappedBytes)
     heap_ = std::make_unique_for_overwrite<uint8_t[]>(size);
   else
-    mapped_ = AnonymousMapping(size);
+    mapped_ = AnonymousMapping(size, AnonymousMapping::Pages::kNow);  // every byte is written
 }
 
 RangeBuffer::RangeBuffer(RangeBuffer&& other) noexcept
