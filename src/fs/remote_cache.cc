@@ -112,13 +112,6 @@ uint64_t RemoteCache::expected_in(const remote::ObjectRef* object, uint64_t begi
   return out;
 }
 
-void RemoteCache::consume(const remote::ObjectRef* object, uint64_t begin, uint64_t end) {
-  const auto it = needs_.find(object);
-  if (it == needs_.end()) return;
-  it->second.each(begin, end,
-                  [](uint64_t& block, uint64_t part) { block -= std::min(block, part); });
-}
-
 void RemoteCache::drop(const Entry& e) {
   const auto in = ranges_.find(e.object);
   if (in == ranges_.end()) return;
@@ -217,34 +210,76 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
 
 RemoteCache::Got RemoteCache::read(const remote::ObjectRef* object, uint64_t offset,
                                    std::span<uint8_t> out) {
-  if (out.empty()) return Got::kCopied;
-  // The ranges that hold [offset, offset + out.size()), end to end; mostly one. Cleared before
+  const remote::Get get{object, offset, out};
+  Got got = Got::kMiss;
+  read(std::span(&get, 1), std::span(&got, 1));
+  return got;
+}
+
+void RemoteCache::read(std::span<const remote::Get> gets, std::span<Got> got) {
+  // Per get, its ranges end to end (mostly one), as parts[first[i] .. first[i + 1]); `held`
+  // keeps each range met once, so none is freed before its bytes are copied out. Cleared before
   // returning: a reference kept would keep its range from being freed.
-  thread_local std::vector<std::shared_ptr<Entry>> parts;
+  thread_local std::vector<Entry*> parts;
+  thread_local std::vector<size_t> first;
+  thread_local std::vector<std::shared_ptr<Entry>> held;
   parts.clear();
+  first.clear();
+  held.clear();
   {
     std::unique_lock lock(mutex_);
-    const uint64_t end = offset + out.size();
-    // Copied out here, or by the READ's own GET after a miss: expected no more.
-    consume(object, offset, end);
-    const auto in = ranges_.find(object);
-    if (in != ranges_.end()) {
-      auto it = in->second.upper_bound(offset);
-      if (it != in->second.begin()) {
-        --it;
-        for (uint64_t at = offset; it != in->second.end() && it->first <= at && at < end; ++it) {
-          parts.push_back(it->second);
-          at = it->second->end;
-          if (at >= end) break;
+    // A READ's runs come mostly object by object, in offset order, many from one range: the
+    // last object's maps and the last range met are looked at before any lookup.
+    const remote::ObjectRef* last_object = nullptr;
+    Ranges* ranges = nullptr;
+    Needs* needs = nullptr;
+    Entry* last = nullptr;
+    for (size_t i = 0; i < gets.size(); ++i) {
+      first.push_back(parts.size());
+      const remote::Get& g = gets[i];
+      got[i] = Got::kCopied;
+      if (g.out.empty()) continue;
+      const uint64_t end = g.offset + g.out.size();
+      if (g.object != last_object) {
+        last_object = g.object;
+        const auto r = ranges_.find(g.object);
+        ranges = r == ranges_.end() ? nullptr : &r->second;
+        const auto n = needs_.find(g.object);
+        needs = n == needs_.end() ? nullptr : &n->second;
+        last = nullptr;
+      }
+      // Copied out here, or by the READ's own GET after a miss: expected no more.
+      if (needs) needs->take(g.offset, end);
+      if (last != nullptr && last->begin <= g.offset && end <= last->end) {
+        parts.push_back(last);
+        continue;
+      }
+      bool covered = false;
+      if (ranges != nullptr) {
+        auto it = ranges->upper_bound(g.offset);
+        if (it != ranges->begin()) {
+          --it;
+          for (uint64_t at = g.offset; it != ranges->end() && it->first <= at && at < end; ++it) {
+            Entry* e = it->second.get();
+            if (e != last && (held.empty() || held.back().get() != e)) held.push_back(it->second);
+            parts.push_back(e);
+            last = e;
+            at = e->end;
+            if (at >= end) {
+              covered = true;
+              break;
+            }
+          }
         }
       }
+      if (!covered) {
+        parts.resize(first.back());
+        got[i] = Got::kMiss;
+        ++stats_.misses;
+      }
     }
-    if (parts.empty() || parts.back()->end < end) {
-      parts.clear();
-      ++stats_.misses;
-      return Got::kMiss;
-    }
-    for (const std::shared_ptr<Entry>& entry : parts) {
+    first.push_back(parts.size());
+    for (const std::shared_ptr<Entry>& entry : held) {
       if (entry->state != State::kQueued) continue;
       // A reader waits for it: it goes out next.
       const auto q = std::find(queue_.begin(), queue_.end(), entry);
@@ -254,35 +289,42 @@ RemoteCache::Got RemoteCache::read(const remote::ObjectRef* object, uint64_t off
       }
     }
     done_.wait(lock, [&] {
-      return stopping_ || std::all_of(parts.begin(), parts.end(), [](const auto& e) {
+      return stopping_ || std::all_of(held.begin(), held.end(), [](const auto& e) {
                return e->state == State::kReady || e->state == State::kFailed;
              });
     });
-    Got got = Got::kCopied;
-    for (const std::shared_ptr<Entry>& entry : parts) {
-      if (entry->state == State::kFailed) got = Got::kFailed;
-      if (entry->state != State::kReady && got != Got::kFailed) got = Got::kMiss;  // stopping
+    for (size_t i = 0; i < gets.size(); ++i) {
+      if (got[i] != Got::kCopied || gets[i].out.empty()) continue;
+      for (size_t k = first[i]; k < first[i + 1]; ++k) {
+        const State state = parts[k]->state;
+        if (state == State::kFailed) got[i] = Got::kFailed;
+        if (state != State::kReady && got[i] != Got::kFailed) got[i] = Got::kMiss;  // stopping
+      }
+      if (got[i] != Got::kCopied) continue;
+      ++stats_.hits;
+      const uint64_t begin = gets[i].offset, end = begin + gets[i].out.size();
+      for (size_t k = first[i]; k < first[i + 1]; ++k) {
+        Entry& entry = *parts[k];
+        const uint64_t copied = std::min(end, entry.end) - std::max(begin, entry.begin);
+        entry.expected -= std::min(entry.expected, copied);
+      }
     }
-    if (got != Got::kCopied) {
-      parts.clear();
-      return got;
-    }
-    ++stats_.hits;
-    for (const std::shared_ptr<Entry>& entry : parts) {
+    for (const std::shared_ptr<Entry>& entry : held)
       if (entry->in_lru) lru_.splice(lru_.end(), lru_, entry->lru);
-      const uint64_t copied = std::min(end, entry->end) - std::max(offset, entry->begin);
-      entry->expected -= std::min(entry->expected, copied);
-    }
   }
   // Their bytes never change once ready, and no range is freed while a READ holds it.
-  uint64_t at = offset;
-  for (const std::shared_ptr<Entry>& entry : parts) {
-    const uint64_t to = std::min<uint64_t>(entry->end, offset + out.size());
-    std::memcpy(out.data() + (at - offset), entry->bytes.data() + (at - entry->begin), to - at);
-    at = to;
+  for (size_t i = 0; i < gets.size(); ++i) {
+    if (got[i] != Got::kCopied) continue;
+    const remote::Get& g = gets[i];
+    uint64_t at = g.offset;
+    for (size_t k = first[i]; k < first[i + 1]; ++k) {
+      const Entry& entry = *parts[k];
+      const uint64_t to = std::min<uint64_t>(entry.end, g.offset + g.out.size());
+      std::memcpy(g.out.data() + (at - g.offset), entry.bytes.data() + (at - entry.begin), to - at);
+      at = to;
+    }
   }
-  parts.clear();
-  return Got::kCopied;
+  held.clear();
 }
 
 void RemoteCache::fetcher_loop() {

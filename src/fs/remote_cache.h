@@ -106,6 +106,10 @@ class RemoteCache {
   // or several end to end), waiting while one is in flight: kMiss when the ranges held leave a
   // byte out, kFailed when one of them failed.
   Got read(const remote::ObjectRef* object, uint64_t offset, std::span<uint8_t> out);
+  // The same for many runs under one lock (a READ's runs of ~500 bytes are thousands): got[i]
+  // (got.size() >= gets.size()) is read()'s answer for gets[i]. Waits for every range in flight
+  // that holds a byte of them.
+  void read(std::span<const remote::Get> gets, std::span<Got> got);
 
   // Charges `bytes` of a READ's own buffers to the bound, taking the room of ranges read least
   // recently, and waiting while the room is taken by ranges in flight or other READs' charges;
@@ -156,6 +160,10 @@ class RemoteCache {
         at = to;
       }
     }
+    // [begin, end) was copied out: expected no more (never below 0).
+    void take(uint64_t begin, uint64_t end) {
+      each(begin, end, [](uint64_t& block, uint64_t part) { block -= std::min(block, part); });
+    }
   };
   using Ranges = std::map<uint64_t, std::shared_ptr<Entry>>;  // begin -> range, disjoint
 
@@ -169,9 +177,8 @@ class RemoteCache {
   void drop(const Entry& e);
   void charge(uint64_t bytes);  // under mutex_: `held` grows (and its peak)
   // Under mutex_: the bytes of [begin, end) of `object` READs are still expected to copy out (a
-  // block's share in proportion to the part of it inside), and their taking (never below 0).
+  // block's share in proportion to the part of it inside).
   uint64_t expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
-  void consume(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
   void fetcher_loop();
 
   const size_t max_bytes_;

@@ -87,17 +87,25 @@ bool fetch_remote_runs(std::span<const plan::Run> runs, std::span<char* const> d
   order.resize(kept);
   RemoteCache* const cache = g_cache.load(std::memory_order_acquire);
   if (cache && !mine.empty()) {
-    kept = 0;
+    thread_local std::vector<remote::Get> wanted;
+    thread_local std::vector<RemoteCache::Got> got;
+    wanted.clear();
     for (uint32_t i : mine) {
       const plan::Run& r = runs[i];
-      switch (cache->read(objects[r.source], r.offset,
-                          std::span(reinterpret_cast<uint8_t*>(dest[i]), r.length))) {
+      wanted.push_back(
+          {objects[r.source], r.offset, std::span(reinterpret_cast<uint8_t*>(dest[i]), r.length)});
+    }
+    got.resize(wanted.size());
+    cache->read(wanted, got);
+    kept = 0;
+    for (size_t k = 0; k < mine.size(); ++k) {
+      switch (got[k]) {
         case RemoteCache::Got::kCopied:
           break;
         case RemoteCache::Got::kFailed:
           return false;  // the fetcher logged why
         case RemoteCache::Got::kMiss:
-          mine[kept++] = i;
+          mine[kept++] = mine[k];
           break;
       }
     }

@@ -191,6 +191,38 @@ TEST_F(RemoteCacheTest, ARunAcrossTwoRangesIsCopiedFromBoth) {
   EXPECT_EQ(cache.stats().misses, 0u);
 }
 
+// A READ's runs read at once: each answered as read() would one by one, whichever range holds
+// it (the same range again after another, two end to end), a run no range covers a miss.
+TEST_F(RemoteCacheTest, ManyRunsAreReadUnderOneCall) {
+  RemoteCache cache(8 * kMiB, 1);
+  ASSERT_TRUE(cache.want(&object_, 0, kMiB));
+  ASSERT_TRUE(cache.want(&object_, kMiB, 2 * kMiB));
+  cache.wait_idle();
+  const std::vector<std::pair<uint64_t, uint64_t>> runs = {
+      {10, 500},         {kMiB + 7, 600},      {4000, 300},
+      {kMiB - 100, 300}, {2 * kMiB - 50, 100}, {5 * kMiB, 10},
+      {1000, 0},         {2 * kMiB - 500, 500}};
+  const std::vector<RemoteCache::Got> want = {RemoteCache::Got::kCopied, RemoteCache::Got::kCopied,
+                                              RemoteCache::Got::kCopied, RemoteCache::Got::kCopied,
+                                              RemoteCache::Got::kMiss,   RemoteCache::Got::kMiss,
+                                              RemoteCache::Got::kCopied, RemoteCache::Got::kCopied};
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<remote::Get> gets;
+  for (const auto& [offset, length] : runs) out.emplace_back(length, 0);
+  for (size_t i = 0; i < runs.size(); ++i) gets.push_back({&object_, runs[i].first, out[i]});
+  std::vector<RemoteCache::Got> got(gets.size());
+  cache.read(gets, got);
+  EXPECT_EQ(got, want);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (got[i] != RemoteCache::Got::kCopied) continue;
+    for (uint64_t k = 0; k < runs[i].second; ++k)
+      ASSERT_EQ(out[i][k], byte_at(runs[i].first + k)) << "run " << i << " byte " << k;
+  }
+  EXPECT_EQ(cache.stats().hits, 5u);  // the empty run is copied without a look
+  EXPECT_EQ(cache.stats().misses, 2u);
+  EXPECT_EQ(store_.gets(), 2);
+}
+
 // A want that overlaps a held range (the next file's window over a range an earlier file read)
 // keeps it: room for new ranges is made from the ones no window asked for since.
 TEST_F(RemoteCacheTest, AWantedRangeIsNotTheFirstFreed) {
