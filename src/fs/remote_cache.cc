@@ -327,55 +327,107 @@ void RemoteCache::read(std::span<const remote::Get> gets, std::span<Got> got) {
   held.clear();
 }
 
+// Hands the queue's ranges to one fetcher's stream of GETs, front first, and files each range
+// as its GET ends.
+class RemoteCache::Feed : public remote::GetFeed {
+ public:
+  explicit Feed(RemoteCache& cache) : cache_(cache) {}
+
+  bool next(remote::Get& get, uint64_t& tag) override {
+    for (;;) {
+      std::shared_ptr<Entry> e;
+      {
+        std::lock_guard lock(cache_.mutex_);
+        if (cache_.stopping_ || cache_.queue_.empty()) return false;
+        e = std::move(cache_.queue_.front());
+        cache_.queue_.pop_front();
+        e->state = State::kFetching;
+        ++cache_.busy_;
+      }
+      try {
+        e->bytes = RangeBuffer(e->end - e->begin);
+      } catch (const std::exception& ex) {  // no memory: this range fails, the next may not
+        finish(*e, ex.what());
+        continue;
+      }
+      get = {e->object, e->begin, std::span(e->bytes.data(), e->bytes.size())};
+      tag = ++last_tag_;
+      sent_.emplace(tag, std::move(e));
+      return true;
+    }
+  }
+
+  void done(uint64_t tag, std::string error, bool /*changed: EIO all the same*/) override {
+    const auto it = sent_.find(tag);
+    if (it == sent_.end()) return;
+    const std::shared_ptr<Entry> e = std::move(it->second);
+    sent_.erase(it);
+    finish(*e, error);
+  }
+
+  // Every range sent and not yet filed fails with `why` (the stream ended by an exception).
+  void fail_sent(const std::string& why) {
+    for (auto& [tag, e] : sent_) finish(*e, why);
+    sent_.clear();
+  }
+
+ private:
+  void finish(Entry& e, const std::string& error) {
+    {
+      std::lock_guard lock(cache_.mutex_);
+      --cache_.busy_;
+      if (error.empty()) {
+        e.state = State::kReady;
+        e.lru = cache_.lru_.insert(cache_.lru_.end(), &e);
+        e.in_lru = true;
+        cache_.lru_bytes_ += e.end - e.begin;
+        cache_.stats_.fetched += e.end - e.begin;
+        ++cache_.stats_.ranges;
+      } else {
+        spdlog::error("{}", error);
+        e.state = State::kFailed;
+        e.bytes = {};
+        cache_.stats_.held -= e.end - e.begin;
+        ++cache_.stats_.failed;
+        cache_.drop(e);
+      }
+    }
+    cache_.done_.notify_all();
+  }
+
+  RemoteCache& cache_;
+  std::unordered_map<uint64_t, std::shared_ptr<Entry>> sent_;  // by tag: in flight
+  uint64_t last_tag_ = 0;
+};
+
 void RemoteCache::fetcher_loop() {
-  std::vector<std::shared_ptr<Entry>> batch;
-  std::vector<remote::Get> gets;
-  std::vector<std::string> errors;
+  Feed feed(*this);
   std::unique_lock lock(mutex_);
   for (;;) {
     work_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (stopping_) return;
-    batch.clear();
-    while (!queue_.empty() && batch.size() < kBatch) {
-      batch.push_back(std::move(queue_.front()));
-      queue_.pop_front();
-      batch.back()->state = State::kFetching;
-    }
-    ++busy_;
-    lock.unlock();
-    gets.clear();
-    errors.clear();
+    const remote::S3Client* client = nullptr;
     try {
-      for (const auto& e : batch) {
-        e->bytes = RangeBuffer(e->end - e->begin);
-        gets.push_back({e->object, e->begin, std::span(e->bytes.data(), e->bytes.size())});
+      client = &remote::client();
+    } catch (const std::exception& ex) {  // no client: every queued range fails
+      for (const std::shared_ptr<Entry>& e : queue_) {
+        spdlog::error("{}", ex.what());
+        e->state = State::kFailed;
+        stats_.held -= e->end - e->begin;
+        ++stats_.failed;
+        drop(*e);
       }
-      remote::client().fetch(gets, &errors, &cancel_);
-    } catch (const std::exception& ex) {  // no memory, no client: the whole batch failed
-      errors.assign(batch.size(), ex.what());
+      queue_.clear();
+      done_.notify_all();
+      continue;
+    }
+    lock.unlock();
+    try {
+      client->stream(feed, &cancel_);
+    } catch (const std::exception& ex) {  // no memory: the ranges in flight failed
+      feed.fail_sent(ex.what());
     }
     lock.lock();
-    --busy_;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      Entry& e = *batch[i];
-      if (errors[i].empty()) {
-        e.state = State::kReady;
-        e.lru = lru_.insert(lru_.end(), &e);
-        e.in_lru = true;
-        lru_bytes_ += e.end - e.begin;
-        stats_.fetched += e.end - e.begin;
-        ++stats_.ranges;
-        continue;
-      }
-      spdlog::error("{}", errors[i]);
-      e.state = State::kFailed;
-      e.bytes = {};
-      stats_.held -= e.end - e.begin;
-      ++stats_.failed;
-      drop(e);
-    }
-    batch.clear();
-    done_.notify_all();
   }
 }
 

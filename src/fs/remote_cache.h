@@ -73,14 +73,16 @@ class RangeBuffer {
 
 class RemoteCache {
  public:
-  // Fetcher threads; each sends its batch of up to kBatch GETs at once (curl multi), so up to
-  // kFetchers * kBatch GETs are in flight.
+  // Fetcher threads; each keeps up to kInFlight GETs in flight (curl multi), sending the next
+  // queued range as soon as one of its GETs ends (not a batch at a time: a slot that finished
+  // early would idle until the batch's slowest GET ended), so up to kFetchers * kInFlight are in
+  // flight.
   static constexpr unsigned kFetchers = 4;
-  static constexpr size_t kBatch = remote::S3Client::kInFlight;
+  static constexpr size_t kInFlight = remote::S3Client::kInFlight;
 
   explicit RemoteCache(size_t max_bytes, unsigned fetchers = kFetchers);
   // Drops the queued ranges, wakes the waiting readers (they fetch for themselves) and joins the
-  // fetchers (a batch under way finishes first).
+  // fetchers (their GETs in flight are given up).
   ~RemoteCache();
   RemoteCache(const RemoteCache&) = delete;
   RemoteCache& operator=(const RemoteCache&) = delete;
@@ -179,6 +181,7 @@ class RemoteCache {
   // Under mutex_: the bytes of [begin, end) of `object` READs are still expected to copy out (a
   // block's share in proportion to the part of it inside).
   uint64_t expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
+  class Feed;
   void fetcher_loop();
 
   const size_t max_bytes_;
@@ -192,7 +195,7 @@ class RemoteCache {
   // taken under mutex_ only, so a use count of 1 (the map's) under mutex_ means no READ is.
   std::list<Entry*> lru_;
   uint64_t lru_bytes_ = 0;  // their bytes: what make_room may free
-  unsigned busy_ = 0;       // fetchers with a batch
+  unsigned busy_ = 0;       // ranges in flight
   bool stopping_ = false;
   // Set with stopping_, read by the fetchers' GETs in flight, which give up (no wait for a
   // stalled store at unmount).

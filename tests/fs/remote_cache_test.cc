@@ -54,6 +54,11 @@ class TinyStore {
   }
   int port() const { return port_; }
   void go_silent() { silent_ = true; }
+  // The answer to a GET of bytes from `first` on is sent `delay` late (other GETs go on).
+  void slow_down(uint64_t first, std::chrono::milliseconds delay) {
+    slow_first_ = first;
+    slow_delay_ = delay;
+  }
   int gets() const { return gets_; }
 
  private:
@@ -83,19 +88,32 @@ class TinyStore {
           "{}\r\nETag: {}\r\nConnection: close\r\n\r\n",
           first, last, kObjectSize, body.size(), kEtag);
       head += body;
-      for (size_t sent = 0; sent < head.size();) {
-        const ssize_t n = ::write(c, head.data() + sent, head.size() - sent);
-        if (n <= 0) break;
-        sent += static_cast<size_t>(n);
+      if (first == slow_first_) {
+        late_.emplace_back([c, head = std::move(head), delay = slow_delay_] {
+          std::this_thread::sleep_for(delay);
+          answer(c, head);
+        });
+        continue;
       }
-      ::close(c);
+      answer(c, head);
     }
+  }
+  static void answer(int c, const std::string& head) {
+    for (size_t sent = 0; sent < head.size();) {
+      const ssize_t n = ::write(c, head.data() + sent, head.size() - sent);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    ::close(c);
   }
   int fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false}, silent_{false};
   std::atomic<int> gets_{0};  // requests answered
   std::vector<int> held_;     // the silent store's connections, closed at the end
+  uint64_t slow_first_ = UINT64_MAX;
+  std::chrono::milliseconds slow_delay_{0};
+  std::vector<std::jthread> late_;  // slowed answers
   std::thread thread_;
 };
 
@@ -221,6 +239,21 @@ TEST_F(RemoteCacheTest, ManyRunsAreReadUnderOneCall) {
   EXPECT_EQ(cache.stats().hits, 5u);  // the empty run is copied without a look
   EXPECT_EQ(cache.stats().misses, 2u);
   EXPECT_EQ(store_.gets(), 2);
+}
+
+// A fetcher sends the next range as soon as a slot is free: a range queued after one whose GET
+// is slow is read at once (with batches, it waited for the slow GET to end).
+TEST_F(RemoteCacheTest, ARangeIsNotHeldBackByASlowGetSentBeforeIt) {
+  const auto delay = std::chrono::milliseconds(1500);  // under the client's 2 s stall limit
+  store_.slow_down(0, delay);
+  RemoteCache cache(8 * kMiB, 1);
+  ASSERT_TRUE(cache.want(&object_, 0, kMiB));
+  ASSERT_TRUE(cache.want(&object_, kMiB, 2 * kMiB));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(holds(cache, kMiB + 10, 1000));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, delay / 2)
+      << "the range waited for the slow GET sent before it";
+  EXPECT_TRUE(holds(cache, 10, 1000));  // and the slow one arrives
 }
 
 // A want that overlaps a held range (the next file's window over a range an earlier file read)
