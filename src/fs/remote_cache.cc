@@ -15,7 +15,7 @@ RangeBuffer::RangeBuffer(size_t size) : size_(size) {
   if (size < kMappedBytes)
     heap_ = std::make_unique_for_overwrite<uint8_t[]>(size);
   else
-    mapped_ = AnonymousMapping(size);
+    mapped_ = AnonymousMapping(size, AnonymousMapping::Pages::kNow);  // every byte is written
 }
 
 RangeBuffer::RangeBuffer(RangeBuffer&& other) noexcept
@@ -110,13 +110,6 @@ uint64_t RemoteCache::expected_in(const remote::ObjectRef* object, uint64_t begi
     out += static_cast<uint64_t>(static_cast<unsigned __int128>(block) * part >> shift);
   });
   return out;
-}
-
-void RemoteCache::consume(const remote::ObjectRef* object, uint64_t begin, uint64_t end) {
-  const auto it = needs_.find(object);
-  if (it == needs_.end()) return;
-  it->second.each(begin, end,
-                  [](uint64_t& block, uint64_t part) { block -= std::min(block, part); });
 }
 
 void RemoteCache::drop(const Entry& e) {
@@ -217,34 +210,76 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
 
 RemoteCache::Got RemoteCache::read(const remote::ObjectRef* object, uint64_t offset,
                                    std::span<uint8_t> out) {
-  if (out.empty()) return Got::kCopied;
-  // The ranges that hold [offset, offset + out.size()), end to end; mostly one. Cleared before
+  const remote::Get get{object, offset, out};
+  Got got = Got::kMiss;
+  read(std::span(&get, 1), std::span(&got, 1));
+  return got;
+}
+
+void RemoteCache::read(std::span<const remote::Get> gets, std::span<Got> got) {
+  // Per get, its ranges end to end (mostly one), as parts[first[i] .. first[i + 1]); `held`
+  // keeps each range met once, so none is freed before its bytes are copied out. Cleared before
   // returning: a reference kept would keep its range from being freed.
-  thread_local std::vector<std::shared_ptr<Entry>> parts;
+  thread_local std::vector<Entry*> parts;
+  thread_local std::vector<size_t> first;
+  thread_local std::vector<std::shared_ptr<Entry>> held;
   parts.clear();
+  first.clear();
+  held.clear();
   {
     std::unique_lock lock(mutex_);
-    const uint64_t end = offset + out.size();
-    // Copied out here, or by the READ's own GET after a miss: expected no more.
-    consume(object, offset, end);
-    const auto in = ranges_.find(object);
-    if (in != ranges_.end()) {
-      auto it = in->second.upper_bound(offset);
-      if (it != in->second.begin()) {
-        --it;
-        for (uint64_t at = offset; it != in->second.end() && it->first <= at && at < end; ++it) {
-          parts.push_back(it->second);
-          at = it->second->end;
-          if (at >= end) break;
+    // A READ's runs come mostly object by object, in offset order, many from one range: the
+    // last object's maps and the last range met are looked at before any lookup.
+    const remote::ObjectRef* last_object = nullptr;
+    Ranges* ranges = nullptr;
+    Needs* needs = nullptr;
+    Entry* last = nullptr;
+    for (size_t i = 0; i < gets.size(); ++i) {
+      first.push_back(parts.size());
+      const remote::Get& g = gets[i];
+      got[i] = Got::kCopied;
+      if (g.out.empty()) continue;
+      const uint64_t end = g.offset + g.out.size();
+      if (g.object != last_object) {
+        last_object = g.object;
+        const auto r = ranges_.find(g.object);
+        ranges = r == ranges_.end() ? nullptr : &r->second;
+        const auto n = needs_.find(g.object);
+        needs = n == needs_.end() ? nullptr : &n->second;
+        last = nullptr;
+      }
+      // Copied out here, or by the READ's own GET after a miss: expected no more.
+      if (needs) needs->take(g.offset, end);
+      if (last != nullptr && last->begin <= g.offset && end <= last->end) {
+        parts.push_back(last);
+        continue;
+      }
+      bool covered = false;
+      if (ranges != nullptr) {
+        auto it = ranges->upper_bound(g.offset);
+        if (it != ranges->begin()) {
+          --it;
+          for (uint64_t at = g.offset; it != ranges->end() && it->first <= at && at < end; ++it) {
+            Entry* e = it->second.get();
+            if (e != last && (held.empty() || held.back().get() != e)) held.push_back(it->second);
+            parts.push_back(e);
+            last = e;
+            at = e->end;
+            if (at >= end) {
+              covered = true;
+              break;
+            }
+          }
         }
       }
+      if (!covered) {
+        parts.resize(first.back());
+        got[i] = Got::kMiss;
+        ++stats_.misses;
+      }
     }
-    if (parts.empty() || parts.back()->end < end) {
-      parts.clear();
-      ++stats_.misses;
-      return Got::kMiss;
-    }
-    for (const std::shared_ptr<Entry>& entry : parts) {
+    first.push_back(parts.size());
+    for (const std::shared_ptr<Entry>& entry : held) {
       if (entry->state != State::kQueued) continue;
       // A reader waits for it: it goes out next.
       const auto q = std::find(queue_.begin(), queue_.end(), entry);
@@ -254,86 +289,145 @@ RemoteCache::Got RemoteCache::read(const remote::ObjectRef* object, uint64_t off
       }
     }
     done_.wait(lock, [&] {
-      return stopping_ || std::all_of(parts.begin(), parts.end(), [](const auto& e) {
+      return stopping_ || std::all_of(held.begin(), held.end(), [](const auto& e) {
                return e->state == State::kReady || e->state == State::kFailed;
              });
     });
-    Got got = Got::kCopied;
-    for (const std::shared_ptr<Entry>& entry : parts) {
-      if (entry->state == State::kFailed) got = Got::kFailed;
-      if (entry->state != State::kReady && got != Got::kFailed) got = Got::kMiss;  // stopping
+    for (size_t i = 0; i < gets.size(); ++i) {
+      if (got[i] != Got::kCopied || gets[i].out.empty()) continue;
+      for (size_t k = first[i]; k < first[i + 1]; ++k) {
+        const State state = parts[k]->state;
+        if (state == State::kFailed) got[i] = Got::kFailed;
+        if (state != State::kReady && got[i] != Got::kFailed) got[i] = Got::kMiss;  // stopping
+      }
+      if (got[i] != Got::kCopied) continue;
+      ++stats_.hits;
+      const uint64_t begin = gets[i].offset, end = begin + gets[i].out.size();
+      for (size_t k = first[i]; k < first[i + 1]; ++k) {
+        Entry& entry = *parts[k];
+        const uint64_t copied = std::min(end, entry.end) - std::max(begin, entry.begin);
+        entry.expected -= std::min(entry.expected, copied);
+      }
     }
-    if (got != Got::kCopied) {
-      parts.clear();
-      return got;
-    }
-    ++stats_.hits;
-    for (const std::shared_ptr<Entry>& entry : parts) {
+    for (const std::shared_ptr<Entry>& entry : held)
       if (entry->in_lru) lru_.splice(lru_.end(), lru_, entry->lru);
-      const uint64_t copied = std::min(end, entry->end) - std::max(offset, entry->begin);
-      entry->expected -= std::min(entry->expected, copied);
-    }
   }
   // Their bytes never change once ready, and no range is freed while a READ holds it.
-  uint64_t at = offset;
-  for (const std::shared_ptr<Entry>& entry : parts) {
-    const uint64_t to = std::min<uint64_t>(entry->end, offset + out.size());
-    std::memcpy(out.data() + (at - offset), entry->bytes.data() + (at - entry->begin), to - at);
-    at = to;
+  for (size_t i = 0; i < gets.size(); ++i) {
+    if (got[i] != Got::kCopied) continue;
+    const remote::Get& g = gets[i];
+    uint64_t at = g.offset;
+    for (size_t k = first[i]; k < first[i + 1]; ++k) {
+      const Entry& entry = *parts[k];
+      const uint64_t to = std::min<uint64_t>(entry.end, g.offset + g.out.size());
+      std::memcpy(g.out.data() + (at - g.offset), entry.bytes.data() + (at - entry.begin), to - at);
+      at = to;
+    }
   }
-  parts.clear();
-  return Got::kCopied;
+  held.clear();
 }
 
+// Hands the queue's ranges to one fetcher's stream of GETs, front first, and files each range
+// as its GET ends.
+class RemoteCache::Feed : public remote::GetFeed {
+ public:
+  explicit Feed(RemoteCache& cache) : cache_(cache) {}
+
+  bool next(remote::Get& get, uint64_t& tag) override {
+    for (;;) {
+      std::shared_ptr<Entry> e;
+      {
+        std::lock_guard lock(cache_.mutex_);
+        if (cache_.stopping_ || cache_.queue_.empty()) return false;
+        e = std::move(cache_.queue_.front());
+        cache_.queue_.pop_front();
+        e->state = State::kFetching;
+        ++cache_.busy_;
+      }
+      try {
+        e->bytes = RangeBuffer(e->end - e->begin);
+      } catch (const std::exception& ex) {  // no memory: this range fails, the next may not
+        finish(*e, ex.what());
+        continue;
+      }
+      get = {e->object, e->begin, std::span(e->bytes.data(), e->bytes.size())};
+      tag = ++last_tag_;
+      sent_.emplace(tag, std::move(e));
+      return true;
+    }
+  }
+
+  void done(uint64_t tag, std::string error, bool /*changed: EIO all the same*/) override {
+    const auto it = sent_.find(tag);
+    if (it == sent_.end()) return;
+    const std::shared_ptr<Entry> e = std::move(it->second);
+    sent_.erase(it);
+    finish(*e, error);
+  }
+
+  // Every range sent and not yet filed fails with `why` (the stream ended by an exception).
+  void fail_sent(const std::string& why) {
+    for (auto& [tag, e] : sent_) finish(*e, why);
+    sent_.clear();
+  }
+
+ private:
+  void finish(Entry& e, const std::string& error) {
+    {
+      std::lock_guard lock(cache_.mutex_);
+      --cache_.busy_;
+      if (error.empty()) {
+        e.state = State::kReady;
+        e.lru = cache_.lru_.insert(cache_.lru_.end(), &e);
+        e.in_lru = true;
+        cache_.lru_bytes_ += e.end - e.begin;
+        cache_.stats_.fetched += e.end - e.begin;
+        ++cache_.stats_.ranges;
+      } else {
+        spdlog::error("{}", error);
+        e.state = State::kFailed;
+        e.bytes = {};
+        cache_.stats_.held -= e.end - e.begin;
+        ++cache_.stats_.failed;
+        cache_.drop(e);
+      }
+    }
+    cache_.done_.notify_all();
+  }
+
+  RemoteCache& cache_;
+  std::unordered_map<uint64_t, std::shared_ptr<Entry>> sent_;  // by tag: in flight
+  uint64_t last_tag_ = 0;
+};
+
 void RemoteCache::fetcher_loop() {
-  std::vector<std::shared_ptr<Entry>> batch;
-  std::vector<remote::Get> gets;
-  std::vector<std::string> errors;
+  Feed feed(*this);
   std::unique_lock lock(mutex_);
   for (;;) {
     work_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (stopping_) return;
-    batch.clear();
-    while (!queue_.empty() && batch.size() < kBatch) {
-      batch.push_back(std::move(queue_.front()));
-      queue_.pop_front();
-      batch.back()->state = State::kFetching;
-    }
-    ++busy_;
-    lock.unlock();
-    gets.clear();
-    errors.clear();
+    const remote::S3Client* client = nullptr;
     try {
-      for (const auto& e : batch) {
-        e->bytes = RangeBuffer(e->end - e->begin);
-        gets.push_back({e->object, e->begin, std::span(e->bytes.data(), e->bytes.size())});
+      client = &remote::client();
+    } catch (const std::exception& ex) {  // no client: every queued range fails
+      for (const std::shared_ptr<Entry>& e : queue_) {
+        spdlog::error("{}", ex.what());
+        e->state = State::kFailed;
+        stats_.held -= e->end - e->begin;
+        ++stats_.failed;
+        drop(*e);
       }
-      remote::client().fetch(gets, &errors, &cancel_);
-    } catch (const std::exception& ex) {  // no memory, no client: the whole batch failed
-      errors.assign(batch.size(), ex.what());
+      queue_.clear();
+      done_.notify_all();
+      continue;
+    }
+    lock.unlock();
+    try {
+      client->stream(feed, &cancel_);
+    } catch (const std::exception& ex) {  // no memory: the ranges in flight failed
+      feed.fail_sent(ex.what());
     }
     lock.lock();
-    --busy_;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      Entry& e = *batch[i];
-      if (errors[i].empty()) {
-        e.state = State::kReady;
-        e.lru = lru_.insert(lru_.end(), &e);
-        e.in_lru = true;
-        lru_bytes_ += e.end - e.begin;
-        stats_.fetched += e.end - e.begin;
-        ++stats_.ranges;
-        continue;
-      }
-      spdlog::error("{}", errors[i]);
-      e.state = State::kFailed;
-      e.bytes = {};
-      stats_.held -= e.end - e.begin;
-      ++stats_.failed;
-      drop(e);
-    }
-    batch.clear();
-    done_.notify_all();
   }
 }
 

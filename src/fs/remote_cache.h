@@ -73,14 +73,16 @@ class RangeBuffer {
 
 class RemoteCache {
  public:
-  // Fetcher threads; each sends its batch of up to kBatch GETs at once (curl multi), so up to
-  // kFetchers * kBatch GETs are in flight.
+  // Fetcher threads; each keeps up to kInFlight GETs in flight (curl multi), sending the next
+  // queued range as soon as one of its GETs ends (not a batch at a time: a slot that finished
+  // early would idle until the batch's slowest GET ended), so up to kFetchers * kInFlight are in
+  // flight.
   static constexpr unsigned kFetchers = 4;
-  static constexpr size_t kBatch = remote::S3Client::kInFlight;
+  static constexpr size_t kInFlight = remote::S3Client::kInFlight;
 
   explicit RemoteCache(size_t max_bytes, unsigned fetchers = kFetchers);
   // Drops the queued ranges, wakes the waiting readers (they fetch for themselves) and joins the
-  // fetchers (a batch under way finishes first).
+  // fetchers (their GETs in flight are given up).
   ~RemoteCache();
   RemoteCache(const RemoteCache&) = delete;
   RemoteCache& operator=(const RemoteCache&) = delete;
@@ -106,6 +108,10 @@ class RemoteCache {
   // or several end to end), waiting while one is in flight: kMiss when the ranges held leave a
   // byte out, kFailed when one of them failed.
   Got read(const remote::ObjectRef* object, uint64_t offset, std::span<uint8_t> out);
+  // The same for many runs under one lock (a READ's runs of ~500 bytes are thousands): got[i]
+  // (got.size() >= gets.size()) is read()'s answer for gets[i]. Waits for every range in flight
+  // that holds a byte of them.
+  void read(std::span<const remote::Get> gets, std::span<Got> got);
 
   // Charges `bytes` of a READ's own buffers to the bound, taking the room of ranges read least
   // recently, and waiting while the room is taken by ranges in flight or other READs' charges;
@@ -156,6 +162,10 @@ class RemoteCache {
         at = to;
       }
     }
+    // [begin, end) was copied out: expected no more (never below 0).
+    void take(uint64_t begin, uint64_t end) {
+      each(begin, end, [](uint64_t& block, uint64_t part) { block -= std::min(block, part); });
+    }
   };
   using Ranges = std::map<uint64_t, std::shared_ptr<Entry>>;  // begin -> range, disjoint
 
@@ -169,9 +179,9 @@ class RemoteCache {
   void drop(const Entry& e);
   void charge(uint64_t bytes);  // under mutex_: `held` grows (and its peak)
   // Under mutex_: the bytes of [begin, end) of `object` READs are still expected to copy out (a
-  // block's share in proportion to the part of it inside), and their taking (never below 0).
+  // block's share in proportion to the part of it inside).
   uint64_t expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
-  void consume(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
+  class Feed;
   void fetcher_loop();
 
   const size_t max_bytes_;
@@ -185,7 +195,7 @@ class RemoteCache {
   // taken under mutex_ only, so a use count of 1 (the map's) under mutex_ means no READ is.
   std::list<Entry*> lru_;
   uint64_t lru_bytes_ = 0;  // their bytes: what make_room may free
-  unsigned busy_ = 0;       // fetchers with a batch
+  unsigned busy_ = 0;       // ranges in flight
   bool stopping_ = false;
   // Set with stopping_, read by the fetchers' GETs in flight, which give up (no wait for a
   // stalled store at unmount).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 
 #include "remote_cache.h"
@@ -16,12 +17,35 @@ std::atomic<RemoteCache*> g_cache{nullptr};
 
 void use_remote_cache(RemoteCache* cache) { g_cache.store(cache, std::memory_order_release); }
 
+namespace {
+
+// Sorts `order` by source, then offset: one counting pass by source, then each source's runs
+// sorted only if they are not in offset order already. A file's runs mostly come in offset order
+// per source, and a comparison sort of a read-ahead window's 65k runs was a tenth of the daemon's
+// CPU in a cold read from S3.
+void sort_by_source(std::span<const plan::Run> runs, std::vector<uint32_t>& order) {
+  uint32_t sources = 0;
+  for (const uint32_t i : order) sources = std::max(sources, runs[i].source + 1);
+  thread_local std::vector<uint32_t> ends, sorted;
+  ends.assign(size_t{sources} + 1, 0);
+  for (const uint32_t i : order) ++ends[runs[i].source + 1];
+  for (size_t s = 1; s <= sources; ++s) ends[s] += ends[s - 1];
+  sorted.resize(order.size());
+  for (const uint32_t i : order) sorted[ends[runs[i].source]++] = i;  // ends[s]: end of s's runs
+  const auto by_offset = [&](uint32_t a, uint32_t b) { return runs[a].offset < runs[b].offset; };
+  for (size_t s = 0, begin = 0; s < sources; begin = ends[s++]) {
+    const auto first = sorted.begin() + static_cast<ptrdiff_t>(begin);
+    const auto last = sorted.begin() + static_cast<ptrdiff_t>(ends[s]);
+    if (!std::is_sorted(first, last, by_offset)) std::sort(first, last, by_offset);
+  }
+  order.swap(sorted);
+}
+
+}  // namespace
+
 std::vector<MergedRange> merge_runs(std::span<const plan::Run> runs, std::vector<uint32_t>& order,
                                     const MergePolicy& policy) {
-  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-    if (runs[a].source != runs[b].source) return runs[a].source < runs[b].source;
-    return runs[a].offset < runs[b].offset;
-  });
+  sort_by_source(runs, order);
   std::vector<MergedRange> out;
   uint64_t gaps = 0;  // the gaps of the last range
   for (uint32_t k = 0; k < order.size(); ++k) {
@@ -63,17 +87,25 @@ bool fetch_remote_runs(std::span<const plan::Run> runs, std::span<char* const> d
   order.resize(kept);
   RemoteCache* const cache = g_cache.load(std::memory_order_acquire);
   if (cache && !mine.empty()) {
-    kept = 0;
+    thread_local std::vector<remote::Get> wanted;
+    thread_local std::vector<RemoteCache::Got> got;
+    wanted.clear();
     for (uint32_t i : mine) {
       const plan::Run& r = runs[i];
-      switch (cache->read(objects[r.source], r.offset,
-                          std::span(reinterpret_cast<uint8_t*>(dest[i]), r.length))) {
+      wanted.push_back(
+          {objects[r.source], r.offset, std::span(reinterpret_cast<uint8_t*>(dest[i]), r.length)});
+    }
+    got.resize(wanted.size());
+    cache->read(wanted, got);
+    kept = 0;
+    for (size_t k = 0; k < mine.size(); ++k) {
+      switch (got[k]) {
         case RemoteCache::Got::kCopied:
           break;
         case RemoteCache::Got::kFailed:
           return false;  // the fetcher logged why
         case RemoteCache::Got::kMiss:
-          mine[kept++] = i;
+          mine[kept++] = mine[k];
           break;
       }
     }

@@ -148,7 +148,7 @@ void Service::start_source_prefetch(size_t s3_bytes) noexcept {
           "S3 sources: fetching ahead up to {} MiB (of -o readahead_max={} MiB), {} GETs in "
           "flight, at most {:g}x the bytes needed (-o s3_amplify)",
           s3_bytes >> 20, options_.read_ahead_max >> 20,
-          RemoteCache::kFetchers * RemoteCache::kBatch, options_.s3_amplify);
+          RemoteCache::kFetchers * RemoteCache::kInFlight, options_.s3_amplify);
     } else {
       spdlog::info("sources on a remote filesystem: reading ahead up to {} MiB of them in parallel",
                    options_.read_ahead_max >> 20);

@@ -69,6 +69,13 @@ bool SourcePrefetch::any_remote(const Tree& tree) {
 SourcePrefetch::SourcePrefetch(const Tree& tree, Options options) : tree_(tree), options_(options) {
   if (const LazyRanks* lazy = tree.lazy())
     for (size_t i = 0; i < lazy->files().size(); ++i) lazy_files_.emplace(tree.target_ino(i), i);
+  if (options_.max_bytes == 0 || options_.cache == nullptr || tree_.lazy() != nullptr) return;
+  told_ = false;
+  try {
+    teller_ = std::thread([this] { expect_all(); });
+  } catch (const std::system_error&) {
+    expect_all();  // no thread: told here, before any read
+  }
 }
 
 SourcePrefetch::~SourcePrefetch() {
@@ -78,6 +85,8 @@ SourcePrefetch::~SourcePrefetch() {
     jobs_.clear();
   }
   wake_.notify_all();
+  told_cv_.notify_all();
+  if (teller_.joinable()) teller_.join();
   for (std::thread& t : helpers_) t.join();
   if (!helpers_.empty())
     spdlog::info("source read-ahead: {} MiB fetched ahead", fetched_.load() >> 20);
@@ -97,7 +106,7 @@ void SourcePrefetch::note(uint64_t ino, uint64_t off, size_t len) noexcept {
     const auto [tree, local] = serving(ino);
     const plan::VirtualFile* file = tree ? tree->file(local) : nullptr;
     if (file == nullptr) return;
-    if (options_.cache && tree_.lazy() == nullptr) std::call_once(expected_, [&] { expect_all(); });
+    if (!told_.load(std::memory_order_acquire)) wait_told();
     uint64_t begin = 0;
     const uint64_t ahead = options_.ahead;
     const uint64_t end = std::min(file->size(), off + len + ahead);
@@ -162,7 +171,12 @@ void SourcePrefetch::want_objects(std::vector<plan::Run>& runs,
   });
 }
 
-void SourcePrefetch::expect_all() const {
+void SourcePrefetch::wait_told() {
+  std::unique_lock lock(mutex_);
+  told_cv_.wait(lock, [&] { return stopping_ || told_.load(std::memory_order_relaxed); });
+}
+
+void SourcePrefetch::expect_all() {
   try {
     const auto& sources = tree_.plan().sources;
     std::vector<const remote::ObjectRef*> objects(sources.size(), nullptr);
@@ -171,6 +185,7 @@ void SourcePrefetch::expect_all() const {
     std::vector<plan::Run> runs;
     std::vector<std::vector<std::pair<uint64_t, uint64_t>>> per_source(sources.size());
     for (size_t i = 0; i < tree_.plan().targets.size(); ++i) {
+      if (stopping_.load(std::memory_order_relaxed)) break;
       const plan::VirtualFile* file = tree_.file(tree_.target_ino(i));
       if (file == nullptr) continue;
       runs.clear();
@@ -186,6 +201,11 @@ void SourcePrefetch::expect_all() const {
   } catch (const std::exception& e) {  // the ranges not expected are freed least recent first
     spdlog::debug("S3 read-ahead: the plan was not all told to the cache: {}", e.what());
   }
+  {
+    std::lock_guard lock(mutex_);
+    told_.store(true, std::memory_order_release);
+  }
+  told_cv_.notify_all();
 }
 
 void SourcePrefetch::queue(Source& source, uint64_t begin, uint64_t end) {

@@ -15,10 +15,13 @@
 // Sources that are S3 objects (remote/objects.h) are fetched into a RemoteCache instead, when
 // the options give one: each object's runs of the window coalesced into ranged GETs
 // (remote_runs.h's merge_runs with Options::merge), asked for in the order the file needs them.
-// At the first read the cache is told every run of every file the tree serves (expect), so that
-// it frees first the ranges no file still needs (a tree of lazily planned ranks does not know
-// them all; its cache frees the least recently read). Told from a thread of its own instead,
-// the plan came after the first ranges and reads (1.45x the bytes again).
+// Before the first read is served the cache is told every run of every file the tree serves
+// (expect), so that it frees first the ranges no file still needs (a tree of lazily planned
+// ranks does not know them all; its cache frees the least recently read). A thread started with
+// this object tells it, from the mount on; the first read waits for it to finish: told while
+// reads went on, the plan came after the first ranges and reads (1.45x the bytes again), and
+// told by the first read, the mapping of every run (440k for one rank of 63 MiB, 1.65M for a
+// whole 0.25 GiB view: some 50 ms) delayed the first GETs.
 //
 // Thread-safety: note() may be called from any number of FUSE workers at once; `mutex_` guards
 // the per-file and per-source state and the job queue, is a leaf, and is never held during a
@@ -67,9 +70,11 @@ class SourcePrefetch {
   // Whether any source of `tree` is on a remote filesystem (for a tree of lazily planned ranks:
   // any source its listing names) or an S3 object; a mount without one needs no SourcePrefetch.
   static bool any_remote(const Tree& tree);
-  // `tree` must outlive this object. Helpers start at the first fetch.
+  // `tree` must outlive this object. Helpers start at the first fetch; with a cache, a thread
+  // tells it the plan's runs.
   SourcePrefetch(const Tree& tree, Options options);
-  // Drops the queued fetches and joins the helpers (a pread under way finishes first).
+  // Drops the queued fetches and joins the helpers (a pread under way finishes first) and the
+  // thread telling the plan (which stops at the next file).
   ~SourcePrefetch();
   SourcePrefetch(const SourcePrefetch&) = delete;
   SourcePrefetch& operator=(const SourcePrefetch&) = delete;
@@ -101,8 +106,11 @@ class SourcePrefetch {
   // Takes the runs of S3 objects out of `runs` and asks the cache for their coalesced ranges.
   void want_objects(std::vector<plan::Run>& runs,
                     const std::vector<index::IndexedSource>& sources) const;
-  // Tells the cache every S3 run of every file of the tree (once, at the first note).
-  void expect_all() const;
+  // Tells the cache every S3 run of every file of the tree (once, on `teller_`), then lets the
+  // waiting notes go on.
+  void expect_all();
+  // Waits until the cache has been told the plan (or this object is stopping).
+  void wait_told();
   // Under mutex_: queues the parts of [begin, end) of `source` not covered yet, within the bound.
   void queue(Source& source, uint64_t begin, uint64_t end);
   void helper_loop();
@@ -110,16 +118,17 @@ class SourcePrefetch {
   const Tree& tree_;
   const Options options_;
   std::unordered_map<uint64_t, size_t> lazy_files_;  // inode -> LazyRanks::files() index
-  std::once_flag expected_;
+  std::atomic<bool> told_{true};  // false while the plan is being told to the cache
+  std::thread teller_;
 
   mutable std::mutex mutex_;
-  std::condition_variable wake_, idle_;
+  std::condition_variable wake_, idle_, told_cv_;
   std::unordered_map<uint64_t, uint64_t> planned_to_;  // per file inode: target bytes mapped
   std::unordered_map<std::string, Source> sources_;    // by path: ranks may share sources
   std::deque<Job> jobs_;
   uint64_t pending_bytes_ = 0;  // queued or being fetched
   unsigned running_ = 0;
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};  // written under mutex_; read by the teller without it
   std::vector<std::thread> helpers_;
   std::atomic<uint64_t> fetched_{0};
 };

@@ -355,37 +355,35 @@ Check judge(const Get& g, CURLcode code, long status, const Answer& a) {
 
 }  // namespace
 
-void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors,
-                     const std::atomic<bool>* cancel) const {
-  if (errors) errors->assign(gets.size(), {});
+void S3Client::stream(GetFeed& feed, const std::atomic<bool>* cancel) const {
   using Clock = std::chrono::steady_clock;
   struct Slot {
-    size_t get = 0;
+    Get get;
+    uint64_t tag = 0;
     int attempt = 0;
     Answer answer;
     Slist headers;
     std::string url;
     bool busy = false;
   };
-  struct Waiting {
-    size_t get;
+  struct Waiting {  // a get to send again once its backoff is over
+    Get get;
+    uint64_t tag;
     int attempt;
     Clock::time_point at;
   };
   Handles& h = handles();
   if (h.multi == nullptr) h.multi = curl_multi_init();
   CURLM* multi = h.multi;
-  const size_t width = std::min(kInFlight, gets.size());
-  std::vector<Slot> slots(width);
+  std::vector<Slot> slots(kInFlight);
   std::deque<Waiting> waiting;
-  for (size_t i = 0; i < gets.size(); ++i)
-    if (!gets[i].out.empty()) waiting.push_back({i, 0, Clock::now()});
   size_t running = 0;
-  auto start = [&](size_t s, const Waiting& w) {
+  bool fed = true;  // the feed gave a get when last asked
+  auto start = [&](size_t s, const Get& g, uint64_t tag, int attempt) {
     Slot& slot = slots[s];
-    const Get& g = gets[w.get];
-    slot.get = w.get;
-    slot.attempt = w.attempt;
+    slot.get = g;
+    slot.tag = tag;
+    slot.attempt = attempt;
     slot.answer.reset();
     slot.answer.out = g.out;
     slot.headers = base_headers(config_);
@@ -405,36 +403,51 @@ void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors
     g_requests.fetch_add(1, std::memory_order_relaxed);
   };
   auto abort_all = [&] {
-    for (size_t s = 0; s < width; ++s)
+    for (size_t s = 0; s < slots.size(); ++s)
       if (slots[s].busy) curl_multi_remove_handle(multi, easy_at(s));
   };
-  // The gets not read yet, given up when the caller stops.
+  // The gets in flight and waiting, given up when the caller stops.
   auto give_up = [&] {
     abort_all();
-    std::vector<size_t> left;
-    for (size_t s = 0; s < width; ++s)
-      if (slots[s].busy) left.push_back(slots[s].get);
-    for (const Waiting& w : waiting) left.push_back(w.get);
-    for (size_t i : left) {
-      std::string why = fmt::format("{}: byte offset {}: given up, the mount is stopping",
-                                    gets[i].object->url(), gets[i].offset);
-      if (!errors) throw Error(why);
-      (*errors)[i] = std::move(why);
-    }
+    auto tell = [&](const Get& g, uint64_t tag) {
+      feed.done(tag,
+                fmt::format("{}: byte offset {}: given up, the mount is stopping", g.object->url(),
+                            g.offset),
+                false);
+    };
+    for (Slot& slot : slots)
+      if (std::exchange(slot.busy, false)) tell(slot.get, slot.tag);
+    for (const Waiting& w : waiting) tell(w.get, w.tag);
   };
   try {
-    while (running > 0 || !waiting.empty()) {
+    for (;;) {
       if (cancel && cancel->load(std::memory_order_relaxed)) return give_up();
       const auto now = Clock::now();
-      for (size_t s = 0; s < width && !waiting.empty(); ++s) {
+      for (size_t s = 0; s < slots.size(); ++s) {
         if (slots[s].busy) continue;
+        // First the retries whose backoff is over, then the feed's next.
         auto it = std::find_if(waiting.begin(), waiting.end(),
                                [&](const Waiting& w) { return w.at <= now; });
-        if (it == waiting.end()) break;
-        const Waiting w = *it;
-        waiting.erase(it);
-        start(s, w);
+        if (it != waiting.end()) {
+          const Waiting w = *it;
+          waiting.erase(it);
+          start(s, w.get, w.tag, w.attempt);
+          continue;
+        }
+        Get g;
+        uint64_t tag = 0;
+        fed = false;
+        while (feed.next(g, tag)) {
+          if (!g.out.empty()) {
+            fed = true;
+            break;
+          }
+          feed.done(tag, {}, false);  // nothing to read
+        }
+        if (!fed) break;
+        start(s, g, tag, 0);
       }
+      if (running == 0 && waiting.empty()) return;
       int still = 0;
       curl_multi_perform(multi, &still);
       int queued = 0;
@@ -452,17 +465,20 @@ void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors
         slot.busy = false;
         --running;
         g_bytes.fetch_add(slot.answer.received, std::memory_order_relaxed);
-        const Get& g = gets[slot.get];
+        const Get& g = slot.get;
         const Check check = judge(g, code, status, slot.answer);
-        if (check.verdict == Verdict::kDone) continue;
+        if (check.verdict == Verdict::kDone) {
+          feed.done(slot.tag, {}, false);
+          continue;
+        }
         const std::string where =
             fmt::format("{}: byte offset {} ({} bytes)", g.object->url(), g.offset, g.out.size());
         if (check.verdict == Verdict::kChanged) {
-          std::string why = fmt::format(
-              "{}: changed since it was scanned: {}; mount it again to serve its new contents",
-              g.object->url(), check.why);
-          if (!errors) throw Changed(why);
-          (*errors)[slot.get] = std::move(why);
+          feed.done(slot.tag,
+                    fmt::format("{}: changed since it was scanned: {}; mount it again to serve "
+                                "its new contents",
+                                g.object->url(), check.why),
+                    true);
           continue;
         }
         if (check.verdict == Verdict::kRetry && slot.attempt + 1 < kAttempts) {
@@ -470,25 +486,65 @@ void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors
           spdlog::debug("{}: {}; retrying", where, check.why);
           // First in line once its backoff is over: behind hundreds of first tries, a range the
           // store keeps failing would fail the call only after all of them had had their turns.
-          waiting.push_front({slot.get, slot.attempt + 1, Clock::now() + backoff(slot.attempt)});
+          waiting.push_front(
+              {slot.get, slot.tag, slot.attempt + 1, Clock::now() + backoff(slot.attempt)});
           continue;
         }
-        std::string why = fmt::format(
-            "{}: GET failed{}: {}", where,
-            slot.attempt > 0 ? fmt::format(" {} times", slot.attempt + 1) : "", check.why);
-        if (!errors) throw Error(why);
-        (*errors)[slot.get] = std::move(why);
+        feed.done(slot.tag,
+                  fmt::format("{}: GET failed{}: {}", where,
+                              slot.attempt > 0 ? fmt::format(" {} times", slot.attempt + 1) : "",
+                              check.why),
+                  false);
       }
+      // A free slot and a feed that had nothing: asked again soon, for gets queued meanwhile.
+      const bool free_slot = running < slots.size();
       if (running > 0) {
-        curl_multi_poll(multi, nullptr, 0, 100, nullptr);
+        curl_multi_poll(multi, nullptr, 0, free_slot && !fed ? kFeedPollMs : 100, nullptr);
       } else if (!waiting.empty()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        std::this_thread::sleep_for(std::chrono::milliseconds(kFeedPollMs));
       }
     }
   } catch (...) {
     abort_all();
     throw;
   }
+}
+
+void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors,
+                     const std::atomic<bool>* cancel) const {
+  if (errors) errors->assign(gets.size(), {});
+  // Hands out `gets` in order; without `errors`, the first failure is thrown.
+  class SpanFeed : public GetFeed {
+   public:
+    SpanFeed(std::span<const Get> gets, std::vector<std::string>* errors)
+        : gets_(gets), errors_(errors) {}
+    bool next(Get& get, uint64_t& tag) override {
+      if (next_ == gets_.size()) return false;
+      tag = next_;
+      get = gets_[next_++];
+      return true;
+    }
+    void done(uint64_t tag, std::string error, bool changed) override {
+      if (error.empty()) return;
+      if (!errors_) {
+        if (changed) throw Changed(error);
+        throw Error(error);
+      }
+      (*errors_)[tag] = std::move(error);
+    }
+    size_t next_ = 0;
+
+   private:
+    std::span<const Get> gets_;
+    std::vector<std::string>* errors_;
+  } feed(gets, errors);
+  stream(feed, cancel);
+  // Stopped before these were sent.
+  for (size_t i = feed.next_; i < gets.size(); ++i)
+    feed.done(i,
+              fmt::format("{}: byte offset {}: given up, the mount is stopping",
+                          gets[i].object->url(), gets[i].offset),
+              false);
 }
 
 }  // namespace ckptfs::remote

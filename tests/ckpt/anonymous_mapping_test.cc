@@ -36,6 +36,24 @@ TEST(AnonymousMapping, MapsZeroedWritablePagesOfTheSizeAsked) {
   EXPECT_TRUE(mapped(m.data() + size - 1));
 }
 
+bool resident(const uint8_t* p) {
+  unsigned char residency = 0;
+  EXPECT_EQ(::mincore(const_cast<uint8_t*>(p), 1, &residency), 0);  // p is page-aligned here
+  return (residency & 1) != 0;
+}
+
+TEST(AnonymousMapping, PagesNowAreMadeBeforeTheFirstTouchAndZeroed) {
+  const size_t size = 1u << 20;
+  AnonymousMapping lazy(size);
+  EXPECT_FALSE(resident(lazy.data() + size / 2));  // made on first touch
+  AnonymousMapping now(size, AnonymousMapping::Pages::kNow);
+  ASSERT_NE(now.data(), nullptr);
+  EXPECT_EQ(now.size(), size);
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (size_t at = 0; at < size; at += page) ASSERT_TRUE(resident(now.data() + at)) << at;
+  EXPECT_EQ(std::vector<uint8_t>(now.data(), now.data() + size), std::vector<uint8_t>(size, 0));
+}
+
 TEST(AnonymousMapping, SizeZeroMapsNothing) {
   AnonymousMapping m(0);
   EXPECT_EQ(m.data(), nullptr);

@@ -54,6 +54,11 @@ class TinyStore {
   }
   int port() const { return port_; }
   void go_silent() { silent_ = true; }
+  // The answer to a GET of bytes from `first` on is sent `delay` late (other GETs go on).
+  void slow_down(uint64_t first, std::chrono::milliseconds delay) {
+    slow_first_ = first;
+    slow_delay_ = delay;
+  }
   int gets() const { return gets_; }
 
  private:
@@ -83,19 +88,32 @@ class TinyStore {
           "{}\r\nETag: {}\r\nConnection: close\r\n\r\n",
           first, last, kObjectSize, body.size(), kEtag);
       head += body;
-      for (size_t sent = 0; sent < head.size();) {
-        const ssize_t n = ::write(c, head.data() + sent, head.size() - sent);
-        if (n <= 0) break;
-        sent += static_cast<size_t>(n);
+      if (first == slow_first_) {
+        late_.emplace_back([c, head = std::move(head), delay = slow_delay_] {
+          std::this_thread::sleep_for(delay);
+          answer(c, head);
+        });
+        continue;
       }
-      ::close(c);
+      answer(c, head);
     }
+  }
+  static void answer(int c, const std::string& head) {
+    for (size_t sent = 0; sent < head.size();) {
+      const ssize_t n = ::write(c, head.data() + sent, head.size() - sent);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    ::close(c);
   }
   int fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false}, silent_{false};
   std::atomic<int> gets_{0};  // requests answered
   std::vector<int> held_;     // the silent store's connections, closed at the end
+  uint64_t slow_first_ = UINT64_MAX;
+  std::chrono::milliseconds slow_delay_{0};
+  std::vector<std::jthread> late_;  // slowed answers
   std::thread thread_;
 };
 
@@ -193,6 +211,53 @@ TEST_F(RemoteCacheTest, ARunAcrossTwoRangesIsCopiedFromBoth) {
   for (uint64_t i = 0; i < run.length; ++i)
     ASSERT_EQ(static_cast<uint8_t>(out[i]), byte_at(run.offset + i)) << i;
   EXPECT_EQ(cache.stats().misses, 0u);
+}
+
+// A READ's runs read at once: each answered as read() would one by one, whichever range holds
+// it (the same range again after another, two end to end), a run no range covers a miss.
+TEST_F(RemoteCacheTest, ManyRunsAreReadUnderOneCall) {
+  RemoteCache cache(8 * kMiB, 1);
+  ASSERT_TRUE(cache.want(&object_, 0, kMiB));
+  ASSERT_TRUE(cache.want(&object_, kMiB, 2 * kMiB));
+  cache.wait_idle();
+  const std::vector<std::pair<uint64_t, uint64_t>> runs = {
+      {10, 500},         {kMiB + 7, 600},      {4000, 300},
+      {kMiB - 100, 300}, {2 * kMiB - 50, 100}, {5 * kMiB, 10},
+      {1000, 0},         {2 * kMiB - 500, 500}};
+  const std::vector<RemoteCache::Got> want = {RemoteCache::Got::kCopied, RemoteCache::Got::kCopied,
+                                              RemoteCache::Got::kCopied, RemoteCache::Got::kCopied,
+                                              RemoteCache::Got::kMiss,   RemoteCache::Got::kMiss,
+                                              RemoteCache::Got::kCopied, RemoteCache::Got::kCopied};
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<remote::Get> gets;
+  for (const auto& [offset, length] : runs) out.emplace_back(length, 0);
+  for (size_t i = 0; i < runs.size(); ++i) gets.push_back({&object_, runs[i].first, out[i]});
+  std::vector<RemoteCache::Got> got(gets.size());
+  cache.read(gets, got);
+  EXPECT_EQ(got, want);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (got[i] != RemoteCache::Got::kCopied) continue;
+    for (uint64_t k = 0; k < runs[i].second; ++k)
+      ASSERT_EQ(out[i][k], byte_at(runs[i].first + k)) << "run " << i << " byte " << k;
+  }
+  EXPECT_EQ(cache.stats().hits, 5u);  // the empty run is copied without a look
+  EXPECT_EQ(cache.stats().misses, 2u);
+  EXPECT_EQ(store_.gets(), 2);
+}
+
+// A fetcher sends the next range as soon as a slot is free: a range queued after one whose GET
+// is slow is read at once (with batches, it waited for the slow GET to end).
+TEST_F(RemoteCacheTest, ARangeIsNotHeldBackByASlowGetSentBeforeIt) {
+  const auto delay = std::chrono::milliseconds(1500);  // under the client's 2 s stall limit
+  store_.slow_down(0, delay);
+  RemoteCache cache(8 * kMiB, 1);
+  ASSERT_TRUE(cache.want(&object_, 0, kMiB));
+  ASSERT_TRUE(cache.want(&object_, kMiB, 2 * kMiB));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(holds(cache, kMiB + 10, 1000));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, delay / 2)
+      << "the range waited for the slow GET sent before it";
+  EXPECT_TRUE(holds(cache, 10, 1000));  // and the slow one arrives
 }
 
 // A want that overlaps a held range (the next file's window over a range an earlier file read)

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+
 namespace ckptfs::fs {
 namespace {
 
@@ -46,6 +49,29 @@ TEST(MergeRuns, FetchedBytesStayWithinAnEighthOverNeeded) {
   fetched = 0;
   for (const MergedRange& m : merge_runs(runs, order)) fetched += m.end - m.begin;
   EXPECT_LE(fetched, 100u * 1000 * 9 / 8 + 612u * 1000 / 2);
+}
+
+TEST(MergeRuns, SortsASubsetOfRunsBySourceThenOffset) {
+  // Source 5 in offset order already, source 2 backwards, source 0 shuffled; run 3 (source 9)
+  // is left out of `order`, and sources 1, 3, 4 have no runs.
+  std::vector<plan::Run> runs = {run(5, 0, 10),   run(2, 900, 10), run(0, 300, 10), run(9, 0, 10),
+                                 run(5, 100, 10), run(2, 500, 10), run(0, 100, 10), run(5, 200, 10),
+                                 run(0, 200, 10), run(2, 100, 10)};
+  std::vector<uint32_t> order = {0, 1, 2, 4, 5, 6, 7, 8, 9};
+  std::vector<uint32_t> want = order;
+  std::stable_sort(want.begin(), want.end(), [&](uint32_t a, uint32_t b) {
+    return std::pair(runs[a].source, runs[a].offset) < std::pair(runs[b].source, runs[b].offset);
+  });
+  // Runs far apart: one range each, so every range names one run of `order`.
+  const std::vector<MergedRange> m =
+      merge_runs(runs, order, {.gap = 0, .slack = 0, .extra = 0, .max_range = 0});
+  EXPECT_EQ(order, want);
+  ASSERT_EQ(m.size(), order.size());
+  for (size_t k = 0; k < m.size(); ++k) {
+    EXPECT_EQ(m[k].first, k);
+    EXPECT_EQ(m[k].source, runs[order[k]].source);
+    EXPECT_EQ(m[k].begin, runs[order[k]].offset);
+  }
 }
 
 std::vector<uint32_t> all(size_t n) {

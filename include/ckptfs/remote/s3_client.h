@@ -42,6 +42,20 @@ struct Get {
   std::span<uint8_t> out;
 };
 
+// Where S3Client::stream() takes its GETs from and tells how each ended. Called on the
+// streaming thread only, never during a transfer.
+class GetFeed {
+ public:
+  virtual ~GetFeed() = default;
+  // The next get to send (its bytes' owner keeps them until done() is called for `tag`); false
+  // when there is none now.
+  virtual bool next(Get& get, uint64_t& tag) = 0;
+  // The get of `tag` ended: read (`error` empty), or not, after the retries; `changed` when the
+  // object is no longer the one scanned. Thrown exceptions end stream() (every GET in flight is
+  // dropped, not told).
+  virtual void done(uint64_t tag, std::string error, bool changed) = 0;
+};
+
 struct FetchStats {
   uint64_t requests = 0;  // GETs sent, retries included
   uint64_t bytes = 0;     // body bytes received
@@ -53,6 +67,8 @@ class S3Client {
   static constexpr int kAttempts = 6;
   // Concurrent GETs of one fetch() call.
   static constexpr size_t kInFlight = 16;
+  // How often stream() asks a feed that had nothing again while a slot is free.
+  static constexpr int kFeedPollMs = 5;
   // Bytes a second under which a request, over its stall_seconds, counts as stalled (retried).
   static constexpr long kMinSpeed = 16 << 10;
 
@@ -69,6 +85,14 @@ class S3Client {
   // given up (their slots say so; without `errors`, Error), within a tenth of a second.
   void fetch(std::span<const Get> gets, std::vector<std::string>* errors = nullptr,
              const std::atomic<bool>* cancel = nullptr) const;
+
+  // Keeps up to kInFlight GETs of `feed` in flight, sending the next one as soon as one ends (a
+  // GET that ends early does not wait for the slowest), with the retries and checks of fetch(),
+  // until the feed has none left and none is in flight. A feed that has none now but may have
+  // later is asked again every few milliseconds while GETs are in flight. Once `cancel` is set,
+  // the gets in flight and waiting for a retry end with "given up" (within a tenth of a second)
+  // and the feed is asked for no more.
+  void stream(GetFeed& feed, const std::atomic<bool>* cancel = nullptr) const;
 
   const S3Config& config() const { return config_; }
   // Counters of this process since it started (all clients).
