@@ -25,6 +25,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+source::SourceFile open_source(const fs::path& path, source::OpenFiles* opens) {
+  return opens ? opens->open(path) : source::SourceFile::open(path);
+}
+
 // Scanning is mostly waiting for header pages of cold files, and decoding index entries is CPU
 // work: two in flight hide much of the one and halve the other without crowding the (small)
 // machine or the disk.
@@ -179,9 +183,10 @@ std::optional<CachedScan> lookup_cached(const Store& store, const source::Source
 
 std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                                  const std::vector<fs::path>& paths,
-                                                 const OnFile& on_file, bool check_structure) {
+                                                 const OnFile& on_file, bool check_structure,
+                                                 source::OpenFiles* opens) {
   std::vector<IndexedSource> sources(paths.size());
-  for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
+  for (size_t i = 0; i < paths.size(); ++i) sources[i].file = open_source(paths[i], opens);
   std::exception_ptr error;
   parallel_in_order(sources.size(), scan_threads(paths), error, [&](size_t i) {
     IndexedSource& s = sources[i];
@@ -270,9 +275,10 @@ std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::pat
 }
 
 std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::path>& paths,
-                                         const OnFile& on_file, scan::Readers readers) {
+                                         const OnFile& on_file, scan::Readers readers,
+                                         source::OpenFiles* opens) {
   std::vector<IndexedSource> sources(paths.size());
-  for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
+  for (size_t i = 0; i < paths.size(); ++i) sources[i].file = open_source(paths[i], opens);
   std::exception_ptr lookup_error;
   std::vector<char> moved(sources.size(),
                           0);  // found by path: recorded again under its fingerprint
