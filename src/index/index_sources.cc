@@ -199,13 +199,18 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                    built);
         });
     // Size and mtime can be put back after a rewrite in place: the bytes the scan was read
-    // from are compared too, before anything is planned from it. An object's "mtime" is a hash
-    // of its ETag, which every upload changes: nothing more to read (GETs) for it.
+    // from are compared too, before anything is planned from it (once per file and fingerprint
+    // for all the plans of a mount). An object's "mtime" is a hash of its ETag, which every
+    // upload changes: nothing more to read (GETs) for it.
     if (scan && check_structure && remote::object_of(s.file.fd.get()) == nullptr &&
-        structure_digest(s.file.fd.get(), name, *scan) != built)
-      why =
-          "was built from other headers than it has now (rewritten in place, its size and mtime "
-          "kept?)";
+        !(opens && opens->checked(s.file))) {
+      if (structure_digest(s.file.fd.get(), name, *scan) != built)
+        why =
+            "was built from other headers than it has now (rewritten in place, its size and "
+            "mtime kept?)";
+      else if (opens)
+        opens->mark_checked(s.file);
+    }
     if (!scan || !why.empty())
       fail("{}: the index {} {}; rebuild it with `ckptfs index build SRC --output {}`", name,
            store.dir().string(), why, store.dir().string());

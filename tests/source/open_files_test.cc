@@ -16,6 +16,7 @@ namespace ckptfs::source {
 namespace {
 
 namespace fs = std::filesystem;
+using testsupport::set_mtime;
 using testsupport::write_file;
 
 // Whether two descriptors share one open file description: its offset is shared.
@@ -65,6 +66,27 @@ TEST_F(OpenFilesTest, AFileReplacedSinceIsOpenedAnew) {
   // The new file is the one handed out from then on.
   const SourceFile third = opens_.open(path);
   EXPECT_TRUE(same_open_file(second.fd.get(), third.fd.get()));
+}
+
+TEST_F(OpenFilesTest, AStructureCheckHoldsUntilTheFileChanges) {
+  const SourceFile first = opens_.open(path_);
+  EXPECT_FALSE(opens_.checked(first));
+  opens_.mark_checked(first);
+  EXPECT_TRUE(opens_.checked(opens_.open(path_)));
+  // Rewritten in place, same size, the mtime put back: the ctime moved.
+  set_mtime(path_, 1'000'000'000, 0);
+  const SourceFile before = opens_.open(path_);
+  opens_.mark_checked(before);
+  ::usleep(20'000);  // a ctime tick apart on coarse clocks
+  write_file(path_, "9876543210");
+  set_mtime(path_, 1'000'000'000, 0);
+  const SourceFile after = opens_.open(path_);
+  EXPECT_EQ(after.fingerprint.mtime_ns, before.fingerprint.mtime_ns);
+  EXPECT_FALSE(opens_.checked(after));
+  // A path never opened through it was never checked.
+  const fs::path other = tmp_.path() / "rank_1.ckpt";
+  write_file(other, "0123456789");
+  EXPECT_FALSE(opens_.checked(SourceFile::open(other)));
 }
 
 TEST_F(OpenFilesTest, AMissingPathThrowsNamingIt) {
