@@ -142,6 +142,7 @@ void SourcePrefetch::note(uint64_t ino, uint64_t off, size_t len) noexcept {
       begin = planned >= off && planned <= end ? planned : off;
       if (begin >= end) return;
       planned = end;
+      if (all_covered(tree->plan().sources)) return;
     }
     std::vector<plan::Run> runs;
     file->map(begin, end - begin, runs);
@@ -162,6 +163,19 @@ void SourcePrefetch::note(uint64_t ino, uint64_t off, size_t len) noexcept {
   } catch (const std::exception& e) {
     spdlog::debug("source read-ahead skipped: {}", e.what());
   }
+}
+
+bool SourcePrefetch::all_covered(const std::vector<index::IndexedSource>& sources) const {
+  for (const index::IndexedSource& s : sources) {
+    const auto it = sources_.find(s.file.path.string());
+    if (it == sources_.end()) return false;  // never seen (or an S3 object: its cache decides)
+    if (!it->second.remote) continue;
+    const std::map<uint64_t, uint64_t>& covered = it->second.covered;
+    if (covered.size() != 1 || covered.begin()->first != 0 ||
+        covered.begin()->second < s.file.fingerprint.size)
+      return false;
+  }
+  return true;
 }
 
 void SourcePrefetch::want_objects(std::vector<plan::Run>& runs,

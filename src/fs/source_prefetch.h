@@ -103,6 +103,10 @@ class SourcePrefetch {
                     const std::vector<index::IndexedSource>& sources) const;
   // Tells the cache every S3 run of every file of the tree (once, at the first note).
   void expect_all() const;
+  // Under mutex_: whether every source in `sources` is local or queued or fetched whole, so that
+  // a window has nothing left to queue and need not be mapped to runs (the ranks read after the
+  // first one of a tensor-parallel view mapped 64 MiB windows of ~500-byte runs for nothing).
+  bool all_covered(const std::vector<index::IndexedSource>& sources) const;
   // Under mutex_: queues the parts of [begin, end) of `source` not covered yet, within the bound.
   void queue(Source& source, uint64_t begin, uint64_t end);
   void helper_loop();
