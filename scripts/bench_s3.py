@@ -13,7 +13,8 @@ GETs, "fetched" the bytes it sent; s3fs is remounted before every run, so every 
             per run, how many sources' scans came from the index (.ckptfs/sources.json; "lazy":
             a shipped index plans on first open and lists none there)
   cat       `cat` of the view's .ckpt files (one process) against `cat` of the sources through
-            the same s3fs, one process and one per source (in parallel); ratios per pair
+            the same s3fs, one process and one per source (in parallel); ratios per pair, and
+            the CPU seconds s3fs spent on each (--cat-only: just these figures)
   ranks 0   a mount with --ranks 0 reading its one target: bytes fetched / target size
   blocks    the plan of rank 0 (MOUNTPOINT/.ckptfs/plan/rank_0.json): bytes of the source
             blocks its extents touch at 4 KiB, 64 KiB, 1 MiB and 8 MiB / bytes it needs
@@ -22,7 +23,7 @@ GETs, "fetched" the bytes it sent; s3fs is remounted before every run, so every 
             the default index fetches no tensor data (bytes sent while mounting); `mount
             --index` over s3fs <= 0.2 s
 
-    scripts/bench_s3.py [--size-gib 0.25] [--runs 3] [--work build/bench-s3]
+    scripts/bench_s3.py [--size-gib 0.25] [--runs 3] [--work build/bench-s3] [--cat-only]
 """
 
 import argparse
@@ -202,6 +203,30 @@ class Bench:
         value = fn()
         return value, self.server.counters() - before
 
+    def s3fs_cpu(self):
+        """CPU seconds (user + system, all threads) of the s3fs serving self.s3 so far."""
+        mnt = os.path.realpath(self.s3).encode()
+        newest = (-1, 0.0)  # (start time, CPU seconds): the last run's s3fs may still be exiting
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+                if os.path.basename(args[0]) != b"s3fs" or mnt not in args:
+                    continue
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                newest = max(newest, (int(fields[19]), (int(fields[11]) + int(fields[12])) /
+                                      os.sysconf("SC_CLK_TCK")))
+            except (OSError, IndexError, ValueError):
+                continue
+        return newest[1]
+
+    def measure_cat(self, files, parallel=False):
+        """(seconds, server counters, s3fs CPU seconds) of a cat of `files`."""
+        cpu = self.s3fs_cpu()
+        t, c = self.measure(lambda: self.cat(files, parallel))
+        return t, c, self.s3fs_cpu() - cpu
+
     def mount_figures(self, runs):
         rows = {"empty index": [], "index remount": [], "shipped index": []}
         for r in range(runs):
@@ -244,22 +269,22 @@ class Bench:
             src = self.fresh_s3fs()
             with self.mounted(src, ["--index", self.shipped]):
                 files = [v for v, _ in self.view_files()]
-                t, c = self.measure(lambda: self.cat(files))
-                view.append((t, c))
+                view.append(self.measure_cat(files))
                 if r == 0:
                     self.check("cat of the view")
             remote = [os.path.join(src, os.path.relpath(p, self.fx.src_dir)) for p in self.sources]
             self.fresh_s3fs()
-            seq.append(self.measure(lambda: self.cat(remote)))
+            seq.append(self.measure_cat(remote))
             self.fresh_s3fs()
-            par.append(self.measure(lambda: self.cat(remote, parallel=True)))
+            par.append(self.measure_cat(remote, parallel=True))
         print(f"\ncold cat through s3fs (median of {runs}; MB/s of the bytes each side reads):")
         for label, vals, size in (("view .ckpt, 1 cat", view, self.target_bytes),
                                   ("sources, 1 cat", seq, self.src_bytes),
                                   ("sources, 8 cats", par, self.src_bytes)):
             print(f"  {label:18} {size / 1e6 / median([v[0] for v in vals]):7.1f} MB/s  "
                   f"{median([v[1]['range_gets'] for v in vals]):5.0f} GETs  "
-                  f"{median([v[1]['sent_bytes'] for v in vals]) / MIB:7.1f} MiB fetched")
+                  f"{median([v[1]['sent_bytes'] for v in vals]) / MIB:7.1f} MiB fetched  "
+                  f"s3fs CPU {median([v[2] for v in vals]):.2f} s")
         for label, other, size in (("1 cat", seq, self.src_bytes), ("8 cats", par, self.src_bytes)):
             ratios = [(self.target_bytes / v[0]) / (size / o[0]) for v, o in zip(view, other)]
             print(f"  ratio view / sources ({label}): median {median(ratios):.2f} "
@@ -391,6 +416,8 @@ def main(argv=None):
     ap.add_argument("--ckptfs", default=os.path.join(REPO, "build", "ckptfs"))
     ap.add_argument("--native-only", action="store_true",
                     help="only the straight-from-S3 figures (native_figures)")
+    ap.add_argument("--cat-only", action="store_true",
+                    help="only the cold cat figures through s3fs (cat_figures)")
     args = ap.parse_args(argv)
     try:
         s3harness.ensure_tools()
@@ -402,11 +429,14 @@ def main(argv=None):
         try:
             bench.setup()
             log(f"S3 server {server.endpoint}; s3fs without use_cache")
-            if not args.native_only:
+            if args.cat_only:
+                bench.cat_figures(args.runs)
+            elif not args.native_only:
                 bench.mount_figures(args.runs)
                 bench.cat_figures(args.runs)
                 bench.ranks0_figures(args.runs)
-            native_figures(bench, args.runs)
+            if not args.cat_only:
+                native_figures(bench, args.runs)
         finally:
             s3harness.unmount_s3fs(bench.s3)
     print(f"\ngoals (load average {os.getloadavg()[0]:.1f}):")

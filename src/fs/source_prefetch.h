@@ -3,9 +3,10 @@
 // it faults one source at a time, and over an S3 filesystem each fault waits for a large
 // download, one after another. When a file is read, this maps the next kAheadBytes of it to its
 // source runs (the plan), joins each source's runs closer than kGapBytes into stretches, and has
-// helper threads pread those stretches, many sources at once, into the kernel's page cache; the
-// reader's own gathers then find their pages there. Bytes are discarded after the read: nothing
-// here is served, so a fetch that fails costs only its time (the reader's gather reports it).
+// helper threads read those stretches (spliced to /dev/null: no copy), many sources at once, into
+// the kernel's page cache; the reader's own gathers then find their pages there. Bytes are
+// discarded after the read: nothing here is served, so a fetch that fails costs only its time
+// (the reader's gather reports it).
 //
 // Bounded: bytes queued or being fetched, all files together, stay under `max_bytes` (the
 // mount's -o readahead_max); a stretch past the bound is left for the reader to fault in. Each
@@ -111,6 +112,10 @@ class SourcePrefetch {
   void expect_all();
   // Waits until the cache has been told the plan (or this object is stopping).
   void wait_told();
+  // Under mutex_: whether every source in `sources` is local or queued or fetched whole, so that
+  // a window has nothing left to queue and need not be mapped to runs (the ranks read after the
+  // first one of a tensor-parallel view mapped 64 MiB windows of ~500-byte runs for nothing).
+  bool all_covered(const std::vector<index::IndexedSource>& sources) const;
   // Under mutex_: queues the parts of [begin, end) of `source` not covered yet, within the bound.
   void queue(Source& source, uint64_t begin, uint64_t end);
   void helper_loop();

@@ -25,6 +25,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+source::SourceFile open_source(const fs::path& path, source::OpenFiles* opens) {
+  return opens ? opens->open(path) : source::SourceFile::open(path);
+}
+
 // Scanning is mostly waiting for header pages of cold files, and decoding index entries is CPU
 // work: two in flight hide much of the one and halve the other without crowding the (small)
 // machine or the disk.
@@ -179,9 +183,10 @@ std::optional<CachedScan> lookup_cached(const Store& store, const source::Source
 
 std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                                  const std::vector<fs::path>& paths,
-                                                 const OnFile& on_file, bool check_structure) {
+                                                 const OnFile& on_file, bool check_structure,
+                                                 source::OpenFiles* opens) {
   std::vector<IndexedSource> sources(paths.size());
-  for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
+  for (size_t i = 0; i < paths.size(); ++i) sources[i].file = open_source(paths[i], opens);
   std::exception_ptr error;
   parallel_in_order(sources.size(), scan_threads(paths), error, [&](size_t i) {
     IndexedSource& s = sources[i];
@@ -194,13 +199,18 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                    built);
         });
     // Size and mtime can be put back after a rewrite in place: the bytes the scan was read
-    // from are compared too, before anything is planned from it. An object's "mtime" is a hash
-    // of its ETag, which every upload changes: nothing more to read (GETs) for it.
+    // from are compared too, before anything is planned from it (once per file and fingerprint
+    // for all the plans of a mount). An object's "mtime" is a hash of its ETag, which every
+    // upload changes: nothing more to read (GETs) for it.
     if (scan && check_structure && remote::object_of(s.file.fd.get()) == nullptr &&
-        structure_digest(s.file.fd.get(), name, *scan) != built)
-      why =
-          "was built from other headers than it has now (rewritten in place, its size and mtime "
-          "kept?)";
+        !(opens && opens->checked(s.file))) {
+      if (structure_digest(s.file.fd.get(), name, *scan) != built)
+        why =
+            "was built from other headers than it has now (rewritten in place, its size and "
+            "mtime kept?)";
+      else if (opens)
+        opens->mark_checked(s.file);
+    }
     if (!scan || !why.empty())
       fail("{}: the index {} {}; rebuild it with `ckptfs index build SRC --output {}`", name,
            store.dir().string(), why, store.dir().string());
@@ -270,9 +280,10 @@ std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::pat
 }
 
 std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::path>& paths,
-                                         const OnFile& on_file, scan::Readers readers) {
+                                         const OnFile& on_file, scan::Readers readers,
+                                         source::OpenFiles* opens) {
   std::vector<IndexedSource> sources(paths.size());
-  for (size_t i = 0; i < paths.size(); ++i) sources[i].file = source::SourceFile::open(paths[i]);
+  for (size_t i = 0; i < paths.size(); ++i) sources[i].file = open_source(paths[i], opens);
   std::exception_ptr lookup_error;
   std::vector<char> moved(sources.size(),
                           0);  // found by path: recorded again under its fingerprint

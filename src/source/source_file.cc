@@ -74,9 +74,13 @@ Fingerprint fingerprint_of(int fd, const std::string& display_name) {
 }
 
 SourceFile SourceFile::open(const std::filesystem::path& path) {
+  return adopt(path, util::open_regular(path, "checkpoint file"));
+}
+
+SourceFile SourceFile::adopt(const std::filesystem::path& path, UniqueFd fd) {
   SourceFile file;
   file.path = path;
-  file.fd = util::open_regular(path, "checkpoint file");
+  file.fd = std::move(fd);
   // Watched first, fingerprinted after: a write in between is in the fingerprint.
   if (auto remote = remote_fingerprint(file.fd.get())) {
     // Nothing writes the placeholder; each GET checks the object's ETag instead.

@@ -97,7 +97,8 @@ std::mutex& shipped_mutex() {
 std::vector<index::IndexedSource> index_files(const std::optional<std::filesystem::path>& dir,
                                               const std::string& shipped,
                                               const std::vector<std::filesystem::path>& paths,
-                                              bool quiet, scan::Readers readers) {
+                                              bool quiet, scan::Readers readers,
+                                              source::OpenFiles* opens) {
   Progress progress("scan", "files", Progress::mode_for(quiet));
   progress.also_count("tensors");
   progress.only_if_slow();
@@ -110,10 +111,11 @@ std::vector<index::IndexedSource> index_files(const std::optional<std::filesyste
   // A shipped index is the only source of scans: a stale one is refused, never repaired.
   if (!shipped.empty()) {
     std::lock_guard lock(shipped_mutex());
-    return index::index_sources_shipped(index::Store::open_shipped(shipped), paths, on_file);
+    return index::index_sources_shipped(index::Store::open_shipped(shipped), paths, on_file, true,
+                                        opens);
   }
   std::unique_ptr<index::Store> store = open_index(dir);
-  return index::index_sources(store.get(), paths, on_file, readers);
+  return index::index_sources(store.get(), paths, on_file, readers, opens);
 }
 
 void report_planning(plan::ViewOptions& views, Progress& progress) {

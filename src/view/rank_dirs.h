@@ -27,6 +27,7 @@
 #include "ckptfs/plan/step_scalars.h"
 #include "ckptfs/scan/reader.h"
 #include "ckptfs/source/discover.h"
+#include "ckptfs/source/open_files.h"
 #include "ckptfs/source/step_choice.h"
 #include "ckptfs/strategy/rank_list.h"
 #include "ckptfs/strategy/strategy.h"
@@ -39,11 +40,13 @@ namespace ckptfs::view::detail {
 // planned on first use may be planned by two FUSE workers at once.
 std::mutex& shipped_mutex();
 
-// Scans `paths` with `readers` through the cache index in `dir` or the shipped index `shipped`.
+// Scans `paths` with `readers` through the cache index in `dir` or the shipped index `shipped`,
+// opening them through `opens` when given.
 std::vector<index::IndexedSource> index_files(const std::optional<std::filesystem::path>& dir,
                                               const std::string& shipped,
                                               const std::vector<std::filesystem::path>& paths,
-                                              bool quiet, scan::Readers readers);
+                                              bool quiet, scan::Readers readers,
+                                              source::OpenFiles* opens = nullptr);
 
 // A plan of many target ranks reports its progress (if it takes a while) while `progress` lives.
 void report_planning(plan::ViewOptions& views, Progress& progress);
@@ -91,6 +94,9 @@ struct Planning {
   std::map<int64_t, std::string> unusable;  // source::Listing's, for messages
   plan::ViewOptions views;
   bool quiet = false;
+  // Every plan of the view opens its sources through this: a rank planned on first open does
+  // not open again what an earlier rank opened (source/open_files.h says what that costs).
+  std::shared_ptr<source::OpenFiles> opens = std::make_shared<source::OpenFiles>();
   // index build: the scans come from this store (being built), not from index_dir or shipped.
   const index::Store* store = nullptr;
   scan::Readers readers;  // the family's (view/families.h)
@@ -169,8 +175,9 @@ struct Planning {
     std::vector<index::IndexedSource> indexed =
         // The index being built: its structure digests were taken from these files' bytes
         // moments ago, so each target's sources are not read again for them.
-        store != nullptr ? index::index_sources_shipped(*store, paths, {}, false)
-                         : index_files(index_dir, shipped, paths, !report || quiet, readers);
+        store != nullptr
+            ? index::index_sources_shipped(*store, paths, {}, false, opens.get())
+            : index_files(index_dir, shipped, paths, !report || quiet, readers, opens.get());
     std::map<int64_t, index::IndexedSource> sources;
     for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
     if (!mixed_allowed) plan::check_step_scalars(sources);

@@ -11,6 +11,11 @@ the bucket, and ckptfs mounts the s3fs directory with a reshard.
   shipped index. The bytes stay identical, a mount with a shipped index fetches no source data,
   and every remount with the default index takes its scans from the index (found by path, size,
   mtime and ctime) and fetches no tensor data at mount.
+* shipped_view_reads_once_over_s3fs: a mount with a shipped index (each rank planned when first
+  opened) reading every file makes s3fs serve each source byte once (counted from s3fs's own
+  debug log: the offsets and sizes of the READs the kernel sent it, at most 1.1x the distinct
+  bytes). Each rank's plan used to open its sources again, and every open of an s3fs file drops
+  its cached pages: s3fs served the checkpoint again for every rank read after it.
 * summary_line_over_s3fs: a mount over s3fs prints one line on stderr with what reading the
   whole view costs (bytes needed from how many sources, and fetched in 4 KiB, 1 MiB and 8 MiB
   blocks with the ratios), and its figures are `ckptfs plan --json`'s for the same view; a mount
@@ -19,6 +24,7 @@ the bucket, and ckptfs mounts the s3fs directory with a reshard.
 Skipped (exit 77) only when the server or s3fs cannot be installed on this machine.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -155,6 +161,56 @@ def index_over_s3fs(setup):
             f"{r['label']} fetched {r['kib']:.0f} KiB of {mib:.2f} MiB of sources"
 
 
+S3FS_READ = re.compile(r"s3fs_read\(\d+\): \[path=([^\]]*)\]\[size=(\d+)\]\[offset=(\d+)\]")
+
+
+def served_by_s3fs(log_lines):
+    """(bytes of the READs s3fs served, distinct bytes among them) from s3fs's debug log."""
+    total, ranges = 0, {}
+    for line in log_lines:
+        m = S3FS_READ.search(line)
+        if m:
+            size, offset = int(m.group(2)), int(m.group(3))
+            total += size
+            ranges.setdefault(m.group(1), []).append((offset, offset + size))
+    distinct = 0
+    for spans in ranges.values():
+        end = 0
+        for b, e in sorted(spans):
+            distinct += max(0, e - max(b, end))
+            end = max(end, e)
+    return total, distinct
+
+
+def shipped_view_reads_once_over_s3fs(setup):
+    args, server = setup.args, setup.server
+    shipped = os.path.abspath(os.path.join(args.work, "shipped-once"))
+    # A second s3fs of its own, logging every READ the kernel sends it. The shipped index names
+    # the files it was built from: built through this s3fs, the mount reads through it too.
+    log = os.path.join(args.work, "s3fs-reads.log")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(log)
+    with server.s3fs(BUCKET, os.path.join(args.work, "s3-logged"),
+                     options=("dbglevel=dbg", f"logfile={log}")) as s3:
+        src = os.path.join(s3, PREFIX)
+        itest.run([args.ckptfs, "index", "build", src, "--output", shipped, "--src-strategy",
+                   setup.fx.src_strategy, "--dst-strategy", setup.fx.dst_strategy])
+        with open(log, errors="replace") as f:
+            built = len(f.readlines())
+        with setup.mount(src, "view-once", os.path.join(args.work, "idx-once"),
+                         ["--index", shipped]) as mnt:
+            served = md5s(mnt)
+    with open(log, errors="replace") as f:
+        total, distinct = served_by_s3fs(f.readlines()[built:])
+    assert served == setup.local_md5s(), "served bytes differ from the local mount's"
+    print(f"  s3fs served {total / 1024:.0f} KiB for {distinct / 1024:.0f} KiB of distinct "
+          f"source bytes ({total / max(distinct, 1):.2f}x; sources {setup.uploaded / 1024:.0f} "
+          f"KiB)", flush=True)
+    assert distinct > 0, "s3fs logged no READ"
+    assert total <= 1.1 * distinct, \
+        f"s3fs served {total} bytes for {distinct} distinct ones: sources read again"
+
+
 def cost_lines(setup, src, mnt):
     """The mount's stderr lines about the sources' read cost (the mount is unmounted after)."""
     mnt = os.path.join(setup.args.work, mnt)
@@ -206,6 +262,7 @@ def main():
         setup = Setup(args, server)
         checks.run("identical_over_s3fs", identical_over_s3fs, setup)
         checks.run("index_over_s3fs", index_over_s3fs, setup)
+        checks.run("shipped_view_reads_once_over_s3fs", shipped_view_reads_once_over_s3fs, setup)
         checks.run("summary_line_over_s3fs", summary_line_over_s3fs, setup)
     checks.finish()
 

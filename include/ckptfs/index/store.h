@@ -19,6 +19,7 @@
 #include "ckptfs/index/structure.h"
 #include "ckptfs/scan/file_scan.h"
 #include "ckptfs/scan/reader.h"
+#include "ckptfs/source/open_files.h"
 #include "ckptfs/source/source_file.h"
 
 namespace ckptfs::index {
@@ -237,9 +238,11 @@ std::vector<IndexedSource> index_sources(Store& store,
                                          const std::vector<std::filesystem::path>& paths,
                                          const OnFile& on_file = {}, scan::Readers readers = {});
 // The same without a persistent index (null `store`): every file is scanned.
+// With `opens`, the files are opened through it (source/open_files.h).
 std::vector<IndexedSource> index_sources(Store* store,
                                          const std::vector<std::filesystem::path>& paths,
-                                         const OnFile& on_file = {}, scan::Readers readers = {});
+                                         const OnFile& on_file = {}, scan::Readers readers = {},
+                                         source::OpenFiles* opens = nullptr);
 
 struct BuildResult {
   size_t files = 0;
@@ -266,9 +269,11 @@ BuildResult build_index(Store* store, const std::vector<std::filesystem::path>& 
 // writes nothing. `check_structure` false skips that read: only for the index this process has
 // just built from these files (index build's target summaries), whose digests were taken from
 // the bytes it scanned moments before; size and mtime are still compared.
+// With `opens`, the files are opened through it (source/open_files.h).
 std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                                  const std::vector<std::filesystem::path>& paths,
                                                  const OnFile& on_file = {},
-                                                 bool check_structure = true);
+                                                 bool check_structure = true,
+                                                 source::OpenFiles* opens = nullptr);
 
 }  // namespace ckptfs::index

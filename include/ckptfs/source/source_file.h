@@ -52,6 +52,8 @@ struct SourceFile {
   // Opens read-only (O_CLOEXEC) and fingerprints; throws Error naming the path if it cannot be
   // opened or is not a regular file.
   static SourceFile open(const std::filesystem::path& path);
+  // The same for `fd`, already open read-only on the regular file `path` names.
+  static SourceFile adopt(const std::filesystem::path& path, UniqueFd fd);
   // True while fstat of the open descriptor still gives the fingerprint taken at open; false if
   // fstat fails. A file replaced by rename or deleted still counts as unchanged: the descriptor
   // keeps reading the bytes that were fingerprinted. Losing its last name moves the ctime, so

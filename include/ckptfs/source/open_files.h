@@ -1,0 +1,54 @@
+// Source files opened once per path for all the plans of one mount. A mount with a shipped index
+// plans each target rank when it is first opened, and every rank's plan opens its sources; on a
+// FUSE filesystem every open(2) asks the server, and unless the server keeps the cache (s3fs
+// does not, without -o kernel_cache) the kernel drops every cached page of the file. The ranks
+// read the same source bytes one after another (a tensor-parallel target's runs are spread over
+// every source), so each rank's open made the S3 filesystem serve the whole checkpoint again:
+// 3.6 times the sources' bytes for a view of 4 ranks, all through FUSE requests. Here a path
+// opened before is handed out as a duplicate of the descriptor opened then (no open reaches the
+// filesystem), as long as the path still names that file; a file replaced since is opened anew.
+// It also remembers which files' structure was checked against the shipped index (index/
+// structure.h: a rank's plan read every record header of its sources, a fifth of the checkpoint
+// here, again for every rank), so that a later plan checks only a file that changed since.
+//
+// Thread-safety: open() may be called from any thread; one leaf mutex guards the descriptors
+// held (held for the life of this object, one per path).
+#pragma once
+
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "ckptfs/source/source_file.h"
+#include "ckptfs/util/fd.h"
+
+namespace ckptfs::source {
+
+class OpenFiles {
+ public:
+  // SourceFile::open(path), or SourceFile::adopt of a duplicate of the descriptor an earlier
+  // call opened for `path` when the path still names the same file (device and inode).
+  // Throws as SourceFile::open.
+  SourceFile open(const std::filesystem::path& path);
+
+  // Whether `file` (from open()) is the file held for its path, with the fingerprint it had
+  // when mark_checked was called for it: its ctime moves on any rewrite, so its bytes are those
+  // checked then.
+  bool checked(const SourceFile& file);
+  void mark_checked(const SourceFile& file);
+
+ private:
+  struct Held {
+    UniqueFd fd;
+    std::optional<Fingerprint> checked;
+  };
+  // The entry of `file`'s path if `file` is an open of the file it holds; under mutex_.
+  Held* held_for(const SourceFile& file);
+
+  std::mutex mutex_;
+  std::unordered_map<std::string, Held> held_;
+};
+
+}  // namespace ckptfs::source

@@ -1,0 +1,105 @@
+// Sources opened once per path for a mount's plans: a path opened before gives the same open
+// file (no second open(2), which on FUSE drops the file's cached pages), unless it names another
+// file now.
+#include "ckptfs/source/open_files.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "ckptfs/error.h"
+#include "support/test_support.h"
+
+namespace ckptfs::source {
+namespace {
+
+namespace fs = std::filesystem;
+using testsupport::set_mtime;
+using testsupport::write_file;
+
+// Whether two descriptors share one open file description: its offset is shared.
+bool same_open_file(int a, int b) {
+  const off_t before = ::lseek(b, 0, SEEK_CUR);
+  ::lseek(a, before + 3, SEEK_SET);
+  const bool same = ::lseek(b, 0, SEEK_CUR) == before + 3;
+  ::lseek(a, before, SEEK_SET);
+  return same;
+}
+
+class OpenFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override { write_file(path_, "0123456789"); }
+
+  testsupport::TempDir tmp_{"ckptfs-open-files"};
+  fs::path path_ = tmp_.path() / "rank_0.ckpt";
+  OpenFiles opens_;
+};
+
+TEST_F(OpenFilesTest, APathOpenedBeforeIsTheSameOpenFile) {
+  const fs::path& path = path_;
+  const SourceFile first = opens_.open(path);
+  const SourceFile second = opens_.open(path);
+  EXPECT_NE(first.fd.get(), second.fd.get());
+  EXPECT_TRUE(same_open_file(first.fd.get(), second.fd.get()));
+  EXPECT_EQ(second.path, path);
+  EXPECT_EQ(second.fingerprint, SourceFile::open(path).fingerprint);
+  EXPECT_TRUE(second.unchanged());
+  // A plain open is a file of its own.
+  const SourceFile other = SourceFile::open(path);
+  EXPECT_FALSE(same_open_file(first.fd.get(), other.fd.get()));
+}
+
+TEST_F(OpenFilesTest, AFileReplacedSinceIsOpenedAnew) {
+  const fs::path& path = path_;
+  const SourceFile first = opens_.open(path);
+  const fs::path next = tmp_.path() / "next";
+  write_file(next, "abcdefghijklmnop");
+  fs::rename(next, path);
+  const SourceFile second = opens_.open(path);
+  EXPECT_FALSE(same_open_file(first.fd.get(), second.fd.get()));
+  EXPECT_EQ(second.fingerprint.size, 16u);
+  char byte = 0;
+  ASSERT_EQ(::pread(second.fd.get(), &byte, 1, 0), 1);
+  EXPECT_EQ(byte, 'a');
+  // The new file is the one handed out from then on.
+  const SourceFile third = opens_.open(path);
+  EXPECT_TRUE(same_open_file(second.fd.get(), third.fd.get()));
+}
+
+TEST_F(OpenFilesTest, AStructureCheckHoldsUntilTheFileChanges) {
+  const SourceFile first = opens_.open(path_);
+  EXPECT_FALSE(opens_.checked(first));
+  opens_.mark_checked(first);
+  EXPECT_TRUE(opens_.checked(opens_.open(path_)));
+  // Rewritten in place, same size, the mtime put back: the ctime moved.
+  set_mtime(path_, 1'000'000'000, 0);
+  const SourceFile before = opens_.open(path_);
+  opens_.mark_checked(before);
+  ::usleep(20'000);  // a ctime tick apart on coarse clocks
+  write_file(path_, "9876543210");
+  set_mtime(path_, 1'000'000'000, 0);
+  const SourceFile after = opens_.open(path_);
+  EXPECT_EQ(after.fingerprint.mtime_ns, before.fingerprint.mtime_ns);
+  EXPECT_FALSE(opens_.checked(after));
+  // A path never opened through it was never checked.
+  const fs::path other = tmp_.path() / "rank_1.ckpt";
+  write_file(other, "0123456789");
+  EXPECT_FALSE(opens_.checked(SourceFile::open(other)));
+}
+
+TEST_F(OpenFilesTest, AMissingPathThrowsNamingIt) {
+  const fs::path& path = path_;
+  opens_.open(path);
+  fs::remove(path);
+  try {
+    opens_.open(path);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ckptfs::source
