@@ -235,6 +235,19 @@ class Bench:
                      f"{r['index_mib']:6.0f}Mi {r['mount_s']:6.3f}s {r['rss_mib']:6.1f}Mi "
                      f"{r['ls_s'] * 1e3:5.0f}ms {r['open_s'] * 1e3:7.0f}ms "
                      f"{r['rss_open_mib']:6.1f}Mi")
+        # Issue 35's scale goals, each with its figure and the ratio to the goal (>= 1 is met).
+        self.log(f"\ngoals (load average {load():.1f}):")
+        for r in self.rows:
+            rate, opened = r['total_rate'], r['open_s']
+            self.log(f"  {r['tensors'] / 1e6:.1f}M: index build with summaries "
+                     f"{rate / 1e6:.2f}M tensors/s, goal >= 1M/s: {rate / 1e6:.2f}x "
+                     f"({'met' if rate >= 1e6 else 'missed'}); first open + 1 MiB "
+                     f"{opened * 1e3:.0f} ms, goal <= 500 ms: {0.5 / opened:.2f}x "
+                     f"({'met' if opened <= 0.5 else 'missed'})")
+        if len(self.rows) > 1:
+            first, last = self.rows[0]['open_s'], self.rows[-1]['open_s']
+            self.log(f"  first open, largest case / smallest: {last / first:.2f} (the goal asks "
+                     f"it flat, about 1; single runs vary by a third on this machine)")
 
 
 def main():
