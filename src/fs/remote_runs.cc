@@ -17,12 +17,6 @@ std::atomic<RemoteCache*> g_cache{nullptr};
 
 void use_remote_cache(RemoteCache* cache) { g_cache.store(cache, std::memory_order_release); }
 
-namespace {
-
-// Sorts `order` by source, then offset: one counting pass by source, then each source's runs
-// sorted only if they are not in offset order already. A file's runs mostly come in offset order
-// per source, and a comparison sort of a read-ahead window's 65k runs was a tenth of the daemon's
-// CPU in a cold read from S3.
 void sort_by_source(std::span<const plan::Run> runs, std::vector<uint32_t>& order) {
   uint32_t sources = 0;
   for (const uint32_t i : order) sources = std::max(sources, runs[i].source + 1);
@@ -40,8 +34,6 @@ void sort_by_source(std::span<const plan::Run> runs, std::vector<uint32_t>& orde
   }
   order.swap(sorted);
 }
-
-}  // namespace
 
 std::vector<MergedRange> merge_runs(std::span<const plan::Run> runs, std::vector<uint32_t>& order,
                                     const MergePolicy& policy) {

@@ -39,6 +39,12 @@ struct MergedRange {
   uint64_t needed = 0;            // bytes its runs copy
 };
 
+// Sorts `order` (indexes into `runs`) by source, then offset: one counting pass by source, then
+// each source's runs sorted only if they are not in offset order already. A file's runs mostly
+// come in offset order per source, and a comparison sort of a read-ahead window's 65k-130k runs
+// was a tenth of the daemon's CPU in a cold read from S3 or over s3fs.
+void sort_by_source(std::span<const plan::Run> runs, std::vector<uint32_t>& order);
+
 // Sorts `order` (indexes into `runs`, all of remote sources) by source and offset and merges
 // them into ranges.
 std::vector<MergedRange> merge_runs(std::span<const plan::Run> runs, std::vector<uint32_t>& order,

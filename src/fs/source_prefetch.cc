@@ -48,27 +48,13 @@ struct Stretch {
 // The runs' source bytes, per source, joined where they are less than kGapBytes apart.
 std::vector<Stretch> stretches(std::vector<plan::Run>& runs) {
   std::erase_if(runs, [](const plan::Run& r) { return r.mem != nullptr || r.length == 0; });
-  // Grouped by source in one pass, each source's runs in target order: that is nearly always
-  // their order in the source, so they are sorted only when not (sorting a window's 130k runs
-  // of ~500 bytes was a tenth of the daemon's time reading a view over s3fs).
-  uint32_t count = 0;
-  for (const plan::Run& r : runs) count = std::max(count, r.source + 1);
-  std::vector<size_t> start(size_t{count} + 1, 0);
-  for (const plan::Run& r : runs) ++start[r.source + 1];
-  for (size_t s = 0; s < count; ++s) start[s + 1] += start[s];
-  std::vector<plan::Run> grouped(runs.size());
-  {
-    std::vector<size_t> at(start.begin(), start.end() - 1);
-    for (const plan::Run& r : runs) grouped[at[r.source]++] = r;
-  }
-  const auto by_offset = [](const plan::Run& a, const plan::Run& b) { return a.offset < b.offset; };
-  for (size_t s = 0; s < count; ++s) {
-    const auto first = grouped.begin() + static_cast<std::ptrdiff_t>(start[s]);
-    const auto last = grouped.begin() + static_cast<std::ptrdiff_t>(start[s + 1]);
-    if (!std::is_sorted(first, last, by_offset)) std::sort(first, last, by_offset);
-  }
+  thread_local std::vector<uint32_t> order;
+  order.resize(runs.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  sort_by_source(runs, order);
   std::vector<Stretch> out;
-  for (const plan::Run& r : grouped) {
+  for (const uint32_t i : order) {
+    const plan::Run& r = runs[i];
     if (!out.empty() && out.back().source == r.source &&
         r.offset <= out.back().end + SourcePrefetch::kGapBytes) {
       out.back().end = std::max(out.back().end, r.offset + r.length);
