@@ -253,10 +253,7 @@ def summary_line_over_s3fs(setup):
 
 def main():
     args = itest.parse_args()
-    try:
-        s3harness.ensure_tools()
-    except s3harness.Unavailable as e:
-        itest.skip(str(e))
+    s3harness.ensure_tools_or(itest.skip)
     checks = itest.Checks(args.only)
     with s3harness.S3Server(args.work) as server:
         setup = Setup(args, server)
