@@ -13,7 +13,9 @@ names swapped, which keeps the size).
 
 For each, through a freshly mounted s3fs (another node, or the next day): a mount with a shipped
 index planned at mount is refused in one line naming the file; one whose ranks are planned on
-first open fails that open with EIO and one log line. Never the old layout's bytes.
+first open fails that open with EIO and one log line; a mount with the default index, which
+read the sources before the rewrite, serves the rewritten layout (what a mount with an empty
+index serves, not the fixture's original bytes) or refuses. Never the old layout's bytes.
 
 Skipped (exit 77) only when the server or s3fs cannot be installed on this machine.
 """
@@ -113,6 +115,28 @@ class Case:
         with open(log) as f:
             named = [line for line in f if victim in line]
         assert len(named) == 1 and "rebuild" in named[0], named
+
+        self.check_cache_index(fresh)
+
+    def check_cache_index(self, fresh):
+        """The default index, which read the sources before the rewrite: the rewrite's layout
+        (what a mount with an empty index serves), EIO, or a refusal; never the old one."""
+        mnt = os.path.join(self.work, "again")
+        os.makedirs(mnt, exist_ok=True)
+        with itest.unmounting(self.args.ckptfs, mnt):
+            proc = itest.run(itest.mount_cmd(self.args.ckptfs, self.src, mnt,
+                                             src_strategy=self.fx.src_strategy,
+                                             dst_strategy=self.fx.dst_strategy,
+                                             index_dir=self.cache), check=False)
+            if proc.returncode != 0:
+                return
+            try:
+                served = itest.read_file(self.rank_file(mnt))
+            except OSError as e:
+                assert e.errno == errno.EIO, e
+            else:
+                assert served == fresh, \
+                    "the default index served the layout from before the rewrite"
 
 
 def rewritten_through_s3fs(args, server):
