@@ -18,6 +18,7 @@
 #include "ckptfs/index/structure.h"
 #include "ckptfs/remote/objects.h"
 #include "ckptfs/util/out_of_memory.h"
+#include "ckptfs/util/remote_fs.h"
 
 namespace ckptfs::index {
 
@@ -161,22 +162,26 @@ std::optional<CachedScan> lookup_cached(const Store& store, const source::Source
                                         const std::string& name) {
   return naming_out_of_memory(
       name, "reading its scan from the index", [&]() -> std::optional<CachedScan> {
-        if (std::optional<scan::FileScan> scan = store.lookup(file.fingerprint))
-          return CachedScan{std::move(*scan), false, {}};
+        // s3fs 1.90 reports the object's x-amz-meta-ctime, which its utimens sets to the mtime
+        // it is given: a rewrite through s3fs and `touch -d` put size, mtime and ctime back.
+        const bool trust_ctime = !on_fuse_filesystem(file.fd.get());
+        if (trust_ctime)
+          if (std::optional<scan::FileScan> scan = store.lookup(file.fingerprint))
+            return CachedScan{std::move(*scan), false, {}};
         std::string why;
         CachedScan found;
         source::Fingerprint stored;
         std::optional<scan::FileScan> scan = store.lookup_path(
             name, file.fingerprint.size, file.fingerprint.mtime_ns, why, found.structure, &stored);
         if (!scan) return std::nullopt;
-        if (stored.ctime_ns != file.fingerprint.ctime_ns &&
+        if ((!trust_ctime || stored.ctime_ns != file.fingerprint.ctime_ns) &&
             structure_digest(file.fd.get(), name, *scan) != found.structure) {
           spdlog::info("{}: its size and mtime are those indexed, its headers are not; scanning it",
                        name);
           return std::nullopt;
         }
         found.scan = std::move(*scan);
-        found.moved = true;
+        found.moved = stored != file.fingerprint;
         return found;
       });
 }

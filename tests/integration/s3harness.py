@@ -63,6 +63,14 @@ def ensure_tools():
     return WEED
 
 
+def ensure_tools_or(skip):
+    """ensure_tools(), or skip(reason) (a test's itest.skip, which exits) when Unavailable."""
+    try:
+        return ensure_tools()
+    except Unavailable as e:
+        skip(str(e))
+
+
 def free_ports(n):
     """n distinct TCP ports free on 127.0.0.1 right now (all held open until all are chosen)."""
     socks = []

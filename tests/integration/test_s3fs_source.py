@@ -9,8 +9,10 @@ the bucket, and ckptfs mounts the s3fs directory with a reshard.
   with nothing forgotten, a remount after the kernel dropped its dentries and inodes (s3fs then
   hands out new inode numbers), a remount after s3fs itself was remounted, and a mount with a
   shipped index. The bytes stay identical, a mount with a shipped index fetches no source data,
-  and every remount with the default index takes its scans from the index (found by path, size,
-  mtime and ctime) and fetches no tensor data at mount.
+  and every remount with the default index takes its scans from the index (found by path, size
+  and mtime) after comparing each source's structure bytes with the entry's digest, which it
+  fetches once at most: over s3fs an equal ctime proves nothing (test_s3fs_rewrite), and the
+  headers of a .ckpt span the file.
 * shipped_view_reads_once_over_s3fs: a mount with a shipped index (each rank planned when first
   opened) reading every file makes s3fs serve each source byte once (counted from s3fs's own
   debug log: the offsets and sizes of the READs the kernel sent it, at most 1.1x the distinct
@@ -157,7 +159,7 @@ def index_over_s3fs(setup):
           f"({'; '.join(rescans) or 'none'})", flush=True)
     assert not rescans, f"remounts that rescanned: {rescans}"
     for r in remounts:
-        assert r["kib"] * 1024 < setup.uploaded / 10, \
+        assert r["kib"] * 1024 <= 1.05 * setup.uploaded, \
             f"{r['label']} fetched {r['kib']:.0f} KiB of {mib:.2f} MiB of sources"
 
 
@@ -253,10 +255,7 @@ def summary_line_over_s3fs(setup):
 
 def main():
     args = itest.parse_args()
-    try:
-        s3harness.ensure_tools()
-    except s3harness.Unavailable as e:
-        itest.skip(str(e))
+    s3harness.ensure_tools_or(itest.skip)
     checks = itest.Checks(args.only)
     with s3harness.S3Server(args.work) as server:
         setup = Setup(args, server)

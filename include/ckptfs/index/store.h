@@ -201,11 +201,12 @@ bool remove_environment(const std::filesystem::path& dir);
 // else by its path, size and mtime: a filesystem that does not keep inode numbers (a FUSE client
 // whose kernel forgot the inode, an S3 filesystem or NFS mounted again) gives an unchanged file
 // another device and inode. If the ctime is the stored one too, that is all that changed (no
-// call can set a ctime; an S3 filesystem reports the object's Last-Modified, which every upload
-// moves), and nothing is read. Otherwise (a copy with its mtime kept, a chmod, a replacement by
-// rename) the file's structure bytes are read and must have the stored digest: a scan is a
-// function of those bytes and the size. `moved` is set when the scan was found by path, with the
-// stored digest in `structure`, so that the caller records it under the new fingerprint.
+// call sets a ctime back on a kernel filesystem), and nothing is read. Otherwise (a copy with its
+// mtime kept, a chmod, a replacement by rename), and always on a FUSE filesystem (s3fs keeps the
+// ctime in the object's metadata and `touch -d` sets it with the mtime), the file's structure
+// bytes are read and must have the stored digest: a scan is a function of those bytes and the
+// size. `moved` is set when the scan was found under another fingerprint, with the stored digest
+// in `structure`, so that the caller records it under the new one.
 // nullopt: scan the file. Throws Error if the structure bytes cannot be read.
 struct CachedScan {
   scan::FileScan scan;

@@ -13,8 +13,9 @@ namespace ckptfs {
 
 // The f_type values of statfs(2) for network and user-space filesystems (linux/magic.h and the
 // filesystems' own sources; not all are in every kernel's header, so they are listed here).
+inline constexpr uint64_t kFuseMagic = 0x65735546;
 inline constexpr std::array<uint64_t, 10> kRemoteFsMagics = {
-    0x65735546,  // FUSE (s3fs, mountpoint-s3, gcsfuse, sshfs, ...)
+    kFuseMagic,  // FUSE (s3fs, mountpoint-s3, gcsfuse, sshfs, ...)
     0x6969,      // NFS
     0xFF534D42,  // CIFS
     0xFE534D42,  // SMB2
@@ -38,6 +39,13 @@ inline bool on_remote_filesystem(int fd) noexcept {
   struct statfs st;
   if (::fstatfs(fd, &st) != 0) return false;
   return is_remote_fs_magic(static_cast<uint64_t>(static_cast<uint32_t>(st.f_type)));
+}
+
+// True if `fd` is on a FUSE filesystem, whose daemon reports whatever timestamps it likes (s3fs
+// lets utimens set the ctime it reports); false when fstatfs fails.
+inline bool on_fuse_filesystem(int fd) noexcept {
+  struct statfs st;
+  return ::fstatfs(fd, &st) == 0 && static_cast<uint32_t>(st.f_type) == kFuseMagic;
 }
 
 }  // namespace ckptfs
