@@ -7,8 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "ckptfs/error.h"
 #include "support/test_support.h"
@@ -131,6 +133,36 @@ TEST_F(OpenFilesTest, ASymlinkRetargetedOpensItsNewTarget) {
   char byte = 0;
   ASSERT_EQ(::pread(second.fd.get(), &byte, 1, 0), 1);
   EXPECT_EQ(byte, 'a');
+}
+
+// Two planning threads open, check and drop the path while a third renames new files over it:
+// each SourceFile's descriptor is the file it fingerprinted, whole, and a structure check is
+// only ever seen for the fingerprint it was made for.
+TEST_F(OpenFilesTest, ThreadsPlanningWhileTheFileIsReplacedEachGetTheFileTheyFingerprinted) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  const auto plan = [&] {
+    while (!stop.load()) {
+      const SourceFile file = opens_.open(path_);
+      struct stat st;
+      char byte = 0;
+      if (::fstat(file.fd.get(), &st) != 0 ||
+          static_cast<uint64_t>(st.st_ino) != file.fingerprint.ino ||
+          ::pread(file.fd.get(), &byte, 1, 0) != 1 || byte != '0')
+        ++failures;
+      if (!opens_.checked(file)) opens_.mark_checked(file);
+    }
+  };
+  std::thread a(plan), b(plan);
+  for (int i = 0; i < 300; ++i) {
+    const fs::path next = tmp_.path() / "next";
+    write_file(next, "0123456789");
+    fs::rename(next, path_);
+  }
+  stop = true;
+  a.join();
+  b.join();
+  EXPECT_EQ(failures.load(), 0);
 }
 
 TEST(OpenFilesForLife, KeepsEveryFileOpenUntilDestroyed) {
