@@ -325,6 +325,8 @@ size_t summarize_targets(const ViewArgs& args, index::Store& store,
   const RankDirs dirs = prepare_rank_dirs(*detected.family, args, notes);
   Planning& planning = *dirs.planning;
   planning.store = &store;
+  // Each target's plan is dropped once summarized: the sources stay open for the next ones.
+  planning.opens = std::make_shared<source::OpenFiles>(source::OpenFiles::Keep::kForLife);
   // A summary holds each file's size and sources: the pieces that would serve it are not built.
   planning.views.sizes_only = true;
   const int64_t count = plan::target_count(planning.dst.get());

@@ -146,5 +146,52 @@ TEST(MergeRuns, LowestIsTheFirstRunTheFileNeeds) {
   EXPECT_EQ(m[1].needed, 200u);
 }
 
+// Random requests of the shapes a plan makes (overlapping runs, empty runs, runs at an object's
+// last byte, offsets near 2^62, one source or thousands), under each policy the code uses: every
+// run lies inside exactly one range of its own source, each range's runs are `order[first ..
+// first + count)`, its `needed` is their bytes, and no run is left out or taken twice.
+TEST(MergeRuns, EveryRunLiesInItsOwnRangeWhateverTheShape) {
+  uint64_t seed = 12345;
+  const auto next = [&seed](uint64_t bound) {
+    seed = seed * 6364136223846793005u + 1442695040888963407u;
+    return (seed >> 11) % bound;
+  };
+  const MergePolicy policies[] = {
+      {}, {.gap = 0, .slack = 0, .extra = 0, .max_range = 0}, {.gap = 4096, .max_range = 1 << 16}};
+  for (int round = 0; round < 300; ++round) {
+    const uint32_t sources = round % 3 == 0 ? 1 : static_cast<uint32_t>(1 + next(3000));
+    const uint64_t base = round % 5 == 0 ? (uint64_t{1} << 62) : 0;
+    std::vector<plan::Run> runs(1 + next(2000));
+    for (plan::Run& r : runs)
+      r = run(static_cast<uint32_t>(next(sources)), base + next(1 << 20),
+              next(4) == 0 ? 0 : 1 + next(1 << 14));
+    for (const MergePolicy& policy : policies) {
+      std::vector<uint32_t> order(runs.size());
+      for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+      const std::vector<MergedRange> merged = merge_runs(runs, order, policy);
+      std::vector<int> seen(runs.size(), 0);
+      uint32_t at = 0;
+      for (size_t m = 0; m < merged.size(); ++m) {
+        const MergedRange& range = merged[m];
+        ASSERT_EQ(range.first, at);
+        ASSERT_GE(range.count, 1u);
+        at += range.count;
+        uint64_t needed = 0;
+        for (uint32_t k = range.first; k < range.first + range.count; ++k) {
+          const plan::Run& r = runs[order[k]];
+          ++seen[order[k]];
+          ASSERT_EQ(r.source, range.source);
+          ASSERT_LE(range.begin, r.offset);
+          ASSERT_LE(r.offset + r.length, range.end);
+          needed += r.length;
+        }
+        ASSERT_EQ(needed, range.needed);
+      }
+      ASSERT_EQ(at, runs.size());
+      ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ckptfs::fs

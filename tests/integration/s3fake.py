@@ -30,7 +30,12 @@ from xml.sax.saxutils import escape
 #   "drip"         206 whose body comes a byte every drip_seconds
 #   "503"          503 SlowDown
 #   "403"          403 with an S3 error body (ExpiredToken)
-FAULTS = ("no-etag", "weak-etag", "whole", "other-range", "short", "cut", "long", "drip", "503", "403")
+#   "redirect"     307 back to the same URL (a client that follows it loops)
+#   "huge-length"  206 with the right bytes and Content-Range, Content-Length 2^62, then closed
+#   "resized"      206 with the right bytes, its Content-Range giving the object one byte more
+#   "multipart"    206 multipart/byteranges holding the range, no Content-Range header
+FAULTS = ("no-etag", "weak-etag", "whole", "other-range", "short", "cut", "long", "drip", "503",
+          "403", "redirect", "huge-length", "resized", "multipart")
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -115,6 +120,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._send(503, _error("SlowDown", "injected"))
         if fault == "403":
             return self._send(403, _error("ExpiredToken", "The provided token has expired."))
+        if fault == "redirect":
+            return self._send(307, b"", [("Location", self.path)])
         etag_header = ([] if fault == "no-etag" else
                        [("ETag", "W/" + etag)] if fault == "weak-etag" else [("ETag", etag)])
         if fault == "whole" or not rng:
@@ -128,7 +135,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = body[:-1]
         if fault == "long":
             body += b"\0"
-        head = etag_header + [("Content-Range", f"bytes {first}-{last}/{len(data)}")]
+        total = len(data) + (fault == "resized")
+        head = etag_header + [("Content-Range", f"bytes {first}-{last}/{total}")]
+        if fault == "multipart":
+            part = (f"--B\r\nContent-Type: application/octet-stream\r\nContent-Range: bytes "
+                    f"{first}-{last}/{len(data)}\r\n\r\n").encode() + body + b"\r\n--B--\r\n"
+            return self._send(206, part, etag_header +
+                              [("Content-Type", "multipart/byteranges; boundary=B")])
+        if fault == "huge-length":
+            self.send_response(206)
+            for k, v in head:
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(1 << 62))
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         if fault in ("cut", "drip"):
             self.send_response(206)
             for k, v in head:

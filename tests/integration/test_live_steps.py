@@ -12,6 +12,8 @@ from ckptfix import training
 # A new step must show within a second of its last file being complete; polled this often.
 APPEAR_S = 1.0
 POLL_S = 0.05
+# fs::Steps::kGrace: how long a dropped step's Tree is kept for readers still in it.
+STEP_GRACE_S = 10
 
 
 def wait_for(predicate, limit):
@@ -86,6 +88,41 @@ def live(args):
         assert not problems, "\n".join(problems)
 
 
+def open_paths(pid):
+    """The files the process `pid` holds open (their paths, " (deleted)" once unlinked)."""
+    held = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            held.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return held
+
+
+def deleted_closed(args):
+    """A step deleted while mounted is closed once its grace period is over: the daemon holds no
+    descriptor of its files, so their disk space comes back (keep_checkpoint_max on a full disk)."""
+    work, _, _, tr, mnt = three_steps(args, "closed")
+    with itest.mounted(args.ckptfs, tr.src_dir, mnt, src_strategy=tr.src_strategy,
+                       index_dir=os.path.join(work, "index")):
+        root = os.path.join(mnt, "steps")
+        problems = ckpt_fixture.compare_tree(tr.expected((1, 2)), os.path.join(root, "1_2"))
+        assert not problems, "\n".join(problems)
+        [pid] = itest.daemon_pids(args.ckptfs, mnt)
+        victims = [os.path.realpath(p) for p in tr.files[(1, 2)].values()]
+        assert any(p in victims for p in open_paths(pid)), "step 1_2's files were never opened"
+        for path in victims:
+            os.remove(path)
+        assert wait_for(lambda: not os.path.exists(os.path.join(root, "1_2")), APPEAR_S) \
+            is not None, "deleted step 1_2 still listed"
+        gone = [p + " (deleted)" for p in victims]
+        took = wait_for(lambda: not any(p in gone for p in open_paths(pid)),
+                        STEP_GRACE_S + 5)
+        assert took is not None, \
+            f"step 1_2's deleted files still open: {[p for p in open_paths(pid) if p in gone]}"
+        print(f"     closed {took:.1f}s after the step went")
+
+
 def lazy(args):
     """A mount of 60 steps plans only the chosen step: the index holds only its files until
     another step is looked up, and then that step's too."""
@@ -130,6 +167,7 @@ def main():
     args = itest.parse_args()
     checks = itest.Checks(args.only)
     checks.run("steps appear and disappear while mounted", live, args)
+    checks.run("a deleted step's files are closed after its grace period", deleted_closed, args)
     checks.run("copying the mount root copies no step", copy_root, args)
     checks.run("steps are planned on first lookup", lazy, args)
     checks.finish()

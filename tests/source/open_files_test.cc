@@ -7,7 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <optional>
+#include <thread>
 
 #include "ckptfs/error.h"
 #include "support/test_support.h"
@@ -87,6 +90,94 @@ TEST_F(OpenFilesTest, AStructureCheckHoldsUntilTheFileChanges) {
   const fs::path other = tmp_.path() / "rank_1.ckpt";
   write_file(other, "0123456789");
   EXPECT_FALSE(opens_.checked(SourceFile::open(other)));
+}
+
+// Descriptors this process holds on `path`'s file.
+size_t descriptors_of(const fs::path& path) {
+  struct stat want;
+  if (::stat(path.c_str(), &want) != 0) return 0;
+  size_t n = 0;
+  for (const fs::directory_entry& fd : fs::directory_iterator("/proc/self/fd")) {
+    struct stat st;
+    if (::stat(fd.path().c_str(), &st) == 0 && st.st_dev == want.st_dev && st.st_ino == want.st_ino)
+      ++n;
+  }
+  return n;
+}
+
+TEST_F(OpenFilesTest, AFileIsHeldOnlyWhileAPlanUsesIt) {
+  std::optional<SourceFile> first = opens_.open(path_);
+  std::optional<SourceFile> second = opens_.open(path_);
+  EXPECT_EQ(descriptors_of(path_), 3u);  // each SourceFile's and the one shared
+  first.reset();
+  EXPECT_EQ(descriptors_of(path_), 2u);
+  // The last one gone (a step dropped, its files deleted): nothing keeps the file open.
+  second.reset();
+  EXPECT_EQ(descriptors_of(path_), 0u);
+  // Opened anew afterwards, and shared again from there.
+  const SourceFile third = opens_.open(path_);
+  const SourceFile fourth = opens_.open(path_);
+  EXPECT_TRUE(same_open_file(third.fd.get(), fourth.fd.get()));
+}
+
+TEST_F(OpenFilesTest, ASymlinkRetargetedOpensItsNewTarget) {
+  const fs::path link = tmp_.path() / "rank_1.ckpt";
+  const fs::path other = tmp_.path() / "other.ckpt";
+  write_file(other, "abcdefghij");
+  fs::create_symlink(path_, link);
+  const SourceFile first = opens_.open(link);
+  fs::remove(link);
+  fs::create_symlink(other, link);
+  const SourceFile second = opens_.open(link);
+  EXPECT_FALSE(same_open_file(first.fd.get(), second.fd.get()));
+  char byte = 0;
+  ASSERT_EQ(::pread(second.fd.get(), &byte, 1, 0), 1);
+  EXPECT_EQ(byte, 'a');
+}
+
+// Two planning threads open, check and drop the path while a third renames new files over it:
+// each SourceFile's descriptor is the file it fingerprinted, whole, and a structure check is
+// only ever seen for the fingerprint it was made for.
+TEST_F(OpenFilesTest, ThreadsPlanningWhileTheFileIsReplacedEachGetTheFileTheyFingerprinted) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  const auto plan = [&] {
+    while (!stop.load()) {
+      const SourceFile file = opens_.open(path_);
+      struct stat st;
+      char byte = 0;
+      if (::fstat(file.fd.get(), &st) != 0 ||
+          static_cast<uint64_t>(st.st_ino) != file.fingerprint.ino ||
+          ::pread(file.fd.get(), &byte, 1, 0) != 1 || byte != '0')
+        ++failures;
+      if (!opens_.checked(file)) opens_.mark_checked(file);
+    }
+  };
+  std::thread a(plan), b(plan);
+  for (int i = 0; i < 300; ++i) {
+    const fs::path next = tmp_.path() / "next";
+    write_file(next, "0123456789");
+    fs::rename(next, path_);
+  }
+  stop = true;
+  a.join();
+  b.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(OpenFilesForLife, KeepsEveryFileOpenUntilDestroyed) {
+  testsupport::TempDir tmp("ckptfs-open-files");
+  const fs::path path = tmp.path() / "rank_0.ckpt";
+  write_file(path, "0123456789");
+  {
+    OpenFiles opens(OpenFiles::Keep::kForLife);
+    std::optional<SourceFile> first = opens.open(path);
+    first.reset();
+    EXPECT_EQ(descriptors_of(path), 1u);
+    const SourceFile again = opens.open(path);  // a duplicate of the one kept
+    EXPECT_EQ(descriptors_of(path), 2u);
+  }
+  EXPECT_EQ(descriptors_of(path), 0u);
 }
 
 TEST_F(OpenFilesTest, AMissingPathThrowsNamingIt) {

@@ -7,15 +7,18 @@
 // 3.6 times the sources' bytes for a view of 4 ranks, all through FUSE requests. Here a path
 // opened before is handed out as a duplicate of the descriptor opened then (no open reaches the
 // filesystem), as long as the path still names that file; a file replaced since is opened anew.
+// A file is held only while a SourceFile from here uses it (or, with kForLife, until this object
+// goes): a step dropped from a mount, or deleted, is closed with its plan, so its disk space
+// comes back.
 // It also remembers which files' structure was checked against the shipped index (index/
 // structure.h: a rank's plan read every record header of its sources, a fifth of the checkpoint
 // here, again for every rank), so that a later plan checks only a file that changed since.
 //
-// Thread-safety: open() may be called from any thread; one leaf mutex guards the descriptors
-// held (held for the life of this object, one per path).
+// Thread-safety: open() may be called from any thread; one leaf mutex guards the map of paths.
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -28,9 +31,15 @@ namespace ckptfs::source {
 
 class OpenFiles {
  public:
+  enum class Keep {
+    kWhileUsed,  // a mount: closed when its last SourceFile from here is
+    kForLife,    // index build: its plans are made and dropped one target at a time
+  };
+  explicit OpenFiles(Keep keep = Keep::kWhileUsed) : keep_(keep) {}
+
   // SourceFile::open(path), or SourceFile::adopt of a duplicate of the descriptor an earlier
-  // call opened for `path` when the path still names the same file (device and inode).
-  // Throws as SourceFile::open.
+  // call opened for `path` when that file is still held and the path still names it (device
+  // and inode). Throws as SourceFile::open.
   SourceFile open(const std::filesystem::path& path);
 
   // Whether `file` (from open()) is the file held for its path, with the fingerprint it had
@@ -41,14 +50,19 @@ class OpenFiles {
 
  private:
   struct Held {
-    UniqueFd fd;
+    std::weak_ptr<const UniqueFd> fd;
+    std::shared_ptr<const UniqueFd> pinned;  // kForLife
     std::optional<Fingerprint> checked;
   };
   // The entry of `file`'s path if `file` is an open of the file it holds; under mutex_.
   Held* held_for(const SourceFile& file);
+  // Forgets the paths whose file was closed, once the map has doubled; under mutex_.
+  void sweep();
 
+  const Keep keep_;
   std::mutex mutex_;
   std::unordered_map<std::string, Held> held_;
+  size_t sweep_at_ = 64;
 };
 
 }  // namespace ckptfs::source

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -48,6 +49,8 @@ struct SourceFile {
   UniqueFd fd;
   Fingerprint fingerprint;
   WriteWatch writes;  // taken before the fingerprint
+  // With OpenFiles (open_files.h), the open file this one duplicates, kept open while it lives.
+  std::shared_ptr<const UniqueFd> shared;
 
   // Opens read-only (O_CLOEXEC) and fingerprints; throws Error naming the path if it cannot be
   // opened or is not a regular file.
