@@ -134,6 +134,7 @@ void run_mount(MountArgs& args) {
   const Owner owner = take_owner(options.fuse_options);
   tree->set_owner(owner.uid, owner.gid, owner.umask);
   const int rc = fs::mount(args.mountpoint, *tree, options);
+  if (tree->steps()) tree->steps()->stop_watching();
   // Not freed: this process only exits now, and the detached daemon shares the tables with it
   // copy-on-write, so freeing them would copy every page they sit on first (seconds and
   // gigabytes at millions of source tensors). Kept reachable from a global, so that a leak

@@ -337,7 +337,10 @@ void write_all(int fd, std::string_view data) {
       spdlog::error("{}", e.what());
     }
   }
-  spdlog::shutdown();
+  // Flushed, not shut down: threads the Tree keeps (the steps watcher, the S3 cache's) still run
+  // until _exit, and a log line from one after spdlog::shutdown() dereferences the dropped
+  // default logger (a SEGV at exit, seen under TSan).
+  spdlog::default_logger()->flush();
   ::_exit(rc);
 }
 

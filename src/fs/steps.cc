@@ -185,7 +185,9 @@ Steps::Steps(std::filesystem::path src_dir, PlanStep plan_step) : impl_(std::mak
   impl_->plan_step = std::move(plan_step);
 }
 
-Steps::~Steps() {
+Steps::~Steps() { stop_watching(); }
+
+void Steps::stop_watching() {
   if (impl_->watcher.joinable()) {
     const uint64_t one = 1;
     if (::write(impl_->stop.get(), &one, sizeof one) < 0) {

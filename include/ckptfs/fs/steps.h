@@ -56,6 +56,10 @@ class Steps {
 
   // Re-reads the source directory now (the watcher calls it on every change).
   void refresh();
+  // Ends the watcher thread and waits for it (idempotent; the destructor calls it). A daemon
+  // that keeps its Tree past exit calls it first: a watcher still running while static objects
+  // are destroyed would log through a logger that is gone.
+  void stop_watching();
 
  private:
   struct Impl;
