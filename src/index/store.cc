@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -17,6 +18,7 @@
 #include "ckptfs/error.h"
 #include "ckptfs/index/lmdb.h"
 #include "ckptfs/util/open_path.h"
+#include "ckptfs/util/remote_fs.h"
 #include "entry_codec.h"
 #include "index.pb.h"
 
@@ -506,8 +508,15 @@ Freshness freshness(const Entry& entry) {
     return {Freshness::kChanged, fmt::format("size changed: {} -> {} bytes", was.size, now.size)};
   if (now.mtime_ns != was.mtime_ns) return {Freshness::kChanged, "mtime changed"};
   // Another device and inode with the ctime kept is the filesystem renumbering (a FUSE or
-  // network filesystem); the index still serves the entry (lookup_cached).
-  if (now.ctime_ns == was.ctime_ns) return {};
+  // network filesystem); the index still serves the entry (lookup_cached). A FUSE daemon reports
+  // whatever ctime it likes (s3fs's `touch -d` sets it back), so there the attributes only say
+  // the entry may be current: a mount compares the file's structure bytes before using it.
+  if (now.ctime_ns == was.ctime_ns) {
+    struct statfs fs;
+    if (::statfs(entry.path.c_str(), &fs) == 0 && static_cast<uint32_t>(fs.f_type) == kFuseMagic)
+      return {Freshness::kCurrent, std::string(kOnFuse)};
+    return {};
+  }
   if (now.ino != was.ino || now.dev != was.dev)
     return {Freshness::kChanged, "replaced by another file (inode changed)"};
   return {Freshness::kChanged, "rewritten or its attributes changed (ctime changed)"};

@@ -121,6 +121,13 @@ class Case:
     def check_cache_index(self, fresh):
         """The default index, which read the sources before the rewrite: the rewrite's layout
         (what a mount with an empty index serves), EIO, or a refusal; never the old one."""
+        # Its size, mtime and ctime are those indexed: `index list` must not vouch for it.
+        status = itest.run([self.args.ckptfs, "index", "list", "--index-dir",
+                            self.cache]).stdout
+        victim = "/" + os.path.relpath(self.victim, self.fx.src_dir)
+        lines = [line for line in status.splitlines() if victim in line]
+        assert len(lines) == 1 and (lines[0].split()[2] == "stale" or
+                                    "on a FUSE filesystem" in lines[0]), status
         mnt = os.path.join(self.work, "again")
         os.makedirs(mnt, exist_ok=True)
         with itest.unmounting(self.args.ckptfs, mnt):

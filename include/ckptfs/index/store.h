@@ -97,8 +97,11 @@ struct Entry {
 // directory that cannot be searched).
 struct Freshness {
   enum State { kCurrent, kGone, kChanged, kUnknown } state = kCurrent;
-  std::string why;  // "" when current
+  std::string why;  // "" when current, or kOnFuse
 };
+// A current entry of a file on a FUSE filesystem has this note: its attributes match, and a
+// mount compares its structure bytes before using it (a FUSE daemon may set a ctime back).
+inline constexpr std::string_view kOnFuse = "on a FUSE filesystem: a mount compares its headers";
 // An entry of an S3 object (its path is its s3:// URL) is kUnknown with this reason.
 inline constexpr std::string_view kNotChecked = "an S3 object, not checked";
 Freshness freshness(const Entry& entry);
