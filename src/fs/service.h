@@ -111,9 +111,8 @@ class Service {
   static constexpr double kDefaultS3Amplify = 8.0;
   // S3 sources: target bytes fetched ahead of a reader, the widest gap two runs of one GET may
   // have (a GET's latency times one connection's bandwidth, measured on the bench server), and
-  // the largest GET. The server spends about 1 ms of CPU per GET besides its cost per byte
-  // (scripts/bench_s3_ceiling.py), so ranges grow to 8 MiB: a cold read of the 251 MiB bench
-  // view went from 279 GETs to 215 at the same bytes (1.07x); 16 MiB fetched 1.12x.
+  // the largest GET. A server spends CPU per GET besides its cost per byte, so ranges grow to
+  // 8 MiB; 16 MiB fetched more bytes than the plan needs (docs/PERFORMANCE.md, the ceiling).
   static constexpr uint64_t kS3AheadBytes = uint64_t{32} << 20;
   static constexpr uint64_t kS3GapBytes = uint64_t{256} << 10;
   static constexpr uint64_t kS3MaxRange = uint64_t{8} << 20;

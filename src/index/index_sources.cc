@@ -162,8 +162,9 @@ std::optional<CachedScan> lookup_cached(const Store& store, const source::Source
                                         const std::string& name) {
   return naming_out_of_memory(
       name, "reading its scan from the index", [&]() -> std::optional<CachedScan> {
-        // s3fs 1.90 reports the object's x-amz-meta-ctime, which its utimens sets to the mtime
-        // it is given: a rewrite through s3fs and `touch -d` put size, mtime and ctime back.
+        // A FUSE daemon reports whatever ctime it likes: s3fs reports the object's
+        // x-amz-meta-ctime, which its utimens sets to the mtime it is given, so a rewrite
+        // through s3fs and `touch -d` put size, mtime and ctime back.
         const bool trust_ctime = !on_fuse_filesystem(file.fd.get());
         if (trust_ctime)
           if (std::optional<scan::FileScan> scan = store.lookup(file.fingerprint))
