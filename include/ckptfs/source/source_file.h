@@ -62,7 +62,8 @@ struct SourceFile {
   // keeps reading the bytes that were fingerprinted. Losing its last name moves the ctime, so
   // once the file has no name left (st_nlink 0) its ctime is compared only if `writes` saw a
   // write (or cannot tell): a held descriptor can still rewrite it and put the mtime back.
-  // Thread-safe.
+  // On a FUSE filesystem it sees only what the daemon reports: an object rewritten through s3fs
+  // with size, mtime and ctime put back reads as unchanged (docs/RELIABILITY.md). Thread-safe.
   bool unchanged() const;
 };
 
