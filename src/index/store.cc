@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -512,9 +511,7 @@ Freshness freshness(const Entry& entry) {
   // whatever ctime it likes (s3fs's `touch -d` sets it back), so there the attributes only say
   // the entry may be current: a mount compares the file's structure bytes before using it.
   if (now.ctime_ns == was.ctime_ns) {
-    struct statfs fs;
-    if (::statfs(entry.path.c_str(), &fs) == 0 && static_cast<uint32_t>(fs.f_type) == kFuseMagic)
-      return {Freshness::kCurrent, std::string(kOnFuse)};
+    if (on_fuse_filesystem(entry.path.c_str())) return {Freshness::kCurrent, std::string(kOnFuse)};
     return {};
   }
   if (now.ino != was.ino || now.dev != was.dev)

@@ -47,5 +47,10 @@ inline bool on_fuse_filesystem(int fd) noexcept {
   struct statfs st;
   return ::fstatfs(fd, &st) == 0 && static_cast<uint32_t>(st.f_type) == kFuseMagic;
 }
+// The same for the file `path` names (following symlinks); false when statfs fails.
+inline bool on_fuse_filesystem(const char* path) noexcept {
+  struct statfs st;
+  return ::statfs(path, &st) == 0 && static_cast<uint32_t>(st.f_type) == kFuseMagic;
+}
 
 }  // namespace ckptfs
