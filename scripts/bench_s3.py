@@ -23,7 +23,8 @@ GETs, "fetched" the bytes it sent; s3fs is remounted before every run, so every 
             the default index fetches no tensor data (bytes sent while mounting); `mount
             --index` over s3fs <= 0.2 s
 
-    scripts/bench_s3.py [--size-gib 0.25] [--runs 3] [--work build/bench-s3] [--cat-only]
+    scripts/bench_s3.py [--size-gib 0.25] [--runs 3] [--work build/bench-s3]
+                        [--cat-only | --mount-only | --native-only]
 """
 
 import argparse
@@ -418,6 +419,8 @@ def main(argv=None):
                     help="only the straight-from-S3 figures (native_figures)")
     ap.add_argument("--cat-only", action="store_true",
                     help="only the cold cat figures through s3fs (cat_figures)")
+    ap.add_argument("--mount-only", action="store_true",
+                    help="only the mount figures over s3fs (mount_figures)")
     args = ap.parse_args(argv)
     try:
         s3harness.ensure_tools()
@@ -431,11 +434,13 @@ def main(argv=None):
             log(f"S3 server {server.endpoint}; s3fs without use_cache")
             if args.cat_only:
                 bench.cat_figures(args.runs)
+            elif args.mount_only:
+                bench.mount_figures(args.runs)
             elif not args.native_only:
                 bench.mount_figures(args.runs)
                 bench.cat_figures(args.runs)
                 bench.ranks0_figures(args.runs)
-            if not args.cat_only:
+            if not args.cat_only and not args.mount_only:
                 native_figures(bench, args.runs)
         finally:
             s3harness.unmount_s3fs(bench.s3)

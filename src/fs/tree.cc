@@ -8,6 +8,8 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <system_error>
+#include <thread>
 
 #include "access.h"
 #include "ckptfs/error.h"
@@ -405,9 +407,47 @@ int Tree::check_source(uint32_t source) const {
   // Once seen changed, always refused: putting the mtime (or even the bytes) back does not make
   // the views planned from the old bytes right for whatever was read in between.
   if (reported_[source].load(std::memory_order_relaxed)) return EIO;
-  if (plan_.sources[source].file.unchanged()) return 0;
+  const index::IndexedSource& s = plan_.sources[source];
+  if (s.deferred) {
+    std::string why;
+    switch (s.deferred->verify(s.file.fd.get(), s.file.path.native(), s.scan, why)) {
+      case index::DeferredCheck::Result::kMatched:
+        break;
+      case index::DeferredCheck::Result::kDiffers:
+        report(source, why);
+        return EIO;
+      case index::DeferredCheck::Result::kUnreadable:  // asked again by the next read
+        spdlog::error("source {}: {}; this read fails with EIO", s.file.path.native(), why);
+        return EIO;
+    }
+  }
+  if (s.file.unchanged()) return 0;
   report(source, "changed since it was mounted");
   return EIO;
+}
+
+void Tree::verify_deferred(std::span<const uint32_t> sources) const {
+  std::vector<uint32_t> pending;
+  for (uint32_t s : sources)
+    if (s < plan_.sources.size() && plan_.sources[s].deferred &&
+        plan_.sources[s].deferred->pending())
+      pending.push_back(s);
+  if (pending.size() < 2) return;  // check_source does one on its own
+  // Over an S3 filesystem each check fetches a whole .ckpt: one at a time, a file of a
+  // tensor-parallel view (which reads every source) would wait for them in turn.
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < pending.size();) check_source(pending[k]);
+  };
+  std::vector<std::thread> threads;
+  const size_t count = std::min(pending.size(), kDeferredChecks) - 1;
+  try {
+    for (size_t i = 0; i < count; ++i) threads.emplace_back(work);
+  } catch (const std::system_error& e) {  // no thread to be had: fewer at once
+    spdlog::debug("checking sources' headers with {} threads: {}", threads.size() + 1, e.what());
+  }
+  work();
+  for (std::thread& t : threads) t.join();
 }
 
 int Tree::check_file(uint64_t ino) const {
@@ -422,6 +462,7 @@ int Tree::check_file(uint64_t ino) const {
   }
   const plan::VirtualFile* f = file(ino);
   if (f == nullptr) return ino == kRootIno || node(ino) != nullptr ? EISDIR : ENOENT;
+  verify_deferred(f->sources());
   for (uint32_t s : f->sources()) {
     if (s >= plan_.sources.size()) {
       spdlog::error("{} reads source #{}, but the plan has {} sources",
@@ -466,6 +507,7 @@ int Tree::check_sources(uint64_t ino, std::span<const uint32_t> sources) const {
 }
 
 int Tree::check_sources(std::span<const uint32_t> sources) const {
+  verify_deferred(sources);
   for (uint32_t source : sources) {
     if (source >= plan_.sources.size()) return EIO;
     if (int err = check_source(source)) return err;

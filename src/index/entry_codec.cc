@@ -313,7 +313,8 @@ bool decode_param(std::string_view bytes, scan::Param& p) {
 }  // namespace
 
 std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file_size,
-                                           std::string* why, StructureDigest* structure) {
+                                           std::string* why, StructureDigest* structure,
+                                           std::string_view path) {
   const auto bad = [&](std::string what) -> std::optional<scan::FileScan> {
     if (why) *why = std::move(what);
     return std::nullopt;
@@ -323,6 +324,7 @@ std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file
   scan::FileScan scan;
   uint64_t version = 0, format = 0;
   StructureDigest digest;
+  std::string_view scanned_path;
   WireReader in(*bytes);
   const std::optional<size_t> params = in.count(6);
   if (!params) return bad("it does not decode");
@@ -335,6 +337,9 @@ std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file
     switch (field) {
       case 1:
         ok = in.number(type, version);
+        break;
+      case 2:
+        ok = in.text(type, scanned_path);
         break;
       case 3:
         ok = in.number(type, scan.file_size);
@@ -363,12 +368,14 @@ std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file
         ok = in.number(type, v) && v <= std::numeric_limits<uint32_t>::max();
         digest.crc = static_cast<uint32_t>(v);
         break;
-      default:  // 2, the path, is the key's: not needed here
+      default:
         ok = in.skip(type);
     }
     if (!ok) return bad("it does not decode");
   }
   if (version != kFormatVersion) return bad("it is of another format version");
+  if (!path.empty() && scanned_path != path)
+    return bad(fmt::format("it is the scan of another file, {}", scanned_path));
   if (scan.file_size != file_size) return bad("it is of a file of another size");
   if (format > static_cast<uint32_t>(scan::kLastFormat))
     return bad("it names an unknown source format");

@@ -159,7 +159,7 @@ void refuse_encrypted(int fd, const std::string& name) {
 }  // namespace
 
 std::optional<CachedScan> lookup_cached(const Store& store, const source::SourceFile& file,
-                                        const std::string& name) {
+                                        const std::string& name, bool may_defer) {
   return naming_out_of_memory(
       name, "reading its scan from the index", [&]() -> std::optional<CachedScan> {
         // A FUSE daemon reports whatever ctime it likes: s3fs reports the object's
@@ -167,22 +167,31 @@ std::optional<CachedScan> lookup_cached(const Store& store, const source::Source
         // through s3fs and `touch -d` put size, mtime and ctime back.
         const bool trust_ctime = !on_fuse_filesystem(file.fd.get());
         if (trust_ctime)
-          if (std::optional<scan::FileScan> scan = store.lookup(file.fingerprint))
-            return CachedScan{std::move(*scan), false, {}};
+          if (std::optional<scan::FileScan> scan = store.lookup(file.fingerprint)) {
+            CachedScan found;
+            found.scan = std::move(*scan);
+            return found;
+          }
         std::string why;
         CachedScan found;
         source::Fingerprint stored;
         std::optional<scan::FileScan> scan = store.lookup_path(
             name, file.fingerprint.size, file.fingerprint.mtime_ns, why, found.structure, &stored);
         if (!scan) return std::nullopt;
-        if ((!trust_ctime || stored.ctime_ns != file.fingerprint.ctime_ns) &&
-            structure_digest(file.fd.get(), name, *scan) != found.structure) {
+        if (!trust_ctime && may_defer) {
+          found.deferred = true;
+        } else if ((!trust_ctime || stored.ctime_ns != file.fingerprint.ctime_ns) &&
+                   structure_digest(file.fd.get(), name, *scan) != found.structure) {
           spdlog::info("{}: its size and mtime are those indexed, its headers are not; scanning it",
                        name);
           return std::nullopt;
         }
         found.scan = std::move(*scan);
-        found.moved = stored != file.fingerprint;
+        // Over FUSE only the path finds it (the fingerprint is never looked up there), and
+        // recording it under an inode number the daemon hands out again would only replace
+        // another file's entry of the same size and mtime.
+        found.moved = trust_ctime && stored != file.fingerprint;
+        found.stored = stored;
         return found;
       });
 }
@@ -287,7 +296,7 @@ std::vector<IndexedSource> index_sources(Store& store, const std::vector<fs::pat
 
 std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::path>& paths,
                                          const OnFile& on_file, scan::Readers readers,
-                                         source::OpenFiles* opens) {
+                                         source::OpenFiles* opens, bool defer) {
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = open_source(paths[i], opens);
   std::exception_ptr lookup_error;
@@ -297,13 +306,16 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
     parallel_in_order(sources.size(), scan_threads(paths), lookup_error, [&](size_t i) {
       IndexedSource& s = sources[i];
       if (std::optional<CachedScan> cached =
-              lookup_cached(*store, s.file, absolute_name(s.file.path))) {
+              lookup_cached(*store, s.file, absolute_name(s.file.path), defer)) {
         s.scan = std::move(cached->scan);
         s.from_index = true;
         if (cached->moved) {
           moved[i] = 1;
           s.structure = cached->structure;
         }
+        if (cached->deferred)
+          s.deferred = std::make_shared<const DeferredCheck>(cached->structure, store->dir(),
+                                                             cached->stored.key());
         if (on_file) on_file(s.scan);
       }
     });

@@ -254,7 +254,7 @@ std::optional<scan::FileScan> Store::lookup_path(const std::string& path, uint64
                       stored.size, stored.mtime_ns, size, mtime_ns);
     return std::nullopt;
   }
-  std::optional<scan::FileScan> scan = decode_entry(bytes, size, &why, &structure);
+  std::optional<scan::FileScan> scan = decode_entry(bytes, size, &why, &structure, path);
   if (!scan) why = "holds an unusable entry for it (" + why + ")";
   if (stored_out) *stored_out = stored;
   return scan;

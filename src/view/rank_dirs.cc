@@ -98,7 +98,7 @@ std::vector<index::IndexedSource> index_files(const std::optional<std::filesyste
                                               const std::string& shipped,
                                               const std::vector<std::filesystem::path>& paths,
                                               bool quiet, scan::Readers readers,
-                                              source::OpenFiles* opens) {
+                                              source::OpenFiles* opens, bool defer) {
   Progress progress("scan", "files", Progress::mode_for(quiet));
   progress.also_count("tensors");
   progress.only_if_slow();
@@ -115,7 +115,7 @@ std::vector<index::IndexedSource> index_files(const std::optional<std::filesyste
                                         opens);
   }
   std::unique_ptr<index::Store> store = open_index(dir);
-  return index::index_sources(store.get(), paths, on_file, readers, opens);
+  return index::index_sources(store.get(), paths, on_file, readers, opens, defer);
 }
 
 void report_planning(plan::ViewOptions& views, Progress& progress) {

@@ -41,12 +41,14 @@ namespace ckptfs::view::detail {
 std::mutex& shipped_mutex();
 
 // Scans `paths` with `readers` through the cache index in `dir` or the shipped index `shipped`,
-// opening them through `opens` when given.
+// opening them through `opens` when given. `defer`: index::index_sources' (for plans served
+// only through fs::Tree).
 std::vector<index::IndexedSource> index_files(const std::optional<std::filesystem::path>& dir,
                                               const std::string& shipped,
                                               const std::vector<std::filesystem::path>& paths,
                                               bool quiet, scan::Readers readers,
-                                              source::OpenFiles* opens = nullptr);
+                                              source::OpenFiles* opens = nullptr,
+                                              bool defer = false);
 
 // A plan of many target ranks reports its progress (if it takes a while) while `progress` lives.
 void report_planning(plan::ViewOptions& views, Progress& progress);
@@ -177,7 +179,8 @@ struct Planning {
         // moments ago, so each target's sources are not read again for them.
         store != nullptr
             ? index::index_sources_shipped(*store, paths, {}, false, opens.get())
-            : index_files(index_dir, shipped, paths, !report || quiet, readers, opens.get());
+            : index_files(index_dir, shipped, paths, !report || quiet, readers, opens.get(),
+                          /*defer=*/true);
     std::map<int64_t, index::IndexedSource> sources;
     for (size_t i = 0; i < indexed.size(); ++i) sources.emplace(ranks[i], std::move(indexed[i]));
     if (!mixed_allowed) plan::check_step_scalars(sources);

@@ -106,7 +106,8 @@ class TestData {
   plan::Plan make_plan_from(const std::vector<TargetSpec>& specs) const {
     plan::Plan plan;
     for (size_t i = 0; i < paths_.size(); ++i) {
-      plan.sources.push_back(index::IndexedSource{source::SourceFile::open(paths_[i]), {}, false, {}});
+      plan.sources.push_back(
+          index::IndexedSource{source::SourceFile::open(paths_[i]), {}, false, {}, nullptr});
       plan.source_ranks.push_back(static_cast<int64_t>(i));
     }
     for (const TargetSpec& spec : specs) {

@@ -9,11 +9,14 @@
 
 #include <cerrno>
 #include <ctime>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "ckptfs/ckpt/crc32.h"
 #include "ckptfs/error.h"
+#include "ckptfs/index/deferred_check.h"
 #include "support/test_support.h"
 #include "test_data.h"
 
@@ -402,6 +405,53 @@ TEST_F(TreeTest, ChangedSourceStaysRefusedWhenPutBack) {
   }
   EXPECT_EQ(tree_.check_file(3), EIO);
   EXPECT_EQ(tree_.check_file(7), 0);
+}
+
+// Sources whose scans the index gave on trust of their size and mtime (a FUSE filesystem, whose
+// daemon may put a ctime back): each one's structure bytes are compared with the stored digest
+// before its first byte is served. One whose bytes differ fails every file that reads it, for
+// good; the files that do not read it are served.
+TEST(TreeDeferredChecks, ASourceIsServedOnlyOnceItsHeadersMatch) {
+  TempDir dir("ckptfs-tree-deferred");
+  TestData data(dir.path());
+  plan::Plan plan = data.make_plan();
+  std::vector<std::shared_ptr<const index::DeferredCheck>> checks;
+  for (size_t i = 0; i < plan.sources.size(); ++i) {
+    // No parameter: the whole file is structure, its digest the CRC-32 of all of it.
+    const std::string& bytes = data.source_bytes(i);
+    plan.sources[i].scan.file_size = bytes.size();
+    index::StructureDigest want{
+        bytes.size(),
+        ckpt::crc32_update(
+            0, std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()))};
+    if (i == 1) want.crc ^= 1;  // source 1 was rewritten since it was indexed
+    checks.push_back(
+        std::make_shared<const index::DeferredCheck>(want, dir.path() / "index", std::string()));
+    plan.sources[i].deferred = checks.back();
+  }
+  const Tree tree(std::move(plan));
+  EXPECT_TRUE(checks[0]->pending());
+  EXPECT_TRUE(checks[2]->pending());
+  // Rank 5 reads sources 2 and 0: both checked at its open.
+  EXPECT_EQ(tree.check_file(testing::ino_of(2)), 0);
+  EXPECT_FALSE(checks[0]->pending());
+  EXPECT_FALSE(checks[2]->pending());
+  EXPECT_TRUE(checks[1]->pending());
+  std::string buf(data.expected(2).size(), '\0');
+  size_t got = 0;
+  EXPECT_EQ(tree_read(tree, testing::ino_of(2), 0, std::span(buf.data(), buf.size()), got), 0);
+  EXPECT_EQ(got, buf.size());
+  EXPECT_EQ(buf, data.expected(2));
+  // Rank 0 reads sources 0 and 1, rank 1 sources 1 and 2: refused, every time.
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(tree.check_file(testing::ino_of(0)), EIO);
+    EXPECT_EQ(tree.check_file(testing::ino_of(1)), EIO);
+    EXPECT_EQ(tree_read(tree, testing::ino_of(0), 5000, std::span(buf.data(), 100), got), EIO);
+  }
+  EXPECT_FALSE(checks[1]->pending());
+  // Rank 0's header and source-0 bytes do not touch source 1.
+  EXPECT_EQ(tree_read(tree, testing::ino_of(0), 0, std::span(buf.data(), 5009), got), 0);
+  EXPECT_EQ(buf.substr(0, got), data.expected(0).substr(0, 5009));
 }
 
 TEST(TreeReads, RunPastSourceEndGivesEio) {

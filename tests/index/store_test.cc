@@ -293,6 +293,29 @@ TEST_F(StoreTest, FingerprintOfAPathWithoutDecodingItsScan) {
   EXPECT_FALSE(store.fingerprint("/src/rank_1/net.ckpt").has_value());
 }
 
+// Over a FUSE filesystem that hands inode numbers out again, two files of one size and mtime can
+// have had the same fingerprint: the later scan replaced the earlier one under it, and the
+// earlier file's path still leads there. Its lookup by path must miss, not give the other
+// file's scan.
+TEST_F(StoreTest, APathNeverGetsAnotherFilesScan) {
+  const scan::FileScan first = small_scan(fp_.size, 2);
+  const scan::FileScan second = small_scan(fp_.size, 3);
+  Store store(dir_);
+  const Store::NewEntry a{"/s3/rank_0/net.ckpt", fp_, &first};
+  store.insert(std::span(&a, 1));
+  std::string why;
+  StructureDigest structure;
+  ASSERT_TRUE(store.lookup_path(a.path, fp_.size, fp_.mtime_ns, why, structure)) << why;
+  const Store::NewEntry b{"/s3/rank_1/net.ckpt", fp_, &second};
+  store.insert(std::span(&b, 1));
+  const std::optional<scan::FileScan> got =
+      store.lookup_path(b.path, fp_.size, fp_.mtime_ns, why, structure);
+  ASSERT_TRUE(got) << why;
+  EXPECT_EQ(got->params.size(), 3u);
+  EXPECT_FALSE(store.lookup_path(a.path, fp_.size, fp_.mtime_ns, why, structure));
+  EXPECT_THAT(why, HasSubstr("the scan of another file, /s3/rank_1/net.ckpt"));
+}
+
 TEST_F(StoreTest, RoundTripKeepsTheSourceFormat) {
   scan::FileScan scan = full_scan();
   scan.format = scan::SourceFormat::Safetensors;

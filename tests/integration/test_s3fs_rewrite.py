@@ -21,6 +21,7 @@ Skipped (exit 77) only when the server or s3fs cannot be installed on this machi
 """
 
 import errno
+import json
 import os
 import subprocess
 import time
@@ -119,8 +120,11 @@ class Case:
         self.check_cache_index(fresh)
 
     def check_cache_index(self, fresh):
-        """The default index, which read the sources before the rewrite: the rewrite's layout
-        (what a mount with an empty index serves), EIO, or a refusal; never the old one."""
+        """The default index, which read the sources before the rewrite. Its remount takes the
+        scans by path, size and mtime without reading the sources (a .ckpt's headers span the
+        file: s3fs would fetch it whole); the first read of the rewritten source compares its
+        headers, fails with EIO and one log line naming it, and drops its entry. The mount
+        after that scans it again and serves the rewrite's layout. Never the old one."""
         # Its size, mtime and ctime are those indexed: `index list` must not vouch for it.
         status = itest.run([self.args.ckptfs, "index", "list", "--index-dir",
                             self.cache]).stdout
@@ -128,22 +132,27 @@ class Case:
         lines = [line for line in status.splitlines() if victim in line]
         assert len(lines) == 1 and (lines[0].split()[2] == "stale" or
                                     "on a FUSE filesystem" in lines[0]), status
-        mnt = os.path.join(self.work, "again")
-        os.makedirs(mnt, exist_ok=True)
-        with itest.unmounting(self.args.ckptfs, mnt):
-            proc = itest.run(itest.mount_cmd(self.args.ckptfs, self.src, mnt,
-                                             src_strategy=self.fx.src_strategy,
-                                             dst_strategy=self.fx.dst_strategy,
-                                             index_dir=self.cache), check=False)
-            if proc.returncode != 0:
-                return
+        log = os.path.join(self.work, "cache.log")
+        with self.mount("again", self.cache, ["--log-file", log]) as mnt:
+            with open(os.path.join(mnt, ".ckptfs", "sources.json")) as f:
+                from_index = [s["from_index"] for s in json.load(f)["sources"]]
+            assert all(from_index), f"the remount rescanned: {from_index}"
             try:
-                served = itest.read_file(self.rank_file(mnt))
+                itest.read_file(self.rank_file(mnt))
+                raise AssertionError("the default index served the layout from before the "
+                                     "rewrite")
             except OSError as e:
                 assert e.errno == errno.EIO, e
-            else:
-                assert served == fresh, \
-                    "the default index served the layout from before the rewrite"
+        with open(log) as f:
+            named = [line for line in f if os.path.realpath(self.victim_s3) in line]
+        assert len(named) == 1 and "headers" in named[0] and "mount again" in named[0], named
+        with self.mount("rescanned", self.cache) as mnt:
+            with open(os.path.join(mnt, ".ckptfs", "sources.json")) as f:
+                sources = json.load(f)["sources"]
+            served = itest.read_file(self.rank_file(mnt))
+        assert served == fresh, "the mount after the failed check did not serve the rewrite"
+        rescanned = [s["path"] for s in sources if not s["from_index"]]
+        assert rescanned == [os.path.realpath(self.victim_s3)], sources
 
 
 def rewritten_through_s3fs(args, server):

@@ -10,9 +10,9 @@ the bucket, and ckptfs mounts the s3fs directory with a reshard.
   hands out new inode numbers), a remount after s3fs itself was remounted, and a mount with a
   shipped index. The bytes stay identical, a mount with a shipped index fetches no source data,
   and every remount with the default index takes its scans from the index (found by path, size
-  and mtime) after comparing each source's structure bytes with the entry's digest, which it
-  fetches once at most: over s3fs an equal ctime proves nothing (test_s3fs_rewrite), and the
-  headers of a .ckpt span the file.
+  and mtime) without fetching source data: over s3fs an equal ctime proves nothing, so each
+  source's structure bytes are compared with the entry's digest when it is first read
+  (test_s3fs_rewrite), not at mount, since the headers of a .ckpt span the file.
 * shipped_view_reads_once_over_s3fs: a mount with a shipped index (each rank planned when first
   opened) reading every file makes s3fs serve each source byte once (counted from s3fs's own
   debug log: the offsets and sizes of the READs the kernel sent it, at most 1.1x the distinct
@@ -158,9 +158,12 @@ def index_over_s3fs(setup):
     print(f"  default index: {len(rescans)} of {len(remounts)} remounts rescanned "
           f"({'; '.join(rescans) or 'none'})", flush=True)
     assert not rescans, f"remounts that rescanned: {rescans}"
+    # The scans are taken by path, size and mtime without a source byte read: each source's
+    # structure is compared when it is first read (test_s3fs_rewrite), and a .ckpt's record
+    # headers span the file, which s3fs would fetch whole.
     for r in remounts:
-        assert r["kib"] * 1024 <= 1.05 * setup.uploaded, \
-            f"{r['label']} fetched {r['kib']:.0f} KiB of {mib:.2f} MiB of sources"
+        assert r["kib"] * 1024 < setup.uploaded / 10, \
+            f"{r['label']} fetched {r['kib']:.0f} KiB of {mib:.2f} MiB of sources at mount"
 
 
 S3FS_READ = re.compile(r"s3fs_read\(\d+\): \[path=([^\]]*)\]\[size=(\d+)\]\[offset=(\d+)\]")

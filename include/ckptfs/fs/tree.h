@@ -127,7 +127,8 @@ class Tree {
   struct timespec mtime(uint64_t ino) const;
 
   // 0, or EIO (after logging which source changed) if a source `runs` read differs from its
-  // fingerprint at mount.
+  // fingerprint at mount, or from the structure its scan was taken from (the first check of a
+  // source whose scan the index gave unchecked reads its structure bytes: check_source).
   int check_sources(std::span<const plan::Run> runs) const;
   // The same for every source a file reads from (at open): 0, ENOENT, EISDIR or EIO.
   int check_file(uint64_t ino) const;
@@ -172,9 +173,14 @@ class Tree {
   // Logs one error line for a source the first time it fails, debug lines after that: a
   // changed file fails every read that touches it and must not flood the log.
   void report(uint32_t source, std::string_view what) const;
-  // 0, or EIO (reported) if source `source` (in range) no longer has its mount fingerprint or
-  // was found changed once before (sticky until remount).
+  // 0, or EIO (reported) if source `source` (in range) no longer has its mount fingerprint, or
+  // its deferred structure check (index/deferred_check.h) fails, or it was found changed once
+  // before (sticky until remount). The first call for a deferred source reads its structure
+  // bytes; an I/O error there fails only that call.
   int check_source(uint32_t source) const;
+  // Makes the deferred structure checks of `sources` still to be made, several at once.
+  void verify_deferred(std::span<const uint32_t> sources) const;
+  static constexpr size_t kDeferredChecks = 8;
   // Sets `out` to each source `runs` read from, once, in the order first read. 0, or EIO
   // (logged) if a run names a source the plan does not have.
   int distinct_sources(std::span<const plan::Run> runs, std::vector<uint32_t>& out) const;

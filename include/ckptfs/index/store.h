@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckptfs/index/deferred_check.h"
 #include "ckptfs/index/structure.h"
 #include "ckptfs/scan/file_scan.h"
 #include "ckptfs/scan/reader.h"
@@ -49,10 +50,14 @@ inline constexpr uint32_t kFormatVersion = 5;
 // The scan stored in an index entry (a ScannedFile and its CRC-32) for a file of `file_size`
 // bytes, or nullopt with the reason in `why`: a damaged, foreign or stale entry, or one that
 // could not have come from scanning such a file (scan::check_scan), is never trusted. With
-// `structure`, also the digest of the file's structure bytes the entry was made from.
+// `structure`, also the digest of the file's structure bytes the entry was made from. With a
+// `path`, the entry must be the scan of the file at that path: over a FUSE filesystem that
+// reuses inode numbers, two files of one size and mtime can have had the same fingerprint, and
+// the later one's scan replaced the other's under it.
 std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file_size,
                                            std::string* why = nullptr,
-                                           StructureDigest* structure = nullptr);
+                                           StructureDigest* structure = nullptr,
+                                           std::string_view path = {});
 
 // $XDG_CACHE_HOME/ckptfs/index (if that is an absolute path), else $HOME/.cache/ckptfs/index.
 // Throws Error if neither variable is usable.
@@ -205,19 +210,24 @@ bool remove_environment(const std::filesystem::path& dir);
 // whose kernel forgot the inode, an S3 filesystem or NFS mounted again) gives an unchanged file
 // another device and inode. If the ctime is the stored one too, that is all that changed (no
 // call sets a ctime back on a kernel filesystem), and nothing is read. Otherwise (a copy with its
-// mtime kept, a chmod, a replacement by rename), and always on a FUSE filesystem (s3fs keeps the
-// ctime in the object's metadata and `touch -d` sets it with the mtime), the file's structure
-// bytes are read and must have the stored digest: a scan is a function of those bytes and the
-// size. `moved` is set when the scan was found under another fingerprint, with the stored digest
-// in `structure`, so that the caller records it under the new one.
+// mtime kept, a chmod, a replacement by rename), the file's structure bytes are read and must
+// have the stored digest: a scan is a function of those bytes and the size. On a FUSE filesystem
+// a ctime proves nothing (s3fs keeps it in the object's metadata and `touch -d` sets it with the
+// mtime), so the structure bytes are always compared: now, or with `may_defer`, before the file
+// is first served (`deferred`, deferred_check.h), so that a remount reads none of them.
+// `moved` is set when the scan was found under another fingerprint; `structure` is the stored
+// digest when `moved` or `deferred`, so that the caller records the scan under the new
+// fingerprint or checks it.
 // nullopt: scan the file. Throws Error if the structure bytes cannot be read.
 struct CachedScan {
   scan::FileScan scan;
   bool moved = false;
+  bool deferred = false;
   StructureDigest structure;
+  source::Fingerprint stored;  // the fingerprint the scan is stored under, when by path
 };
 std::optional<CachedScan> lookup_cached(const Store& store, const source::SourceFile& file,
-                                        const std::string& name);
+                                        const std::string& name, bool may_defer = false);
 
 struct IndexedSource {
   source::SourceFile file;
@@ -226,6 +236,9 @@ struct IndexedSource {
   // Set for scans made now and those the index held under another fingerprint (lookup_cached's
   // `moved`); unset for the rest taken from the index.
   StructureDigest structure;
+  // A scan taken from the index whose structure bytes are to be compared before the file is
+  // served (lookup_cached's `deferred`); null for the rest. Shared by the plans made from it.
+  std::shared_ptr<const DeferredCheck> deferred;
 };
 
 // Called once per file whose scan is known (taken from the index or scanned), from the worker
@@ -242,11 +255,13 @@ std::vector<IndexedSource> index_sources(Store& store,
                                          const std::vector<std::filesystem::path>& paths,
                                          const OnFile& on_file = {}, scan::Readers readers = {});
 // The same without a persistent index (null `store`): every file is scanned.
-// With `opens`, the files are opened through it (source/open_files.h).
+// With `opens`, the files are opened through it (source/open_files.h). With `defer`, a scan
+// of a file on a FUSE filesystem is taken without reading it (lookup_cached's `may_defer`): for
+// plans whose bytes are served only through fs::Tree, which makes the deferred checks.
 std::vector<IndexedSource> index_sources(Store* store,
                                          const std::vector<std::filesystem::path>& paths,
                                          const OnFile& on_file = {}, scan::Readers readers = {},
-                                         source::OpenFiles* opens = nullptr);
+                                         source::OpenFiles* opens = nullptr, bool defer = false);
 
 struct BuildResult {
   size_t files = 0;
