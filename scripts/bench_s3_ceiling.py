@@ -15,6 +15,7 @@ CPU per byte fetched and the reader's CPU (which holds the kernel's FUSE copy) s
 """
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -161,13 +162,11 @@ def view_read(bench, src, extra, weed, with_s3fs):
                 (cpu_of(s3fs) - s0) if s3fs else 0.0, c, cpu_of(daemon, "user") - u0)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size-gib", type=float, default=0.25)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--work", default=os.path.join(bench_s3.REPO, "build", "bench-s3"))
-    ap.add_argument("--ckptfs", default=os.path.join(bench_s3.REPO, "build", "ckptfs"))
-    args = ap.parse_args(argv)
+@contextlib.contextmanager
+def s3_bench(args, index_name):
+    """The bench's server, fixture, bucket and shipped index (scripts/bench_s3.py), and an index
+    of the bucket filled once with `args.ckptfs`: yields (bench, the server's pid, the s3:// URL,
+    the endpoint options, the index directory)."""
     s3harness.ensure_tools()
     os.makedirs(args.work, exist_ok=True)
     os.environ.update(AWS_ACCESS_KEY_ID=s3harness.ACCESS_KEY,
@@ -176,26 +175,36 @@ def main(argv=None):
         bench = Bench(args, server)
         try:
             bench.setup()
-            weed = server.proc.pid
             url = f"s3://{BUCKET}/{PREFIX}"
             s3 = ["--s3-endpoint", server.endpoint]
-            idx = os.path.join(bench.work, "index-ceiling")
+            idx = os.path.join(bench.work, index_name)
             shutil.rmtree(idx, ignore_errors=True)
             subprocess.run([args.ckptfs, "index", "build", url, "--index-dir", idx, "-q", *s3],
                            check=True)
-            raw = {(1 << 20, False): [], (1 << 20, True): [], (8 << 20, True): []}
-            via_s3fs, native, local = [], [], []
-            for _ in range(args.runs):
-                for (size, if_match), vals in raw.items():
-                    vals.append(raw_gets(bench, weed, size, if_match))
-                via_s3fs.append(view_read(bench, bench.fresh_s3fs(), ["--index", bench.shipped],
-                                          weed, True))
-                s3harness.unmount_s3fs(bench.s3)
-                native.append(view_read(bench, url, ["--index-dir", idx, *s3], weed, False))
-                local.append(local_read(bench, weed))
+            yield bench, server.proc.pid, url, s3, idx
             shutil.rmtree(idx, ignore_errors=True)
         finally:
             s3harness.unmount_s3fs(bench.s3)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-gib", type=float, default=0.25)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--work", default=os.path.join(bench_s3.REPO, "build", "bench-s3"))
+    ap.add_argument("--ckptfs", default=os.path.join(bench_s3.REPO, "build", "ckptfs"))
+    args = ap.parse_args(argv)
+    with s3_bench(args, "index-ceiling") as (bench, weed, url, s3, idx):
+        raw = {(1 << 20, False): [], (1 << 20, True): [], (8 << 20, True): []}
+        via_s3fs, native, local = [], [], []
+        for _ in range(args.runs):
+            for (size, if_match), vals in raw.items():
+                vals.append(raw_gets(bench, weed, size, if_match))
+            via_s3fs.append(view_read(bench, bench.fresh_s3fs(), ["--index", bench.shipped],
+                                      weed, True))
+            s3harness.unmount_s3fs(bench.s3)
+            native.append(view_read(bench, url, ["--index-dir", idx, *s3], weed, False))
+            local.append(local_read(bench, weed))
     report(bench, args, raw, via_s3fs, native, local)
     return 0
 

@@ -208,6 +208,23 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
   return true;
 }
 
+size_t RemoteCache::cursor(std::vector<Cursor>& cursors, const remote::ObjectRef* object) {
+  for (size_t k = 0; k < cursors.size(); ++k)
+    if (cursors[k].object == object) return k;
+  Cursor c;
+  c.object = object;
+  if (const auto r = ranges_.find(object); r != ranges_.end()) c.ranges = &r->second;
+  if (const auto n = needs_.find(object); n != needs_.end()) c.needs = &n->second;
+  // A READ over more objects than this reuses a slot: the search stays short.
+  if (cursors.size() < kCursors) {
+    cursors.push_back(c);
+    return cursors.size() - 1;
+  }
+  const size_t k = cursors_replaced_++ % kCursors;
+  cursors[k] = c;
+  return k;
+}
+
 RemoteCache::Got RemoteCache::read(const remote::ObjectRef* object, uint64_t offset,
                                    std::span<uint8_t> out) {
   const remote::Get get{object, offset, out};
@@ -218,52 +235,52 @@ RemoteCache::Got RemoteCache::read(const remote::ObjectRef* object, uint64_t off
 
 void RemoteCache::read(std::span<const remote::Get> gets, std::span<Got> got) {
   // Per get, its ranges end to end (mostly one), as parts[first[i] .. first[i + 1]); `held`
-  // keeps each range met once, so none is freed before its bytes are copied out. Cleared before
-  // returning: a reference kept would keep its range from being freed.
+  // keeps each range met once (one reference per range, not per run: a READ's thousands of runs
+  // each took and dropped one, on a count other threads' READs of the same range shared), so
+  // none is freed before its bytes are copied out. Cleared before returning: a reference kept
+  // would keep its range from being freed.
   thread_local std::vector<Entry*> parts;
   thread_local std::vector<size_t> first;
   thread_local std::vector<std::shared_ptr<Entry>> held;
+  thread_local std::vector<Cursor> cursors;
   parts.clear();
   first.clear();
   held.clear();
+  cursors.clear();
   {
     std::unique_lock lock(mutex_);
-    // A READ's runs come mostly object by object, in offset order, many from one range: the
-    // last object's maps and the last range met are looked at before any lookup.
-    const remote::ObjectRef* last_object = nullptr;
-    Ranges* ranges = nullptr;
-    Needs* needs = nullptr;
-    Entry* last = nullptr;
+    const uint64_t call = ++reads_;
+    // A READ's runs come object by object or alternating among a few objects, in offset order
+    // per object, many from one range: each object's maps and the last range met in it are
+    // looked at before any lookup.
+    size_t cur = 0;
     for (size_t i = 0; i < gets.size(); ++i) {
       first.push_back(parts.size());
       const remote::Get& g = gets[i];
       got[i] = Got::kCopied;
       if (g.out.empty()) continue;
       const uint64_t end = g.offset + g.out.size();
-      if (g.object != last_object) {
-        last_object = g.object;
-        const auto r = ranges_.find(g.object);
-        ranges = r == ranges_.end() ? nullptr : &r->second;
-        const auto n = needs_.find(g.object);
-        needs = n == needs_.end() ? nullptr : &n->second;
-        last = nullptr;
-      }
+      if (cur >= cursors.size() || cursors[cur].object != g.object) cur = cursor(cursors, g.object);
+      Cursor& c = cursors[cur];
       // Copied out here, or by the READ's own GET after a miss: expected no more.
-      if (needs) needs->take(g.offset, end);
-      if (last != nullptr && last->begin <= g.offset && end <= last->end) {
-        parts.push_back(last);
+      if (c.needs) c.needs->take(g.offset, end);
+      if (c.last != nullptr && c.last->begin <= g.offset && end <= c.last->end) {
+        parts.push_back(c.last);
         continue;
       }
       bool covered = false;
-      if (ranges != nullptr) {
-        auto it = ranges->upper_bound(g.offset);
-        if (it != ranges->begin()) {
+      if (c.ranges != nullptr) {
+        auto it = c.ranges->upper_bound(g.offset);
+        if (it != c.ranges->begin()) {
           --it;
-          for (uint64_t at = g.offset; it != ranges->end() && it->first <= at && at < end; ++it) {
+          for (uint64_t at = g.offset; it != c.ranges->end() && it->first <= at && at < end; ++it) {
             Entry* e = it->second.get();
-            if (e != last && (held.empty() || held.back().get() != e)) held.push_back(it->second);
+            if (e->read_by != call) {
+              e->read_by = call;
+              held.push_back(it->second);
+            }
             parts.push_back(e);
-            last = e;
+            c.last = e;
             at = e->end;
             if (at >= end) {
               covered = true;

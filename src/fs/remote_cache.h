@@ -145,6 +145,7 @@ class RemoteCache {
     bool in_lru = false;              // ready and not evicted
     bool planned = false;             // its object has expectations: `expected` means something
     uint64_t expected = 0;            // bytes READs are still expected to copy out of it
+    uint64_t read_by = 0;             // the last read() call that met it (its number)
     // All its expected bytes were copied out (within what the blocks' rounding leaves).
     bool spent() const { return planned && expected * 16 < end - begin; }
   };
@@ -168,6 +169,17 @@ class RemoteCache {
     }
   };
   using Ranges = std::map<uint64_t, std::shared_ptr<Entry>>;  // begin -> range, disjoint
+  // read()'s place in one object: its maps (null: none) and the last range a run was met in.
+  struct Cursor {
+    const remote::ObjectRef* object = nullptr;
+    Ranges* ranges = nullptr;
+    Needs* needs = nullptr;
+    Entry* last = nullptr;
+  };
+  static constexpr size_t kCursors = 16;
+  // Under mutex_: the index in `cursors` of `object`'s cursor, made (or put in the place of
+  // another, past kCursors of them) if it has none.
+  size_t cursor(std::vector<Cursor>& cursors, const remote::ObjectRef* object);
 
   // Under mutex_: forgets ready ranges no READ is copying from, least recently used first, until
   // `need` more bytes fit, and moves them to `freed` (to free once mutex_ is let go). False when
@@ -196,6 +208,8 @@ class RemoteCache {
   std::list<Entry*> lru_;
   uint64_t lru_bytes_ = 0;  // their bytes: what make_room may free
   unsigned busy_ = 0;       // ranges in flight
+  uint64_t reads_ = 0;      // read() calls so far (Entry::read_by)
+  size_t cursors_replaced_ = 0;
   bool stopping_ = false;
   // Set with stopping_, read by the fetchers' GETs in flight, which give up (no wait for a
   // stalled store at unmount).

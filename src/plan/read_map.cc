@@ -36,7 +36,10 @@ uint64_t TensorContent::nbytes() const {
 // The target box is walked in C order as runs that are contiguous in the target AND in one
 // source block. Dimensions after `c` are covered whole and aligned (the target's extent equals
 // one block's), so a run is a segment along dimension c, cut where source blocks change, times
-// everything inside it. Each run costs O(rank) arithmetic, whatever its length.
+// everything inside it. Only the first run's position is found by division; each next run's
+// follows from the last one's (the next block along c, or the next row: the dimensions before c
+// count up as an odometer), so a run costs a few additions, whatever its length. Divisions were
+// half of the mapping's time, and a resharded view maps ~1.6M runs per 0.25 GiB read.
 void TensorContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out,
                         size_t max_runs) const {
   const size_t k = target_shape.size();
@@ -60,39 +63,86 @@ void TensorContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out,
   }
   const uint64_t grid_stride_c = grid_stride;
 
+  // Per dimension j < c: the position's coordinate in the target box, its block and its offset
+  // in the block, and what a block and an offset add to the grid index and source element.
+  struct Digit {
+    int64_t x = 0, block = 0, at = 0;
+    uint64_t grid_stride = 0, block_stride = 0;
+    uint64_t grid_part() const { return static_cast<uint64_t>(block) * grid_stride; }
+    uint64_t src_part() const { return static_cast<uint64_t>(at) * block_stride; }
+  };
+  thread_local std::vector<Digit> digits;  // map() calls nothing that maps
+  digits.resize(c);
   uint64_t q = begin / e;  // element holding byte `begin`
-  while (q * e < end && out.size() <= max_runs) {
-    uint64_t outer = q / row;
-    const uint64_t rem = q % row;
-    const uint64_t xc = rem / inner;
-    const uint64_t within = rem % inner;
-
-    const int64_t gc = target_begin[c] + static_cast<int64_t>(xc);
-    const int64_t bc = gc / block_shape[c];
-    const uint64_t seg_end = std::min<uint64_t>(
-        target_shape[c], static_cast<uint64_t>((bc + 1) * block_shape[c] - target_begin[c]));
-    const uint64_t run_elems = (seg_end - xc) * inner - within;
-
-    uint64_t grid_index = tail_grid + static_cast<uint64_t>(bc - first_block[c]) * grid_stride_c;
-    uint64_t src_elem = static_cast<uint64_t>(gc - bc * block_shape[c]) * block_stride + within;
+  uint64_t outer = q / row;
+  uint64_t xc = q % row / inner;
+  uint64_t within = q % row % inner;
+  // The dimensions before c's share of the grid index and the source element: grid parts are
+  // counted from block 0 (first_block's share is taken off once, in `grid_base`).
+  uint64_t outer_grid = 0, outer_src = 0, grid_base = tail_grid;
+  {
     uint64_t gstride = grid_stride_c * static_cast<uint64_t>(grid[c]);
     uint64_t bstride = block_stride * static_cast<uint64_t>(block_shape[c]);
     for (size_t j = c; j-- > 0;) {
-      const uint64_t x = outer % static_cast<uint64_t>(target_shape[j]);
+      Digit& d = digits[j];
+      d.x = static_cast<int64_t>(outer % static_cast<uint64_t>(target_shape[j]));
       outer /= static_cast<uint64_t>(target_shape[j]);
-      const int64_t g = target_begin[j] + static_cast<int64_t>(x);
-      const int64_t b = g / block_shape[j];
-      grid_index += static_cast<uint64_t>(b - first_block[j]) * gstride;
-      src_elem += static_cast<uint64_t>(g - b * block_shape[j]) * bstride;
+      const int64_t g = target_begin[j] + d.x;
+      d.block = g / block_shape[j];
+      d.at = g - d.block * block_shape[j];
+      d.grid_stride = gstride;
+      d.block_stride = bstride;
+      outer_grid += d.grid_part();
+      outer_src += d.src_part();
+      grid_base -= static_cast<uint64_t>(first_block[j]) * gstride;
       gstride *= static_cast<uint64_t>(grid[j]);
       bstride *= static_cast<uint64_t>(block_shape[j]);
     }
+  }
+  // Along c: the block and the offset in it.
+  int64_t bc = (target_begin[c] + static_cast<int64_t>(xc)) / block_shape[c];
+  int64_t at_c = target_begin[c] + static_cast<int64_t>(xc) - bc * block_shape[c];
 
+  while (q * e < end && out.size() <= max_runs) {
+    const uint64_t seg_end = std::min<uint64_t>(
+        target_shape[c], static_cast<uint64_t>((bc + 1) * block_shape[c] - target_begin[c]));
+    const uint64_t run_elems = (seg_end - xc) * inner - within;
+    const uint64_t grid_index =
+        grid_base + static_cast<uint64_t>(bc - first_block[c]) * grid_stride_c + outer_grid;
+    const uint64_t src_elem = static_cast<uint64_t>(at_c) * block_stride + within + outer_src;
     const uint64_t run_begin = std::max(q * e, begin);
     const uint64_t run_end = std::min((q + run_elems) * e, end);
     emit_block_bytes(blocks[grid_index], src_elem * e + (run_begin - q * e), run_end - run_begin,
                      out);
     q += run_elems;
+    within = 0;
+    if (seg_end < static_cast<uint64_t>(target_shape[c])) {  // the next block along c
+      xc = seg_end;
+      ++bc;
+      at_c = 0;
+      continue;
+    }
+    // The next row: back to the start along c, and one step of the dimensions before it.
+    xc = 0;
+    bc = target_begin[c] / block_shape[c];
+    at_c = target_begin[c] - bc * block_shape[c];
+    for (size_t j = c; j-- > 0;) {
+      Digit& d = digits[j];
+      outer_grid -= d.grid_part();
+      outer_src -= d.src_part();
+      const bool carry = ++d.x == target_shape[j];
+      if (carry) {
+        d.x = 0;
+        d.block = target_begin[j] / block_shape[j];
+        d.at = target_begin[j] - d.block * block_shape[j];
+      } else if (++d.at == block_shape[j]) {
+        d.at = 0;
+        ++d.block;
+      }
+      outer_grid += d.grid_part();
+      outer_src += d.src_part();
+      if (!carry) break;
+    }
   }
 }
 

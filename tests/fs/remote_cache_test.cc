@@ -245,6 +245,56 @@ TEST_F(RemoteCacheTest, ManyRunsAreReadUnderOneCall) {
   EXPECT_EQ(store_.gets(), 2);
 }
 
+// A READ's runs alternating among objects (a resharded target's rows, each from another
+// source) are each read from their own object's ranges, also among more objects than read()
+// keeps its place in at once: a run of one object inside another's held range is a miss.
+TEST_F(RemoteCacheTest, RunsAlternatingAmongManyObjectsAreReadFromTheirOwn) {
+  constexpr uint64_t kSpan = 64 << 10;
+  constexpr size_t kObjects = 21;  // more than read() keeps a place in
+  std::vector<remote::ObjectRef> objects;
+  for (size_t k = 0; k < kObjects; ++k)
+    objects.push_back(
+        remote::ObjectRef{std::string("b"), {fmt::format("o{}", k), kObjectSize, kEtag}});
+  RemoteCache cache(8 * kMiB, 1);
+  // Object k holds [k * kSpan, (k + 1) * kSpan) only.
+  for (size_t k = 0; k < kObjects; ++k)
+    ASSERT_TRUE(cache.want(&objects[k], k * kSpan, (k + 1) * kSpan));
+  cache.wait_idle();
+  struct Want {
+    size_t object;
+    uint64_t offset, length;
+    RemoteCache::Got got;
+  };
+  std::vector<Want> wants;
+  for (uint64_t round = 0; round < 4; ++round)
+    for (size_t k = 0; k < kObjects; ++k) {
+      const uint64_t at = k * kSpan + round * 1000 + k;
+      wants.push_back({k, at, 300, RemoteCache::Got::kCopied});
+      // The same offset in the next object, whose range lies elsewhere.
+      wants.push_back({(k + 1) % kObjects, at, 300, RemoteCache::Got::kMiss});
+    }
+  // Across the end of object 0's range: a miss.
+  wants.push_back({0, kSpan - 100, 200, RemoteCache::Got::kMiss});
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<remote::Get> gets;
+  for (const Want& w : wants) out.emplace_back(w.length, 0);
+  for (size_t i = 0; i < wants.size(); ++i)
+    gets.push_back({&objects[wants[i].object], wants[i].offset, out[i]});
+  std::vector<RemoteCache::Got> got(gets.size());
+  cache.read(gets, got);
+  size_t copied = 0;
+  for (size_t i = 0; i < wants.size(); ++i) {
+    ASSERT_EQ(got[i], wants[i].got) << "run " << i;
+    if (got[i] != RemoteCache::Got::kCopied) continue;
+    ++copied;
+    for (uint64_t b = 0; b < wants[i].length; ++b)
+      ASSERT_EQ(out[i][b], byte_at(wants[i].offset + b)) << "run " << i << " byte " << b;
+  }
+  EXPECT_EQ(cache.stats().hits, copied);
+  EXPECT_EQ(cache.stats().misses, wants.size() - copied);
+  EXPECT_EQ(store_.gets(), static_cast<int>(kObjects));
+}
+
 // A fetcher sends the next range as soon as a slot is free: a range queued after one whose GET
 // is slow is read at once (with batches, it waited for the slow GET to end).
 TEST_F(RemoteCacheTest, ARangeIsNotHeldBackByASlowGetSentBeforeIt) {
