@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -65,23 +67,27 @@ std::string path_key(std::string_view path) {
 }
 
 // LMDB forbids opening one environment twice in a process (closing either would drop the
-// other's locks), so Store refuses instead of corrupting.
+// other's locks), so Store refuses instead of corrupting, after waiting up to `patience` for
+// the other one to be closed.
 class OpenOnce {
  public:
-  explicit OpenOnce(const fs::path& dir) {
+  OpenOnce(const fs::path& dir, std::chrono::milliseconds patience) {
     struct stat st;
     if (::stat(dir.c_str(), &st) != 0) {
       fail("{}: cannot use as index directory: {}", dir.string(), std::strerror(errno));
     }
     id_ = {st.st_dev, st.st_ino};
-    std::lock_guard lock(mu());
-    if (!open().insert(id_).second) {
+    std::unique_lock lock(mu());
+    if (!closed().wait_for(lock, patience, [&] { return !open().contains(id_); }))
       fail("{}: the index is already open in this process", dir.string());
-    }
+    open().insert(id_);
   }
   ~OpenOnce() {
-    std::lock_guard lock(mu());
-    open().erase(id_);
+    {
+      std::lock_guard lock(mu());
+      open().erase(id_);
+    }
+    closed().notify_all();
   }
   OpenOnce(const OpenOnce&) = delete;
   OpenOnce& operator=(const OpenOnce&) = delete;
@@ -90,6 +96,10 @@ class OpenOnce {
   static std::mutex& mu() {
     static std::mutex m;
     return m;
+  }
+  static std::condition_variable& closed() {
+    static std::condition_variable c;
+    return c;
   }
   static std::set<std::pair<dev_t, ino_t>>& open() {
     static std::set<std::pair<dev_t, ino_t>> dirs;
@@ -120,7 +130,8 @@ fs::path default_dir() {
 }
 
 struct Store::Impl {
-  explicit Impl(const fs::path& dir) : once(dir) {}
+  explicit Impl(const fs::path& dir, std::chrono::milliseconds patience = {})
+      : once(dir, patience) {}
 
   bool read_only = false;
   OpenOnce once;  // first member, so the environment is closed before it is released
@@ -155,9 +166,16 @@ struct Store::Impl {
   }
 };
 
-Store::Store(const fs::path& dir, size_t initial_map_size) {
+Store::Store(const fs::path& dir, size_t initial_map_size)
+    : Store(dir, initial_map_size, std::chrono::milliseconds(0)) {}
+
+Store Store::open_waiting(const fs::path& dir, std::chrono::milliseconds patience) {
+  return Store(dir, kDefaultMapSize, patience);
+}
+
+Store::Store(const fs::path& dir, size_t initial_map_size, std::chrono::milliseconds patience) {
   make_dirs(dir);
-  impl_ = std::make_unique<Impl>(dir);
+  impl_ = std::make_unique<Impl>(dir, patience);
   try {
     impl_->env = lmdb::Env::open(dir, initial_map_size, 3, MDB_NOTLS);
   } catch (const Error& e) {

@@ -7,6 +7,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -103,6 +105,25 @@ TEST_F(DeferredCheckTest, OtherHeadersAreRefusedForGoodAndTheEntryDropped) {
   why.clear();
   EXPECT_EQ(check.verify(-1, "f.ckpt", scan_, why), Result::kDiffers);
   EXPECT_THAT(why, HasSubstr("headers are not those"));
+}
+
+// The index may be open elsewhere in this process when a check fails (another source's check
+// dropping its entry, a step being planned): LMDB allows one handle a process, so the drop
+// waits for it rather than leaving the entry for the next mount to trust again.
+TEST_F(DeferredCheckTest, TheEntryIsDroppedOnceTheIndexOpenHereIsClosed) {
+  const DeferredCheck check(digest_of("HEADMIDTAIL"), index_, store_entries());
+  auto held = std::make_unique<Store>(index_);
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    held.reset();
+  });
+  const UniqueFd fd = open_file("HEADccccccccMJDdddTAIL");
+  std::string why;
+  const Result got = check.verify(fd.get(), "f.ckpt", scan_, why);
+  closer.join();
+  EXPECT_EQ(got, Result::kDiffers);
+  EXPECT_FALSE(stored(old_));
+  EXPECT_TRUE(stored(other_));
 }
 
 TEST_F(DeferredCheckTest, AReadErrorIsAskedAgainAndDropsNothing) {

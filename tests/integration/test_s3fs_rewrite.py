@@ -29,9 +29,16 @@ import time
 import itest
 import ckpt_fixture
 import s3harness
+from ckptfix.builtins import case, extra, side
+from ckptfix.ckptio import read_records
 from test_index_trust import TWINS, swap_names
 
 BUCKET = "ckpt"
+# TWINS with the step counters a training run saves in every rank's file (after the tensors).
+COUNTED = case("counted", "two same-shaped tensors and the step counters, 2 -> 1", side(2),
+               side(1), TWINS["params"],
+               [extra("global_step", "Int64", 1002, False), extra("epoch_num", "Int64", 1, False),
+                extra("step_num", "Int64", 2, False)])
 
 
 def stat_of(path):
@@ -191,6 +198,67 @@ def reuploaded_keeping_mtime(args, server):
     case.check_after_rewrite()
 
 
+def counters_moved(args, server):
+    """A mount compares the step counters of every rank before planning: with the default index
+    over s3fs they are read at the places the index's unchecked scans give. Rank 1 is uploaded
+    again with its counters' records moved before the tensors (same size, x-amz-meta-mtime
+    kept): read at the old places they are tensor bytes, and a mount refused the checkpoint as
+    a mix of steps, every time (no read ever made the check that drops the entry). It must
+    serve what a mount with an empty index serves."""
+    work = os.path.join(args.work, "counters")
+    fx = ckpt_fixture.make(COUNTED, os.path.join(work, "fixture"))
+
+    def upload(path):
+        key = f"counters/{os.path.relpath(path, fx.src_dir)}"
+        server._curl(["-o", "/dev/null", "-H", f"x-amz-meta-mtime: {int(os.stat(path).st_mtime)}",
+                      "-T", path, f"{server.endpoint}/{BUCKET}/{key}"])
+
+    for path in fx.source_files.values():
+        upload(path)
+    s3 = os.path.join(work, "s3")
+    server.mount_s3fs(BUCKET, s3)
+    src = os.path.join(s3, "counters")
+    cache = os.path.join(work, "cache")
+
+    def mount(name, index_dir, extra_args=()):
+        return itest.mounted(args.ckptfs, src, os.path.join(work, name),
+                             src_strategy=fx.src_strategy, dst_strategy=fx.dst_strategy,
+                             index_dir=index_dir, extra_args=list(extra_args))
+
+    with mount("before", cache) as mnt:
+        problems = ckpt_fixture.compare_tree(fx, mnt)
+    assert not problems, problems
+    victim = fx.source_files[1]
+    st = os.stat(victim)
+    with open(victim, "rb") as f:
+        data = f.read()
+    records = read_records(victim)
+    counters = [r for r in records if r.tag in ("global_step", "epoch_num", "step_num")]
+    assert len(counters) == 3 and records[-3:] == counters, [r.tag for r in records]
+    moved = b"".join(data[r.offset:r.offset + r.length] for r in counters + records[:-3])
+    assert len(moved) == len(data) and moved != data
+    with open(victim, "wb") as f:
+        f.write(moved)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    time.sleep(1.1)
+    upload(victim)
+    s3harness.unmount_s3fs(os.path.realpath(s3))
+    server.mount_s3fs(BUCKET, s3)
+
+    names = [f"rank_{t}/{os.path.basename(p)}" for t, p in fx.expected_files().items()]
+    with mount("fresh", os.path.join(work, "empty")) as mnt:
+        fresh = {p: itest.read_file(os.path.join(mnt, p)) for p in names}
+    log = os.path.join(work, "cache.log")
+    with mount("again", cache, ["--log-file", log]) as mnt:
+        with open(os.path.join(mnt, ".ckptfs", "sources.json")) as f:
+            sources = json.load(f)["sources"]
+        served = {p: itest.read_file(os.path.join(mnt, p)) for p in fresh}
+    assert served == fresh, "the mount over the moved counters did not serve the rewrite"
+    rescanned = [s["path"] for s in sources if not s["from_index"]]
+    assert rescanned == [os.path.realpath(os.path.join(src, os.path.relpath(victim, fx.src_dir)))], \
+        sources
+
+
 def main():
     args = itest.parse_args()
     args.work = os.path.abspath(args.work)  # the daemon serves from "/"
@@ -202,6 +270,8 @@ def main():
                    args, server)
         checks.run("uploaded again keeping x-amz-meta-mtime", reuploaded_keeping_mtime, args,
                    server)
+        checks.run("step counters moved, uploaded again keeping x-amz-meta-mtime",
+                   counters_moved, args, server)
     checks.finish()
 
 

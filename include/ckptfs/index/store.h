@@ -5,6 +5,7 @@
 // offsets describe the plaintext, and their structure digest would hash plaintext bytes.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -112,13 +113,18 @@ inline constexpr std::string_view kNotChecked = "an S3 object, not checked";
 Freshness freshness(const Entry& entry);
 
 // Safe to share between threads (operations take turns) and between processes (LMDB's locks).
-// A process can hold only one Store per directory at a time (LMDB's rule); a second one throws.
+// A process can hold only one Store per directory at a time (LMDB's rule); a second one throws
+// (open_waiting waits for the first to be closed).
 class Store {
  public:
   // Opens the LMDB environment in `dir`, creating the directory (mode 0700, parents included)
   // and the environment if missing; throws Error naming `dir` and LMDB's reason (for a damaged
   // environment, with the `ckptfs index clear` that removes it).
   explicit Store(const std::filesystem::path& dir, size_t initial_map_size = kDefaultMapSize);
+  // The same, but when this process has the index open already (LMDB allows one Store a
+  // process: a plan being indexed, another entry being dropped), waits up to `patience` for it
+  // to be closed before throwing.
+  static Store open_waiting(const std::filesystem::path& dir, std::chrono::milliseconds patience);
   ~Store();
   Store(Store&&) noexcept;
   Store& operator=(Store&&) noexcept;
@@ -196,6 +202,8 @@ class Store {
 
  private:
   Store() = default;
+  Store(const std::filesystem::path& dir, size_t initial_map_size,
+        std::chrono::milliseconds patience);
   std::optional<std::string> targets_value(std::string_view key) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
