@@ -436,14 +436,21 @@ void Tree::verify_deferred(std::span<const uint32_t> sources) const {
   // Over an S3 filesystem each check fetches a whole .ckpt: one at a time, a file of a
   // tensor-parallel view (which reads every source) would wait for them in turn.
   std::atomic<size_t> next{0};
-  const auto work = [&] {
-    for (size_t k; (k = next.fetch_add(1)) < pending.size();) check_source(pending[k]);
+  // Only a head start: whatever one of these fails to check (out of memory), the caller's own
+  // check_source of each source makes again, on its thread.
+  const auto work = [&]() noexcept {
+    try {
+      for (size_t k; (k = next.fetch_add(1)) < pending.size();) check_source(pending[k]);
+    } catch (const std::exception& e) {
+      spdlog::debug("checking sources' headers: {}", e.what());
+    }
   };
   std::vector<std::thread> threads;
   const size_t count = std::min(pending.size(), kDeferredChecks) - 1;
   try {
+    threads.reserve(count);
     for (size_t i = 0; i < count; ++i) threads.emplace_back(work);
-  } catch (const std::system_error& e) {  // no thread to be had: fewer at once
+  } catch (const std::exception& e) {  // no thread (or memory) to be had: fewer at once
     spdlog::debug("checking sources' headers with {} threads: {}", threads.size() + 1, e.what());
   }
   work();
