@@ -13,6 +13,7 @@
 #include <string>
 
 #include "ckptfs/error.h"
+#include "ckptfs/index/deferred_check.h"
 #include "ckptfs/plan/file_records.h"
 #include "ckptfs/safetensors/format.h"
 #include "ckptfs/safetensors/scanner.h"
@@ -555,14 +556,20 @@ std::string Status::changed_sources(uint64_t ino, uint64_t offset, uint64_t size
     for (const plan::Run& r : runs)
       if (r.mem == nullptr && std::find(read.begin(), read.end(), r.source) == read.end())
         read.push_back(r.source);
-    std::vector<std::string> changed, others;
+    std::vector<std::string> changed, rewritten, others;
     for (uint32_t s : read) {
-      const bool same = s < tree->plan().sources.size() && tree->plan().sources[s].file.unchanged();
-      (same ? others : changed).push_back(source_path(*tree, s));
+      const index::IndexedSource* source =
+          s < tree->plan().sources.size() ? &tree->plan().sources[s] : nullptr;
+      if (source && source->deferred && source->deferred->differs())
+        rewritten.push_back(source_path(*tree, s));
+      else
+        (source && source->file.unchanged() ? others : changed).push_back(source_path(*tree, s));
     }
+    if (!rewritten.empty())
+      sources = fmt::format("; headers not those indexed: {}", fmt::join(rewritten, ", "));
     if (!changed.empty())
-      sources = fmt::format("; changed since mounted: {}", fmt::join(changed, ", "));
-    else if (!others.empty())
+      sources += fmt::format("; changed since mounted: {}", fmt::join(changed, ", "));
+    else if (!others.empty() && rewritten.empty())
       sources = fmt::format(
           "; sources: {}{}",
           fmt::join(others.begin(), others.begin() + std::min<size_t>(4, others.size()), ", "),

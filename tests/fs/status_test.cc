@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ckptfs/ckpt/encoder.h"
+#include "ckptfs/index/deferred_check.h"
 #include "ckptfs/plan/read_map.h"
 #include "fs/test_data.h"
 
@@ -129,14 +130,18 @@ TEST(MapExtents, GroupsGoOnAcrossMappingChunks) {
 class StatusTest : public ::testing::Test {
  protected:
   StatusTest() : data_(dir_.path()) {
+    tree_ = std::make_unique<Tree>(data_.make_plan_from({spec()}));
+    expected_ = data_.concat(spec());
+    status_ = std::make_unique<Status>(*tree_, "test sources");
+  }
+
+  static TargetSpec spec() {
     TargetSpec t{0, {}};
     const std::vector<int64_t> a{4}, b{2, 4};
     t.pieces = {Bytes{ckpt::record_header("a", a, "Float32", 16)}, Range{0, 100, 16},
                 Bytes{ckpt::record_header("b", b, "Float32", 32)}, Range{1, 0, 16},
                 Range{2, 50, 16}};
-    tree_ = std::make_unique<Tree>(data_.make_plan_from({t}));
-    expected_ = data_.concat(t);
-    status_ = std::make_unique<Status>(*tree_, "test sources");
+    return t;
   }
 
   uint64_t file_ino() const {
@@ -265,6 +270,31 @@ TEST_F(StatusTest, FailedReadNamesTheChangedSource) {
       << log;
   EXPECT_NE(log.find("changed since mounted: " + data_.source_path(1).string()), std::string::npos)
       << log;
+}
+
+// A source whose deferred header check failed (index/deferred_check.h) is named as such: its
+// fingerprint never moved, so "changed since mounted" would not name it.
+TEST_F(StatusTest, FailedReadNamesASourceWhoseHeadersAreNotThoseIndexed) {
+  plan::Plan plan = data_.make_plan_from({spec()});
+  plan.sources[1].scan.file_size = data_.source_bytes(1).size();
+  plan.sources[1].deferred = std::make_shared<const index::DeferredCheck>(
+      index::StructureDigest{1, 0}, dir_.path() / "index", std::string());
+  const Tree tree(std::move(plan));
+  Status status(tree, "test sources");
+  const uint64_t ino = tree.lookup(tree.lookup(Tree::kRootIno, "rank_0"), "checkpoint_0.ckpt");
+  const uint64_t at = expected_.size() - 20;  // inside record b, which reads sources 1 and 2
+  EXPECT_EQ(tree.check_file(ino), EIO);
+  auto logger = std::make_shared<spdlog::logger>("failed_read", status.log_sink());
+  logger->set_level(spdlog::level::info);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(logger);
+  status.failed(ino, at, 8, EIO);
+  spdlog::set_default_logger(previous);
+  const std::string log = status.content(status.lookup(Status::kDirIno, "log"), {});
+  EXPECT_NE(log.find("headers not those indexed: " + data_.source_path(1).string()),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("changed since mounted"), std::string::npos) << log;
 }
 
 TEST_F(StatusTest, XattrsOfFilesOnly) {

@@ -30,6 +30,8 @@ class DeferredCheck {
 
   // Whether the check is still to be made; once false, false for good.
   bool pending() const { return state_.load(std::memory_order_acquire) == kPending; }
+  // Whether the check was made and the structure bytes differ (final).
+  bool differs() const { return state_.load(std::memory_order_acquire) == kDiffers; }
   enum class Result {
     kMatched,     // the structure bytes have the stored digest: serve the file
     kDiffers,     // they do not, for good: the index entry is dropped (a failure to is logged)
