@@ -30,8 +30,10 @@ struct Scratch {
   // Tree::read_into: the READ's runs, and the sources they read (when the caller keeps none).
   std::vector<plan::Run> read_runs;
   std::vector<uint32_t> read_sources;
-  // Tree::check_sources(runs) and Tree::distinct_sources.
+  std::vector<uint64_t> read_ends;
+  // Tree::check_sources(runs) and Tree::distinct_sources: the sources and how far into each.
   std::vector<uint32_t> check_sources;
+  std::vector<uint64_t> check_ends;
   SourceMarks check_marks;
   // MappedSources::copy: where each run goes, the source runs in copy order, the sources seen,
   // the page tables to drop after each source of a many-source request.

@@ -23,9 +23,18 @@ class SourceMarks {
     stamps_[source] = epoch_;
     return true;
   }
+  // The same, keeping `at` (the caller's position for it) for at(source) in this pass.
+  bool first(uint32_t source, uint32_t at) {
+    if (!first(source)) return false;
+    if (at_.size() < stamps_.size()) at_.resize(stamps_.size());
+    at_[source] = at;
+    return true;
+  }
+  uint32_t at(uint32_t source) const { return at_[source]; }
 
  private:
   std::vector<uint64_t> stamps_;
+  std::vector<uint32_t> at_;
   uint64_t epoch_ = 0;
 };
 

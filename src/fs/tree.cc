@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "access.h"
+#include "check_ahead.h"
 #include "ckptfs/error.h"
 #include "ckptfs/remote/objects.h"
 #include "mapped_sources.h"
@@ -66,6 +67,9 @@ Tree::Tree(plan::Plan plan)
   set_mtimes();
   set_access();
   mapped_ = std::make_unique<MappedSources>(plan_.sources);
+  if (std::any_of(plan_.sources.begin(), plan_.sources.end(),
+                  [](const index::IndexedSource& s) { return s.deferred && !s.deferred->whole(); }))
+    ahead_ = std::make_unique<CheckAhead>(kDeferredChecks);
 }
 
 namespace {
@@ -211,7 +215,6 @@ struct timespec Tree::mtime(uint64_t ino) const {
 }
 
 Tree::Tree(Tree&&) noexcept = default;
-Tree& Tree::operator=(Tree&&) noexcept = default;
 Tree::~Tree() = default;
 
 const Tree::Node* Tree::node(uint64_t ino) const {
@@ -381,36 +384,47 @@ void Tree::report(uint32_t source, std::string_view what) const {
     spdlog::debug("source {}: {}", path, what);
 }
 
-int Tree::distinct_sources(std::span<const plan::Run> runs, std::vector<uint32_t>& out) const {
+int Tree::distinct_sources(std::span<const plan::Run> runs, std::vector<uint32_t>& out,
+                           std::vector<uint64_t>* ends) const {
   detail::SourceMarks& marks = detail::scratch().check_marks;
   const size_t n = plan_.sources.size();
   marks.begin(n);
   out.clear();
+  if (ends) ends->clear();
   for (const plan::Run& run : runs) {
     if (run.mem != nullptr) continue;
     if (run.source >= n) {
       spdlog::error("read mapped to source #{}, but the plan has {} sources", run.source, n);
       return EIO;
     }
-    if (marks.first(run.source)) out.push_back(run.source);
+    if (!ends) {
+      if (marks.first(run.source)) out.push_back(run.source);
+    } else if (marks.first(run.source, static_cast<uint32_t>(out.size()))) {
+      out.push_back(run.source);
+      ends->push_back(run.offset + run.length);
+    } else {
+      uint64_t& end = (*ends)[marks.at(run.source)];
+      end = std::max(end, run.offset + run.length);
+    }
   }
   return 0;
 }
 
 int Tree::check_sources(std::span<const plan::Run> runs) const {
-  std::vector<uint32_t>& sources = detail::scratch().check_sources;
-  if (int err = distinct_sources(runs, sources)) return err;
-  return check_sources(std::span<const uint32_t>(sources));
+  detail::Scratch& scratch = detail::scratch();
+  if (int err = distinct_sources(runs, scratch.check_sources, &scratch.check_ends)) return err;
+  return check_sources(std::span<const uint32_t>(scratch.check_sources),
+                       std::span<const uint64_t>(scratch.check_ends));
 }
 
-int Tree::check_source(uint32_t source) const {
+int Tree::check_source(uint32_t source, uint64_t upto) const {
   // Once seen changed, always refused: putting the mtime (or even the bytes) back does not make
   // the views planned from the old bytes right for whatever was read in between.
   if (reported_[source].load(std::memory_order_relaxed)) return EIO;
   const index::IndexedSource& s = plan_.sources[source];
   if (s.deferred) {
     std::string why;
-    switch (s.deferred->verify(s.file.fd.get(), s.file.path.native(), s.scan, why)) {
+    switch (s.deferred->verify(s.file.fd.get(), s.file.path.native(), s.scan, upto, why)) {
       case index::DeferredCheck::Result::kMatched:
         break;
       case index::DeferredCheck::Result::kDiffers:
@@ -430,7 +444,7 @@ void Tree::verify_deferred(std::span<const uint32_t> sources) const {
   std::vector<uint32_t> pending;
   for (uint32_t s : sources)
     if (s < plan_.sources.size() && plan_.sources[s].deferred &&
-        plan_.sources[s].deferred->pending())
+        plan_.sources[s].deferred->whole() && plan_.sources[s].deferred->pending())
       pending.push_back(s);
   if (pending.size() < 2) return;  // check_source does one on its own
   // Over an S3 filesystem each check fetches a whole .ckpt: one at a time, a file of a
@@ -470,6 +484,10 @@ int Tree::check_file(uint64_t ino) const {
   const plan::VirtualFile* f = file(ino);
   if (f == nullptr) return ino == kRootIno || node(ino) != nullptr ? EISDIR : ENOENT;
   verify_deferred(f->sources());
+  for (uint32_t s : f->sources())
+    if (ahead_ && s < plan_.sources.size() && plan_.sources[s].deferred &&
+        plan_.sources[s].deferred->pending())
+      ahead_->add(plan_.sources[s]);
   for (uint32_t s : f->sources()) {
     if (s >= plan_.sources.size()) {
       spdlog::error("{} reads source #{}, but the plan has {} sources",
@@ -514,10 +532,14 @@ int Tree::check_sources(uint64_t ino, std::span<const uint32_t> sources) const {
 }
 
 int Tree::check_sources(std::span<const uint32_t> sources) const {
+  return check_sources(sources, {});
+}
+
+int Tree::check_sources(std::span<const uint32_t> sources, std::span<const uint64_t> ends) const {
   verify_deferred(sources);
-  for (uint32_t source : sources) {
-    if (source >= plan_.sources.size()) return EIO;
-    if (int err = check_source(source)) return err;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (sources[i] >= plan_.sources.size()) return EIO;
+    if (int err = check_source(sources[i], i < ends.size() ? ends[i] : 0)) return err;
   }
   return 0;
 }
@@ -542,9 +564,12 @@ ReadResult Tree::read_into(uint64_t ino, uint64_t off, std::span<char> buf,
   if (const ReadResult gathered = gather(runs, buf.data()); !gathered.ok()) return gathered;
   // After the copy, not before: write() updates a file's mtime before its bytes, so a source
   // found unchanged now was not written while it was copied.
-  std::vector<uint32_t>& list = sources != nullptr ? *sources : detail::scratch().read_sources;
-  if (int err = distinct_sources(runs, list)) return ReadResult::failed(err);
-  if (int err = check_sources(std::span<const uint32_t>(list))) return ReadResult::failed(err);
+  detail::Scratch& scratch = detail::scratch();
+  std::vector<uint32_t>& list = sources != nullptr ? *sources : scratch.read_sources;
+  if (int err = distinct_sources(runs, list, &scratch.read_ends)) return ReadResult::failed(err);
+  if (int err = check_sources(std::span<const uint32_t>(list),
+                              std::span<const uint64_t>(scratch.read_ends)))
+    return ReadResult::failed(err);
   if (sources != nullptr) std::sort(sources->begin(), sources->end());
   return ReadResult::done(covered);
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <span>
@@ -35,36 +36,101 @@ void drop_entry(const std::filesystem::path& dir, const std::string& key, const 
 
 }  // namespace
 
+DeferredCheck::DeferredCheck(StructureDigest want, const scan::FileScan& scan,
+                             std::filesystem::path index_dir, std::string key, bool shipped)
+    : want_(std::move(want)),
+      file_size_(scan.file_size),
+      by_prefix_(parsed_from_start(scan) && want_.region > 0 &&
+                 want_.regions.size() ==
+                     file_size_ / want_.region + (file_size_ % want_.region != 0)),
+      index_dir_(std::move(index_dir)),
+      key_(std::move(key)),
+      shipped_(shipped) {}
+
+namespace {
+
+uint64_t round_up(uint64_t n, uint64_t to) { return n / to * to + (n % to != 0 ? to : 0); }
+
+}  // namespace
+
+bool DeferredCheck::needs(uint64_t upto) const {
+  if (differs()) return false;
+  const uint64_t target = whole() ? file_size_ : std::min(file_size_, round_up(upto, want_.region));
+  return checked_.load(std::memory_order_acquire) < target;
+}
+
+void DeferredCheck::found_different() const {
+  why_ = shipped_ ? fmt::format(
+                        "its headers are not those the index {} was built from (rewritten in "
+                        "place, its size and mtime kept?); rebuild it with `ckptfs index build "
+                        "SRC --output {}`",
+                        index_dir_.string(), index_dir_.string())
+                  : std::string(
+                        "its headers are not those the index was made from (rewritten in place, "
+                        "its size and mtime put back?); its index entry is dropped: mount again "
+                        "to scan it");
+  differs_.store(true, std::memory_order_release);
+}
+
 DeferredCheck::Result DeferredCheck::verify(int fd, const std::string& name,
-                                            const scan::FileScan& scan, std::string& why) const {
-  if (state_.load(std::memory_order_acquire) == kMatched) return Result::kMatched;
+                                            const scan::FileScan& scan, uint64_t upto,
+                                            std::string& why, const std::atomic<bool>* stop) const {
+  if (!needs(upto) && !differs()) return Result::kMatched;
+  const uint64_t target = whole() ? file_size_ : std::min(file_size_, round_up(upto, want_.region));
+  std::unique_lock lock(mutex_);
+  // One thread reads at a time; the others wait for the regions they need, or for their turn
+  // to read further.
+  progress_.wait(lock, [&] {
+    return differs_.load(std::memory_order_relaxed) ||
+           checked_.load(std::memory_order_relaxed) >= target || !checking_;
+  });
   bool found_now = false;
-  {
-    std::lock_guard lock(mutex_);
-    if (state_.load(std::memory_order_relaxed) == kPending) {
-      StructureDigest found;
-      try {
-        found = structure_digest(fd, name, scan);
-      } catch (const std::exception& e) {
-        why = fmt::format("its headers could not be read to compare them with the index: {}",
-                          e.what());
-        return Result::kUnreadable;
+  if (!differs_.load(std::memory_order_relaxed) &&
+      checked_.load(std::memory_order_relaxed) < target) {
+    checking_ = true;
+    if (!whole() && parts_.empty()) parts_ = structure_extents(scan);
+    try {
+      // The lock is let go while bytes are read (over an S3 filesystem, a fetch), so that a
+      // reader whose regions are checked meanwhile goes on.
+      while (checked_.load(std::memory_order_relaxed) < target &&
+             !(stop && stop->load(std::memory_order_relaxed))) {
+        const uint64_t begin = checked_.load(std::memory_order_relaxed);
+        bool same = false;
+        uint64_t end = file_size_;
+        lock.unlock();
+        if (whole()) {
+          same = same_structure(structure_digest(fd, name, scan), want_);
+        } else {
+          end = std::min(file_size_, begin + want_.region);
+          same = structure_crc(fd, name, parts_, begin, end) == want_.regions[begin / want_.region];
+        }
+        lock.lock();
+        if (!same) {
+          found_different();
+          found_now = true;
+          break;
+        }
+        checked_.store(end, std::memory_order_release);
+        progress_.notify_all();
       }
-      if (found == want_) {
-        state_.store(kMatched, std::memory_order_release);
-        return Result::kMatched;
-      }
-      why_ =
-          "its headers are not those the index was made from (rewritten in place, its size and "
-          "mtime put back?); its index entry is dropped: mount again to scan it";
-      state_.store(kDiffers, std::memory_order_release);
-      found_now = true;
+    } catch (const std::exception& e) {
+      if (!lock.owns_lock()) lock.lock();
+      checking_ = false;
+      progress_.notify_all();
+      why =
+          fmt::format("its headers could not be read to compare them with the index: {}", e.what());
+      return Result::kUnreadable;
     }
-    if (state_.load(std::memory_order_relaxed) == kMatched) return Result::kMatched;
-    why = why_;
+    checking_ = false;
+    if (checked_.load(std::memory_order_relaxed) == file_size_ || found_now)
+      std::vector<scan::Extent>().swap(parts_);
+    progress_.notify_all();
   }
+  if (!differs_.load(std::memory_order_relaxed)) return Result::kMatched;
+  why = why_;
+  lock.unlock();
   // Outside the lock: the other readers of the file are answered while the drop may wait.
-  if (found_now) drop_entry(index_dir_, key_, name);
+  if (found_now && !shipped_) drop_entry(index_dir_, key_, name);
   return Result::kDiffers;
 }
 

@@ -120,6 +120,8 @@ std::string encode_entry(const std::string& path, const scan::FileScan& scan,
   file.bytes(8, scan.tree);
   file.uint(9, structure.bytes);
   file.uint(10, structure.crc);
+  file.uint(11, structure.region);
+  file.packed(12, structure.regions);
   const uint32_t crc = checksum(out);
   for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>(crc >> shift));
   return out;
@@ -324,6 +326,7 @@ std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file
   scan::FileScan scan;
   uint64_t version = 0, format = 0;
   StructureDigest digest;
+  std::vector<uint64_t> region_crcs;
   std::string_view scanned_path;
   WireReader in(*bytes);
   const std::optional<size_t> params = in.count(6);
@@ -368,6 +371,12 @@ std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file
         ok = in.number(type, v) && v <= std::numeric_limits<uint32_t>::max();
         digest.crc = static_cast<uint32_t>(v);
         break;
+      case 11:
+        ok = in.number(type, digest.region);
+        break;
+      case 12:
+        ok = in.repeated(type, region_crcs);
+        break;
       default:
         ok = in.skip(type);
     }
@@ -382,7 +391,19 @@ std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file
   scan.format = static_cast<scan::SourceFormat>(format);
   if (std::string what = scan::check_scan(scan, file_size); !what.empty()) return bad(what);
   if (digest.bytes > file_size) return bad("it counts more structure bytes than the file has");
-  if (structure) *structure = digest;
+  if (!region_crcs.empty() || digest.region != 0) {
+    // A region count that does not tile the file would leave bytes no region vouches for.
+    if (digest.region == 0 ||
+        region_crcs.size() != file_size / digest.region + (file_size % digest.region != 0))
+      return bad("its structure regions do not cover the file");
+    digest.regions.reserve(region_crcs.size());
+    for (uint64_t crc : region_crcs) {
+      if (crc > std::numeric_limits<uint32_t>::max())
+        return bad("its structure regions do not decode");
+      digest.regions.push_back(static_cast<uint32_t>(crc));
+    }
+  }
+  if (structure) *structure = std::move(digest);
   return scan;
 }
 

@@ -181,7 +181,7 @@ std::optional<CachedScan> lookup_cached(const Store& store, const source::Source
         if (!trust_ctime && may_defer) {
           found.deferred = true;
         } else if ((!trust_ctime || stored.ctime_ns != file.fingerprint.ctime_ns) &&
-                   structure_digest(file.fd.get(), name, *scan) != found.structure) {
+                   !same_structure(structure_digest(file.fd.get(), name, *scan), found.structure)) {
           spdlog::info("{}: its size and mtime are those indexed, its headers are not; scanning it",
                        name);
           return std::nullopt;
@@ -199,7 +199,7 @@ std::optional<CachedScan> lookup_cached(const Store& store, const source::Source
 std::vector<IndexedSource> index_sources_shipped(const Store& store,
                                                  const std::vector<fs::path>& paths,
                                                  const OnFile& on_file, bool check_structure,
-                                                 source::OpenFiles* opens) {
+                                                 source::OpenFiles* opens, bool defer) {
   std::vector<IndexedSource> sources(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) sources[i].file = open_source(paths[i], opens);
   std::exception_ptr error;
@@ -219,7 +219,10 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
     // upload changes: nothing more to read (GETs) for it.
     if (scan && check_structure && remote::object_of(s.file.fd.get()) == nullptr &&
         !(opens && opens->checked(s.file))) {
-      if (structure_digest(s.file.fd.get(), name, *scan) != built)
+      if (defer && on_fuse_filesystem(s.file.fd.get()))
+        s.deferred = std::make_shared<const DeferredCheck>(std::move(built), *scan, store.dir(),
+                                                           std::string(), /*shipped=*/true);
+      else if (!same_structure(structure_digest(s.file.fd.get(), name, *scan), built))
         why =
             "was built from other headers than it has now (rewritten in place, its size and "
             "mtime kept?)";
@@ -314,8 +317,8 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
           s.structure = cached->structure;
         }
         if (cached->deferred)
-          s.deferred = std::make_shared<const DeferredCheck>(cached->structure, store->dir(),
-                                                             cached->stored.key());
+          s.deferred = std::make_shared<const DeferredCheck>(std::move(cached->structure), s.scan,
+                                                             store->dir(), cached->stored.key());
         if (on_file) on_file(s.scan);
       }
     });

@@ -98,7 +98,8 @@ std::vector<index::IndexedSource> index_files(const std::optional<std::filesyste
                                               const std::string& shipped,
                                               const std::vector<std::filesystem::path>& paths,
                                               bool quiet, scan::Readers readers,
-                                              source::OpenFiles* opens, bool defer) {
+                                              source::OpenFiles* opens, bool defer,
+                                              bool defer_shipped) {
   Progress progress("scan", "files", Progress::mode_for(quiet));
   progress.also_count("tensors");
   progress.only_if_slow();
@@ -112,7 +113,7 @@ std::vector<index::IndexedSource> index_files(const std::optional<std::filesyste
   if (!shipped.empty()) {
     std::lock_guard lock(shipped_mutex());
     return index::index_sources_shipped(index::Store::open_shipped(shipped), paths, on_file, true,
-                                        opens);
+                                        opens, defer_shipped);
   }
   std::unique_ptr<index::Store> store = open_index(dir);
   return index::index_sources(store.get(), paths, on_file, readers, opens, defer);

@@ -43,13 +43,14 @@ std::mutex& shipped_mutex();
 
 // Scans `paths` with `readers` through the cache index in `dir` or the shipped index `shipped`,
 // opening them through `opens` when given. `defer`: index::index_sources' (for plans served
-// only through fs::Tree).
+// only through fs::Tree); `defer_shipped`: index::index_sources_shipped's (the same, for plans
+// made in the daemon: a plan made at mount is refused there, in one line).
 std::vector<index::IndexedSource> index_files(const std::optional<std::filesystem::path>& dir,
                                               const std::string& shipped,
                                               const std::vector<std::filesystem::path>& paths,
                                               bool quiet, scan::Readers readers,
                                               source::OpenFiles* opens = nullptr,
-                                              bool defer = false);
+                                              bool defer = false, bool defer_shipped = false);
 
 // A plan of many target ranks reports its progress (if it takes a while) while `progress` lives.
 void report_planning(plan::ViewOptions& views, Progress& progress);
@@ -181,7 +182,7 @@ struct Planning {
         store != nullptr
             ? index::index_sources_shipped(*store, paths, {}, false, opens.get())
             : index_files(index_dir, shipped, paths, !report || quiet, readers, opens.get(),
-                          /*defer=*/true);
+                          /*defer=*/true, /*defer_shipped=*/!report);
     std::map<int64_t, index::IndexedSource> sources = by_rank(ranks, std::move(indexed));
     if (!mixed_allowed) {
       try {

@@ -277,8 +277,10 @@ TEST_F(StatusTest, FailedReadNamesTheChangedSource) {
 TEST_F(StatusTest, FailedReadNamesASourceWhoseHeadersAreNotThoseIndexed) {
   plan::Plan plan = data_.make_plan_from({spec()});
   plan.sources[1].scan.file_size = data_.source_bytes(1).size();
+  index::StructureDigest other;  // not the file's: it has more than one structure byte
+  other.bytes = 1;
   plan.sources[1].deferred = std::make_shared<const index::DeferredCheck>(
-      index::StructureDigest{1, 0}, dir_.path() / "index", std::string());
+      other, plan.sources[1].scan, dir_.path() / "index", std::string());
   const Tree tree(std::move(plan));
   Status status(tree, "test sources");
   const uint64_t ino = tree.lookup(tree.lookup(Tree::kRootIno, "rank_0"), "checkpoint_0.ckpt");

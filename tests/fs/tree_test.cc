@@ -8,10 +8,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <ctime>
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "ckptfs/ckpt/crc32.h"
@@ -407,6 +410,21 @@ TEST_F(TreeTest, ChangedSourceStaysRefusedWhenPutBack) {
   EXPECT_EQ(tree_.check_file(7), 0);
 }
 
+// The digest of a file that is all structure (a scan of no parameter), by construction: the
+// CRC-32 of its bytes, whole and by region of `region` bytes (none: no regions kept).
+index::StructureDigest whole_digest(std::string_view bytes, uint64_t region = 0) {
+  const auto crc = [](std::string_view b) {
+    return ckpt::crc32_update(0, std::span(reinterpret_cast<const uint8_t*>(b.data()), b.size()));
+  };
+  index::StructureDigest d;
+  d.bytes = bytes.size();
+  d.crc = crc(bytes);
+  d.region = region;
+  for (uint64_t at = 0; region != 0 && at < bytes.size(); at += region)
+    d.regions.push_back(crc(bytes.substr(at, region)));
+  return d;
+}
+
 // Sources whose scans the index gave on trust of their size and mtime (a FUSE filesystem, whose
 // daemon may put a ctime back): each one's structure bytes are compared with the stored digest
 // before its first byte is served. One whose bytes differ fails every file that reads it, for
@@ -420,13 +438,11 @@ TEST(TreeDeferredChecks, ASourceIsServedOnlyOnceItsHeadersMatch) {
     // No parameter: the whole file is structure, its digest the CRC-32 of all of it.
     const std::string& bytes = data.source_bytes(i);
     plan.sources[i].scan.file_size = bytes.size();
-    index::StructureDigest want{
-        bytes.size(),
-        ckpt::crc32_update(
-            0, std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()))};
+    // An entry without regions (as written before they were kept): checked whole, at open.
+    index::StructureDigest want = whole_digest(bytes);
     if (i == 1) want.crc ^= 1;  // source 1 was rewritten since it was indexed
-    checks.push_back(
-        std::make_shared<const index::DeferredCheck>(want, dir.path() / "index", std::string()));
+    checks.push_back(std::make_shared<const index::DeferredCheck>(
+        want, plan.sources[i].scan, dir.path() / "index", std::string()));
     plan.sources[i].deferred = checks.back();
   }
   const Tree tree(std::move(plan));
@@ -452,6 +468,94 @@ TEST(TreeDeferredChecks, ASourceIsServedOnlyOnceItsHeadersMatch) {
   // Rank 0's header and source-0 bytes do not touch source 1.
   EXPECT_EQ(tree_read(tree, testing::ino_of(0), 0, std::span(buf.data(), 5009), got), 0);
   EXPECT_EQ(buf.substr(0, got), data.expected(0).substr(0, 5009));
+}
+
+// Every source of `plan` deferred with its digest by region of 1 MiB, source 2's third region
+// said to be other than it is (rewritten since it was indexed).
+std::vector<std::shared_ptr<const index::DeferredCheck>> defer_by_region(
+    plan::Plan& plan, const TestData& data, const std::filesystem::path& dir) {
+  std::vector<std::shared_ptr<const index::DeferredCheck>> checks;
+  for (size_t i = 0; i < plan.sources.size(); ++i) {
+    const std::string& bytes = data.source_bytes(i);
+    plan.sources[i].scan.file_size = bytes.size();
+    index::StructureDigest want = whole_digest(bytes, 1 << 20);
+    if (i == 2) want.regions[2] ^= 1;
+    checks.push_back(std::make_shared<const index::DeferredCheck>(want, plan.sources[i].scan,
+                                                                  dir / "index", std::string()));
+    plan.sources[i].deferred = checks.back();
+  }
+  return checks;
+}
+
+// A tree whose sources are all deferred as defer_by_region says.
+class TreeRegionChecks : public ::testing::Test {
+ protected:
+  TreeRegionChecks() : tree_(deferred_plan()) {}
+  plan::Plan deferred_plan() {
+    plan::Plan plan = data_.make_plan();
+    checks_ = defer_by_region(plan, data_, dir_.path());
+    return plan;
+  }
+  TempDir dir_{"ckptfs-tree-regions"};
+  TestData data_{dir_.path()};
+  std::vector<std::shared_ptr<const index::DeferredCheck>> checks_;
+  const Tree tree_;
+};
+
+// The same with the digest kept by region (index build writes them): a `.ckpt` is parsed from
+// its start, so a read waits only for the regions up to its last byte of each source. Source 2
+// (3 MiB + 4 KiB, regions of 1 MiB) was rewritten in its third region: rank 5, which reads its
+// first 2 MiB and then most of its third MiB, is served the first and refused the rest.
+TEST_F(TreeRegionChecks, ASourceParsedFromItsStartIsCheckedAsFarAsReadsGo) {
+  const uint64_t rank5 = testing::ino_of(2);
+  // Not opened (an open starts the checks ahead of the reads: the test after this one).
+  EXPECT_TRUE(checks_[2]->pending());
+  EXPECT_TRUE(checks_[2]->needs(1));
+  // Its header and first MiB of source 2: served, and only the first region was read.
+  const std::string& want = data_.expected(2);
+  std::string buf(1 << 20, '\0');
+  size_t got = 0;
+  ASSERT_EQ(tree_read(tree_, rank5, 0, std::span(buf.data(), buf.size()), got), 0);
+  EXPECT_EQ(buf.substr(0, got), want.substr(0, buf.size()));
+  EXPECT_FALSE(checks_[2]->needs(1 << 20));
+  EXPECT_TRUE(checks_[2]->needs((1 << 20) + 1));
+  EXPECT_FALSE(checks_[2]->differs());
+  // The second MiB of source 2 as well; its third is refused, and from then on all of it.
+  ASSERT_EQ(tree_read(tree_, rank5, 1 << 20, std::span(buf.data(), buf.size()), got), 0);
+  EXPECT_EQ(buf.substr(0, got), want.substr(1 << 20, buf.size()));
+  const uint64_t third = 10 + (2u << 20) + 13;  // "big header", 2 MiB, "second header"
+  EXPECT_EQ(tree_read(tree_, rank5, third, std::span(buf.data(), 100), got), EIO);
+  EXPECT_TRUE(checks_[2]->differs());
+  EXPECT_EQ(tree_read(tree_, rank5, 0, std::span(buf.data(), 100), got), EIO);
+  EXPECT_EQ(tree_.check_file(rank5), EIO);
+  // Rank 0 (sources 0 and 1) is served whole; source 1's one region was checked on the way.
+  std::string all(data_.expected(0).size(), '\0');
+  ASSERT_EQ(tree_read(tree_, testing::ino_of(0), 0, std::span(all.data(), all.size()), got), 0);
+  EXPECT_EQ(all.substr(0, got), data_.expected(0));
+  EXPECT_FALSE(checks_[1]->pending());
+}
+
+// Opening a file has its sources checked to their end by helpers, ahead of its reads (over an
+// S3 filesystem those reads fetch the sources, all at once). What they find is what a read
+// would: source 2 differs in its third region, so rank 5 is refused from then on, even the
+// bytes of its first regions; rank 0 is not.
+TEST_F(TreeRegionChecks, OpeningAFileChecksItsSourcesAheadOfItsReads) {
+  EXPECT_EQ(tree_.check_file(testing::ino_of(2)), 0);  // rank 5: sources 2 and 0
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((checks_[0]->pending() || checks_[2]->pending()) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_FALSE(checks_[0]->pending());
+  EXPECT_TRUE(checks_[2]->differs());
+  EXPECT_TRUE(checks_[1]->pending());  // no file opened reads it
+  std::string buf(100, '\0');
+  size_t got = 0;
+  EXPECT_EQ(tree_read(tree_, testing::ino_of(2), 0, std::span(buf.data(), buf.size()), got), EIO);
+  EXPECT_EQ(tree_.check_file(testing::ino_of(2)), EIO);
+  EXPECT_EQ(tree_.check_file(testing::ino_of(0)), 0);
+  std::string all(data_.expected(0).size(), '\0');
+  ASSERT_EQ(tree_read(tree_, testing::ino_of(0), 0, std::span(all.data(), all.size()), got), 0);
+  EXPECT_EQ(all.substr(0, got), data_.expected(0));
 }
 
 TEST(TreeReads, RunPastSourceEndGivesEio) {

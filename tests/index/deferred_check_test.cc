@@ -1,6 +1,7 @@
-// The structure check a mount over a FUSE filesystem defers to the first read of a source whose
-// scan the index gave by path, size and mtime: made once, before any byte is served, and a file
-// whose headers differ has its index entries dropped so that the next mount scans it again.
+// The structure check a mount over a FUSE filesystem defers to the reads of a source whose scan
+// the index gave by path, size and mtime: made before any byte is served (the whole file, or for
+// a format parsed from its start each region up to the read's end), and a file whose headers
+// differ has its index entries dropped so that the next mount scans it again.
 #include "ckptfs/index/deferred_check.h"
 
 #include <fcntl.h>
@@ -48,10 +49,16 @@ scan::FileScan file_scan() {
 }
 
 // The digest by construction: the CRC-32 of the bytes outside the contents, in file order.
+// Without regions, as an entry written before they were kept: checked whole.
+uint32_t crc_of(std::string_view bytes) {
+  return ckpt::crc32_update(
+      0, std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+}
 StructureDigest digest_of(std::string_view structure) {
-  return {structure.size(),
-          ckpt::crc32_update(
-              0, std::span(reinterpret_cast<const uint8_t*>(structure.data()), structure.size()))};
+  StructureDigest d;
+  d.bytes = structure.size();
+  d.crc = crc_of(structure);
+  return d;
 }
 
 class DeferredCheckTest : public ::testing::Test {
@@ -79,23 +86,23 @@ class DeferredCheckTest : public ::testing::Test {
 };
 
 TEST_F(DeferredCheckTest, TheSameHeadersMatchWhateverTheTensorBytes) {
-  const DeferredCheck check(digest_of("HEADMIDTAIL"), index_, store_entries());
+  const DeferredCheck check(digest_of("HEADMIDTAIL"), scan_, index_, store_entries());
   EXPECT_TRUE(check.pending());
   const UniqueFd fd = open_file("HEADxxxxxxxxMIDyyyTAIL");
   std::string why;
-  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", scan_, why), Result::kMatched);
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", scan_, 0, why), Result::kMatched);
   EXPECT_FALSE(check.pending());
   EXPECT_TRUE(stored(old_));
   EXPECT_TRUE(stored(other_));
 }
 
 TEST_F(DeferredCheckTest, OtherHeadersAreRefusedForGoodAndTheEntryDropped) {
-  const DeferredCheck check(digest_of("HEADMIDTAIL"), index_, store_entries());
+  const DeferredCheck check(digest_of("HEADMIDTAIL"), scan_, index_, store_entries());
   ASSERT_TRUE(stored(old_));
   ASSERT_TRUE(stored(other_));
   const UniqueFd fd = open_file("HEADccccccccMJDdddTAIL");  // one header byte
   std::string why;
-  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", scan_, why), Result::kDiffers);
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", scan_, 0, why), Result::kDiffers);
   EXPECT_THAT(why, HasSubstr("headers are not those the index was made from"));
   EXPECT_THAT(why, HasSubstr("mount again"));
   EXPECT_FALSE(check.pending());
@@ -103,7 +110,7 @@ TEST_F(DeferredCheckTest, OtherHeadersAreRefusedForGoodAndTheEntryDropped) {
   EXPECT_TRUE(stored(other_));
   // Final: not read again (no descriptor), even once the file is put back.
   why.clear();
-  EXPECT_EQ(check.verify(-1, "f.ckpt", scan_, why), Result::kDiffers);
+  EXPECT_EQ(check.verify(-1, "f.ckpt", scan_, 0, why), Result::kDiffers);
   EXPECT_THAT(why, HasSubstr("headers are not those"));
 }
 
@@ -111,7 +118,7 @@ TEST_F(DeferredCheckTest, OtherHeadersAreRefusedForGoodAndTheEntryDropped) {
 // dropping its entry, a step being planned): LMDB allows one handle a process, so the drop
 // waits for it rather than leaving the entry for the next mount to trust again.
 TEST_F(DeferredCheckTest, TheEntryIsDroppedOnceTheIndexOpenHereIsClosed) {
-  const DeferredCheck check(digest_of("HEADMIDTAIL"), index_, store_entries());
+  const DeferredCheck check(digest_of("HEADMIDTAIL"), scan_, index_, store_entries());
   auto held = std::make_unique<Store>(index_);
   std::thread closer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -119,7 +126,7 @@ TEST_F(DeferredCheckTest, TheEntryIsDroppedOnceTheIndexOpenHereIsClosed) {
   });
   const UniqueFd fd = open_file("HEADccccccccMJDdddTAIL");
   std::string why;
-  const Result got = check.verify(fd.get(), "f.ckpt", scan_, why);
+  const Result got = check.verify(fd.get(), "f.ckpt", scan_, 0, why);
   closer.join();
   EXPECT_EQ(got, Result::kDiffers);
   EXPECT_FALSE(stored(old_));
@@ -127,32 +134,136 @@ TEST_F(DeferredCheckTest, TheEntryIsDroppedOnceTheIndexOpenHereIsClosed) {
 }
 
 TEST_F(DeferredCheckTest, AReadErrorIsAskedAgainAndDropsNothing) {
-  const DeferredCheck check(digest_of("HEADMIDTAIL"), index_, store_entries());
+  const DeferredCheck check(digest_of("HEADMIDTAIL"), scan_, index_, store_entries());
   const UniqueFd shorter = open_file(kFile.substr(0, 16), "short.ckpt");
   std::string why;
-  EXPECT_EQ(check.verify(shorter.get(), "short.ckpt", scan_, why), Result::kUnreadable);
+  EXPECT_EQ(check.verify(shorter.get(), "short.ckpt", scan_, 0, why), Result::kUnreadable);
   EXPECT_THAT(why, HasSubstr("short.ckpt"));
   EXPECT_TRUE(check.pending());
   EXPECT_TRUE(stored(old_));
-  EXPECT_EQ(check.verify(-1, "f.ckpt", scan_, why), Result::kUnreadable);
+  EXPECT_EQ(check.verify(-1, "f.ckpt", scan_, 0, why), Result::kUnreadable);
   const UniqueFd fd = open_file(kFile);
-  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", scan_, why), Result::kMatched);
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", scan_, 0, why), Result::kMatched);
 }
 
 TEST_F(DeferredCheckTest, ManyThreadsAtOnceGetOneAnswer) {
   for (const bool same : {true, false}) {
-    const DeferredCheck check(digest_of("HEADMIDTAIL"), index_, "");
+    const DeferredCheck check(digest_of("HEADMIDTAIL"), scan_, index_, "");
     const UniqueFd fd = open_file(same ? kFile : "HEADccccccccMIDdddTAIX");
     std::vector<Result> got(8);
     std::vector<std::thread> threads;
     for (size_t i = 0; i < got.size(); ++i)
       threads.emplace_back([&, i] {
         std::string why;
-        got[i] = check.verify(fd.get(), "f.ckpt", scan_, why);
+        got[i] = check.verify(fd.get(), "f.ckpt", scan_, 0, why);
       });
     for (std::thread& t : threads) t.join();
     for (const Result r : got) EXPECT_EQ(r, same ? Result::kMatched : Result::kDiffers);
   }
+}
+
+// A file of three 1 MiB regions and a tail: a 16-byte header opens each region, the rest of
+// the region is one tensor's content, and the last 100 bytes are structure too.
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+class PrefixCheckTest : public DeferredCheckTest {
+ protected:
+  PrefixCheckTest() {
+    big_.file_size = big_.body_size = 3 * kMiB + 100;
+    for (int r = 0; r < 3; ++r)
+      big_.params.push_back(param(static_cast<char>('a' + r), "Int8", 1, {r * kMiB + 16, kMiB - 16},
+                                  {r * kMiB, kMiB}));
+  }
+  // The file's bytes, with region `changed`'s header (if any) rewritten.
+  std::string bytes(int changed = -1) const {
+    std::string out(big_.file_size, 'c');
+    for (int r = 0; r < 3; ++r) out.replace(r * kMiB, 16, header(r, r == changed));
+    out.replace(3 * kMiB, 100, std::string(100, 'T'));
+    return out;
+  }
+  static std::string header(int r, bool changed) {
+    std::string h = "HEADER-OF-REGN-" + std::to_string(r);
+    if (changed) h[0] = 'X';
+    return h;
+  }
+  // By construction: the headers' CRC whole and one per region.
+  StructureDigest digest() const {
+    std::string all;
+    StructureDigest d;
+    d.region = kMiB;
+    for (int r = 0; r < 3; ++r) {
+      all += header(r, false);
+      d.regions.push_back(crc_of(header(r, false)));
+    }
+    all += std::string(100, 'T');
+    d.regions.push_back(crc_of(std::string(100, 'T')));
+    d.bytes = all.size();
+    d.crc = crc_of(all);
+    return d;
+  }
+  scan::FileScan big_;
+};
+
+TEST_F(PrefixCheckTest, TheDigestIsTheOneIndexBuildTakes) {
+  const UniqueFd fd = open_file(bytes());
+  EXPECT_EQ(structure_digest(fd.get(), "f.ckpt", big_), digest());
+}
+
+// A read of the first bytes waits for the first region only: the rest of the file is not read
+// (here it is not even there).
+TEST_F(PrefixCheckTest, APrefixIsReadNoFurtherThanTheReadGoes) {
+  const DeferredCheck check(digest(), big_, index_, store_entries());
+  EXPECT_FALSE(check.whole());
+  const UniqueFd fd = open_file(bytes().substr(0, kMiB + kMiB / 2));
+  std::string why;
+  EXPECT_FALSE(check.needs(0));
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 0, why), Result::kMatched);
+  EXPECT_TRUE(check.needs(1));
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 100, why), Result::kMatched);
+  EXPECT_FALSE(check.needs(kMiB));
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 2 * kMiB, why), Result::kMatched);
+  EXPECT_TRUE(check.pending());
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 2 * kMiB + 1, why), Result::kUnreadable);
+  EXPECT_TRUE(stored(old_));
+  const UniqueFd whole = open_file(bytes(), "whole.ckpt");
+  EXPECT_EQ(check.verify(whole.get(), "f.ckpt", big_, 3 * kMiB + 100, why), Result::kMatched);
+  EXPECT_FALSE(check.pending());
+}
+
+TEST_F(PrefixCheckTest, ARewriteIsFoundInItsRegionAndRefusedForGood) {
+  const DeferredCheck check(digest(), big_, index_, store_entries());
+  const UniqueFd fd = open_file(bytes(2));
+  std::string why;
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 2 * kMiB, why), Result::kMatched);
+  EXPECT_TRUE(stored(old_));
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 2 * kMiB + 17, why), Result::kDiffers);
+  EXPECT_THAT(why, HasSubstr("mount again"));
+  EXPECT_TRUE(check.differs());
+  EXPECT_FALSE(stored(old_));
+  EXPECT_TRUE(stored(other_));
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 1, why), Result::kDiffers);
+}
+
+// A torch zip is read from its directory at the end: a prefix proves nothing there.
+TEST_F(PrefixCheckTest, AFormatNotParsedFromItsStartIsCheckedWhole) {
+  big_.format = scan::SourceFormat::TorchZip;
+  const DeferredCheck check(digest(), big_, index_, "");
+  EXPECT_TRUE(check.whole());
+  const UniqueFd fd = open_file(bytes(2));
+  std::string why;
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 0, why), Result::kDiffers);
+}
+
+// A shipped index is never written: nothing is dropped, and the line says to rebuild it.
+TEST_F(PrefixCheckTest, AShippedIndexIsToBeRebuiltAndKeepsItsEntries) {
+  store_entries();
+  const DeferredCheck check(digest(), big_, index_, old_.key(), /*shipped=*/true);
+  const UniqueFd fd = open_file(bytes(0));
+  std::string why;
+  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 1, why), Result::kDiffers);
+  EXPECT_THAT(why,
+              HasSubstr("rebuild it with `ckptfs index build SRC --output " + index_.string()));
+  EXPECT_TRUE(stored(old_));
 }
 
 }  // namespace

@@ -490,6 +490,45 @@ TEST_F(StoreTest, EntryInconsistentWithItsFileReadsAsAbsent) {
   }
 }
 
+// The structure digest's regions (structure.h) come back as stored; regions that do not tile
+// the file would leave bytes no region vouches for: such an entry reads as absent. An entry
+// without regions (written before they were kept) is read, and its file is checked whole.
+TEST_F(StoreTest, StructureRegionsComeBackAndMustTileTheFile) {
+  const scan::FileScan scan = full_scan();
+  StructureDigest digest;
+  digest.bytes = 12;
+  digest.crc = 0xDEADBEEF;
+  digest.region = uint64_t{1} << 20;
+  digest.regions.assign(scan.file_size / digest.region + 1, 0);
+  digest.regions.front() = 0xFFFFFFFF;
+  digest.regions.back() = 7;
+  const auto stored = [&]() -> std::optional<StructureDigest> {
+    std::string why;
+    StructureDigest got;
+    if (!Store(dir_).lookup_path("/a.ckpt", fp_.size, fp_.mtime_ns, why, got)) return std::nullopt;
+    return got;
+  };
+  const auto insert = [&] {
+    Store(dir_).insert(std::vector<Store::NewEntry>{{"/a.ckpt", fp_, &scan, digest}});
+  };
+  insert();
+  EXPECT_EQ(stored(), digest);
+  rewrite(fp_, [](indexpb::ScannedFile& f) { f.add_structure_region_crcs(0); });
+  EXPECT_FALSE(stored().has_value());
+  insert();
+  rewrite(fp_, [](indexpb::ScannedFile& f) { f.set_structure_region(0); });
+  EXPECT_FALSE(stored().has_value());
+  insert();
+  rewrite(fp_, [](indexpb::ScannedFile& f) {
+    f.clear_structure_region();
+    f.clear_structure_region_crcs();
+  });
+  StructureDigest older = digest;
+  older.region = 0;
+  older.regions.clear();
+  EXPECT_EQ(stored(), older);
+}
+
 TEST_F(StoreTest, EntriesListPathFingerprintAndParamCount) {
   const scan::FileScan a = small_scan(60, 2);
   const scan::FileScan b = small_scan(150, 5);

@@ -82,6 +82,28 @@ TEST_F(StructureDigestTest, FarApartAndLongStructureIsReadWhole) {
   const StructureDigest d = digest_of(file, scan);
   EXPECT_EQ(d.bytes, structure.size());
   EXPECT_EQ(d.crc, crc_of(structure));
+  // By region of 1 MiB: "first"; nothing twice; "second" and the rest of the fourth MiB; the
+  // four last MiB whole.
+  const uint64_t mib = 1 << 20;
+  EXPECT_EQ(d.region, mib);
+  std::vector<uint32_t> regions = {
+      crc_of(file.substr(0, 5)), 0, 0,
+      crc_of(file.substr(3 * mib, 6) + file.substr(3 * mib + 106, mib - 106))};
+  for (uint64_t r = 4; r < 8; ++r) regions.push_back(crc_of(file.substr(r * mib, mib)));
+  EXPECT_EQ(d.regions, regions);
+}
+
+TEST(RegionSizeTest, AtLeastAMebibyteAndAtMost256RegionsAFile) {
+  const uint64_t mib = 1 << 20;
+  EXPECT_EQ(region_size(0), mib);
+  EXPECT_EQ(region_size(256 * mib), mib);
+  EXPECT_EQ(region_size(256 * mib + 1), 2 * mib);
+  EXPECT_EQ(region_size(uint64_t{1} << 40), uint64_t{4} << 30);
+  for (uint64_t size : {uint64_t{1}, 300 * mib, uint64_t{3} << 33, (uint64_t{1} << 50) + 17}) {
+    const uint64_t region = region_size(size);
+    EXPECT_EQ(region & (region - 1), 0u) << size;
+    EXPECT_LE((size + region - 1) / region, 256u) << size;
+  }
 }
 
 TEST_F(StructureDigestTest, AFileShorterThanItsScanIsAnErrorNamingIt) {

@@ -36,6 +36,7 @@
 namespace ckptfs::fs {
 
 class MappedSources;  // src/fs/mapped_sources.h
+class CheckAhead;     // src/fs/check_ahead.h
 
 // The two names every directory lists.
 inline constexpr std::string_view kDot = ".";
@@ -73,7 +74,7 @@ class Tree {
   // never through gather() or check_sources(runs) (own_runs() says which files those serve).
   explicit Tree(std::shared_ptr<LazyRanks> lazy);
   Tree(Tree&&) noexcept;
-  Tree& operator=(Tree&&) noexcept;
+  Tree& operator=(Tree&&) = delete;  // ahead_'s helpers read the sources being replaced
   ~Tree();
 
   // Adds "/steps" (shared: the mount's Tree and the tests may both hold it), found by lookup but
@@ -127,8 +128,8 @@ class Tree {
   struct timespec mtime(uint64_t ino) const;
 
   // 0, or EIO (after logging which source changed) if a source `runs` read differs from its
-  // fingerprint at mount, or from the structure its scan was taken from (the first check of a
-  // source whose scan the index gave unchecked reads its structure bytes: check_source).
+  // fingerprint at mount, or from the structure its scan was taken from (a source whose scan
+  // the index gave unchecked has its structure bytes read up to the runs' end: check_source).
   int check_sources(std::span<const plan::Run> runs) const;
   // The same for every source a file reads from (at open): 0, ENOENT, EISDIR or EIO.
   int check_file(uint64_t ino) const;
@@ -143,7 +144,8 @@ class Tree {
   // source. With `sources`, sets it to the sources read, each once.
   ReadResult read_into(uint64_t ino, uint64_t off, std::span<char> buf,
                        std::vector<uint32_t>* sources = nullptr) const;
-  // 0, or EIO (logged) if one of `sources` (as read_into lists them) changed since the mount.
+  // 0, or EIO (logged) if one of `sources` (as read_into lists them) changed since the mount:
+  // for bytes read_into gathered, whose structure it checked then.
   int check_sources(std::span<const uint32_t> sources) const;
   // The same for sources read_into listed for file `ino`, which may be served by another Tree
   // (a lazily planned rank).
@@ -174,16 +176,22 @@ class Tree {
   // changed file fails every read that touches it and must not flood the log.
   void report(uint32_t source, std::string_view what) const;
   // 0, or EIO (reported) if source `source` (in range) no longer has its mount fingerprint, or
-  // its deferred structure check (index/deferred_check.h) fails, or it was found changed once
-  // before (sticky until remount). The first call for a deferred source reads its structure
-  // bytes; an I/O error there fails only that call.
-  int check_source(uint32_t source) const;
-  // Makes the deferred structure checks of `sources` still to be made, several at once.
+  // its deferred structure check (index/deferred_check.h) up to byte `upto` fails, or it was
+  // found changed once before (sticky until remount). A deferred source's structure bytes are
+  // read the first time a call needs them (`upto` 0: only a check of the whole file, made
+  // before its first byte is served); an I/O error there fails only that call.
+  int check_source(uint32_t source, uint64_t upto = 0) const;
+  // check_source of each of `sources`, up to ends[i] (none: 0).
+  int check_sources(std::span<const uint32_t> sources, std::span<const uint64_t> ends) const;
+  // Makes the whole-file deferred structure checks of `sources` still to be made, several at
+  // once.
   void verify_deferred(std::span<const uint32_t> sources) const;
   static constexpr size_t kDeferredChecks = 8;
-  // Sets `out` to each source `runs` read from, once, in the order first read. 0, or EIO
-  // (logged) if a run names a source the plan does not have.
-  int distinct_sources(std::span<const plan::Run> runs, std::vector<uint32_t>& out) const;
+  // Sets `out` to each source `runs` read from, once, in the order first read, and `ends` (if
+  // given) to how far into each they read. 0, or EIO (logged) if a run names a source the plan
+  // does not have.
+  int distinct_sources(std::span<const plan::Run> runs, std::vector<uint32_t>& out,
+                       std::vector<uint64_t>* ends = nullptr) const;
 
   struct Node {
     bool is_dir = false;
@@ -237,6 +245,9 @@ class Tree {
   struct timespec root_mtime_ {};
   std::unique_ptr<std::atomic<bool>[]> reported_;  // per source
   std::unique_ptr<MappedSources> mapped_;
+  // The deferred checks of an opened file's sources, run ahead of its reads (null: no source
+  // is checked by prefix). Last: its helpers stop before the sources they read are closed.
+  std::unique_ptr<CheckAhead> ahead_;
 };
 
 }  // namespace ckptfs::fs

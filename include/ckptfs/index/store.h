@@ -244,8 +244,9 @@ struct IndexedSource {
   // Set for scans made now and those the index held under another fingerprint (lookup_cached's
   // `moved`); unset for the rest taken from the index.
   StructureDigest structure;
-  // A scan taken from the index whose structure bytes are to be compared before the file is
-  // served (lookup_cached's `deferred`); null for the rest. Shared by the plans made from it.
+  // A scan taken from the index whose structure bytes are to be compared as the file is served
+  // (lookup_cached's `deferred`, index_sources_shipped's `defer`); null for the rest. Shared by
+  // the plans made from it.
   std::shared_ptr<const DeferredCheck> deferred;
 };
 
@@ -296,11 +297,12 @@ BuildResult build_index(Store* store, const std::vector<std::filesystem::path>& 
 // writes nothing. `check_structure` false skips that read: only for the index this process has
 // just built from these files (index build's target summaries), whose digests were taken from
 // the bytes it scanned moments before; size and mtime are still compared.
-// With `opens`, the files are opened through it (source/open_files.h).
-std::vector<IndexedSource> index_sources_shipped(const Store& store,
-                                                 const std::vector<std::filesystem::path>& paths,
-                                                 const OnFile& on_file = {},
-                                                 bool check_structure = true,
-                                                 source::OpenFiles* opens = nullptr);
+// With `opens`, the files are opened through it (source/open_files.h). With `defer`, the
+// structure of a file on a FUSE filesystem is compared as it is served instead (`deferred`,
+// deferred_check.h: over an S3 filesystem the read fetches the whole object): for plans whose
+// bytes are served only through fs::Tree.
+std::vector<IndexedSource> index_sources_shipped(
+    const Store& store, const std::vector<std::filesystem::path>& paths, const OnFile& on_file = {},
+    bool check_structure = true, source::OpenFiles* opens = nullptr, bool defer = false);
 
 }  // namespace ckptfs::index

@@ -5,10 +5,16 @@
 // rewrite in place that keeps the size and puts the mtime back (two same-shaped tensors' names
 // swapped) shows, however the file's timestamps look.
 //
+// The digest is also kept region by region, so that a file whose format is parsed from its
+// start (parsed_from_start) can be checked a prefix at a time: over an S3 filesystem a `.ckpt`'s
+// headers span the object, and comparing them all before the first byte is served would fetch
+// the whole file first (deferred_check.h).
+//
 // Thread-safe: plain functions of their arguments (the descriptor is read with pread).
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,15 +25,42 @@ namespace ckptfs::index {
 struct StructureDigest {
   uint64_t bytes = 0;  // how many bytes lie outside the tensor contents
   uint32_t crc = 0;    // CRC-32 of those bytes, in file order
+  // regions[i]: CRC-32 of those of them in file bytes [i * region, (i + 1) * region).
+  // Empty in an entry written before they were kept (the file is then checked whole).
+  uint64_t region = 0;
+  std::vector<uint32_t> regions;
   bool operator==(const StructureDigest&) const = default;
 };
+
+// Whether `found` (structure_digest of a file) is the structure `want` was taken from. Only the
+// whole-file CRC counts: an entry written before regions were kept has none.
+inline bool same_structure(const StructureDigest& found, const StructureDigest& want) {
+  return found.bytes == want.bytes && found.crc == want.crc;
+}
+
+// The region size for a file of `file_size` bytes: a power of two of at least 1 MiB, small
+// enough that a read waits for little more than its own bytes, and at most 256 regions a file so
+// that an entry stays small.
+uint64_t region_size(uint64_t file_size);
+
+// Whether a format's reader parses the file from its first byte on (.ckpt records, a
+// safetensors header first), so that structure bytes matching the index up to an offset place
+// every content byte before it where the scan says. A torch zip is read from its directory at
+// the end, a DCP file through its .metadata: those are checked whole. An encrypted file's
+// structure is plaintext: never digested.
+bool parsed_from_start(const scan::FileScan& scan);
 
 // The byte ranges of a file of scan.file_size bytes outside every parameter's content extents
 // (overlapping or shared extents, as views of one storage have, merged), ascending.
 std::vector<scan::Extent> structure_extents(const scan::FileScan& scan);
 
-// The digest of the bytes structure_extents(scan) names, read from `fd`. Throws Error naming
-// `name` if they cannot be read (the file is shorter than the scan says).
+// The digest of the bytes structure_extents(scan) names, read from `fd`, with its regions.
+// Throws Error naming `name` if they cannot be read (the file is shorter than the scan says).
 StructureDigest structure_digest(int fd, const std::string& name, const scan::FileScan& scan);
+
+// CRC-32 of the bytes of `parts` (structure_extents) that lie in [begin, end), read from `fd`:
+// one region's entry of StructureDigest::regions. Throws as structure_digest.
+uint32_t structure_crc(int fd, const std::string& name, std::span<const scan::Extent> parts,
+                       uint64_t begin, uint64_t end);
 
 }  // namespace ckptfs::index
