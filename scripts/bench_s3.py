@@ -15,6 +15,8 @@ GETs, "fetched" the bytes it sent; s3fs is remounted before every run, so every 
   cat       `cat` of the view's .ckpt files (one process) against `cat` of the sources through
             the same s3fs, one process and one per source (in parallel); ratios per pair, and
             the CPU seconds s3fs spent on each (--cat-only: just these figures)
+  first     (--first-byte only) open + the first 4 KiB of rank_0 through s3fs with the shipped
+            index, then the whole view read rank by rank
   ranks 0   a mount with --ranks 0 reading its one target: bytes fetched / target size
   blocks    the plan of rank 0 (MOUNTPOINT/.ckptfs/plan/rank_0.json): bytes of the source
             blocks its extents touch at 4 KiB, 64 KiB, 1 MiB and 8 MiB / bytes it needs
@@ -24,7 +26,7 @@ GETs, "fetched" the bytes it sent; s3fs is remounted before every run, so every 
             --index` over s3fs <= 0.2 s
 
     scripts/bench_s3.py [--size-gib 0.25] [--runs 3] [--work build/bench-s3]
-                        [--cat-only | --mount-only | --native-only]
+                        [--cat-only | --mount-only | --native-only | --first-byte]
 """
 
 import argparse
@@ -293,6 +295,28 @@ class Bench:
         self.goals.append(("cold cat of the view >= 0.9x parallel cat of the sources",
                            f"{median(ratios):.2f}x (goal 0.9x)", median(ratios) / 0.9))
 
+    def first_byte_figures(self, runs):
+        """A fresh s3fs and a mount with the shipped index; the time to open rank_0 and read its
+        first 4 KiB (what a loader waits for before its first record), then the rest of the view
+        read rank by rank. The first bytes wait for the sources' structure checks (as far as the
+        read goes, index/deferred_check.h) and for s3fs to fetch what they read."""
+        first, whole = [], []
+        for r in range(runs):
+            src = self.fresh_s3fs()
+            with self.mounted(src, ["--index", self.shipped]):
+                files = [v for v, _ in self.view_files()]
+                start = time.monotonic()
+                with open(files[0], "rb") as f:
+                    f.read(4096)
+                first.append(time.monotonic() - start)
+                self.cat(files)
+                whole.append(time.monotonic() - start)
+        print(f"\nfirst bytes through s3fs (median of {runs}):")
+        print(f"  open + first 4 KiB of rank_0  {median(first):6.3f} s  "
+              f"(runs {', '.join(f'{x:.3f}' for x in first)})")
+        print(f"  then the whole view           {median(whole):6.3f} s  "
+              f"(runs {', '.join(f'{x:.3f}' for x in whole)})")
+
     def ranks0_figures(self, runs):
         target = self.fx.expected_files()[0]
         size = os.path.getsize(target)
@@ -419,6 +443,8 @@ def main(argv=None):
                     help="only the straight-from-S3 figures (native_figures)")
     ap.add_argument("--cat-only", action="store_true",
                     help="only the cold cat figures through s3fs (cat_figures)")
+    ap.add_argument("--first-byte", action="store_true",
+                    help="only the time to the first bytes through s3fs (first_byte_figures)")
     ap.add_argument("--mount-only", action="store_true",
                     help="only the mount figures over s3fs (mount_figures)")
     args = ap.parse_args(argv)
@@ -434,13 +460,15 @@ def main(argv=None):
             log(f"S3 server {server.endpoint}; s3fs without use_cache")
             if args.cat_only:
                 bench.cat_figures(args.runs)
+            elif args.first_byte:
+                bench.first_byte_figures(args.runs)
             elif args.mount_only:
                 bench.mount_figures(args.runs)
             elif not args.native_only:
                 bench.mount_figures(args.runs)
                 bench.cat_figures(args.runs)
                 bench.ranks0_figures(args.runs)
-            if not args.cat_only and not args.mount_only:
+            if not args.cat_only and not args.mount_only and not args.first_byte:
                 native_figures(bench, args.runs)
         finally:
             s3harness.unmount_s3fs(bench.s3)
