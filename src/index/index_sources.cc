@@ -156,6 +156,16 @@ void refuse_encrypted(int fd, const std::string& name) {
         name);
 }
 
+// The deferred check of `file`: the one an earlier plan of the mount made (through `opens`),
+// else make()'s.
+template <typename Make>
+std::shared_ptr<const DeferredCheck> deferred_check(source::OpenFiles* opens,
+                                                    const source::SourceFile& file, Make&& make) {
+  if (opens == nullptr) return make();
+  return std::static_pointer_cast<const DeferredCheck>(
+      opens->shared_check(file, [&]() -> std::shared_ptr<const void> { return make(); }));
+}
+
 }  // namespace
 
 std::optional<CachedScan> lookup_cached(const Store& store, const source::SourceFile& file,
@@ -220,8 +230,10 @@ std::vector<IndexedSource> index_sources_shipped(const Store& store,
     if (scan && check_structure && remote::object_of(s.file.fd.get()) == nullptr &&
         !(opens && opens->checked(s.file))) {
       if (defer && on_fuse_filesystem(s.file.fd.get()))
-        s.deferred = std::make_shared<const DeferredCheck>(std::move(built), *scan, store.dir(),
-                                                           std::string(), /*shipped=*/true);
+        s.deferred = deferred_check(opens, s.file, [&] {
+          return std::make_shared<const DeferredCheck>(std::move(built), *scan, store.dir(),
+                                                       std::string(), /*shipped=*/true);
+        });
       else if (!same_structure(structure_digest(s.file.fd.get(), name, *scan), built))
         why =
             "was built from other headers than it has now (rewritten in place, its size and "
@@ -317,8 +329,10 @@ std::vector<IndexedSource> index_sources(Store* store, const std::vector<fs::pat
           s.structure = cached->structure;
         }
         if (cached->deferred)
-          s.deferred = std::make_shared<const DeferredCheck>(std::move(cached->structure), s.scan,
-                                                             store->dir(), cached->stored.key());
+          s.deferred = deferred_check(opens, s.file, [&] {
+            return std::make_shared<const DeferredCheck>(std::move(cached->structure), s.scan,
+                                                         store->dir(), cached->stored.key());
+          });
         if (on_file) on_file(s.scan);
       }
     });

@@ -39,9 +39,9 @@ SourceFile OpenFiles::open(const std::filesystem::path& path) {
   SourceFile file = SourceFile::open(path);
   if (UniqueFd keep = duplicate(file.fd.get())) {
     file.shared = std::make_shared<const UniqueFd>(std::move(keep));
-    held_.insert_or_assign(
-        path.string(),
-        Held{file.shared, keep_ == Keep::kForLife ? file.shared : nullptr, std::nullopt});
+    held_.insert_or_assign(path.string(),
+                           Held{file.shared, keep_ == Keep::kForLife ? file.shared : nullptr,
+                                std::nullopt, nullptr, std::nullopt});
     sweep();
   } else {
     held_.erase(path.string());  // out of descriptors: the next plan opens it again
@@ -73,6 +73,19 @@ bool OpenFiles::checked(const SourceFile& file) {
 void OpenFiles::mark_checked(const SourceFile& file) {
   std::lock_guard lock(mutex_);
   if (Held* held = held_for(file)) held->checked = file.fingerprint;
+}
+
+std::shared_ptr<const void> OpenFiles::shared_check(
+    const SourceFile& file, const std::function<std::shared_ptr<const void>()>& make) {
+  std::lock_guard lock(mutex_);
+  Held* held = held_for(file);
+  if (held != nullptr && held->check && held->check_for == file.fingerprint) return held->check;
+  std::shared_ptr<const void> check = make();
+  if (held != nullptr) {
+    held->check = check;
+    held->check_for = file.fingerprint;
+  }
+  return check;
 }
 
 }  // namespace ckptfs::source

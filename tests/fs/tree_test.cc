@@ -540,7 +540,9 @@ TEST_F(TreeRegionChecks, ASourceParsedFromItsStartIsCheckedAsFarAsReadsGo) {
 // would: source 2 differs in its third region, so rank 5 is refused from then on, even the
 // bytes of its first regions; rank 0 is not.
 TEST_F(TreeRegionChecks, OpeningAFileChecksItsSourcesAheadOfItsReads) {
-  EXPECT_EQ(tree_.check_file(testing::ino_of(2)), 0);  // rank 5: sources 2 and 0
+  // Rank 5 (sources 2 and 0): the open itself fails if the helpers were that quick.
+  const int opened = tree_.check_file(testing::ino_of(2));
+  EXPECT_TRUE(opened == 0 || opened == EIO) << opened;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while ((checks_[0]->pending() || checks_[2]->pending()) &&
          std::chrono::steady_clock::now() < deadline)

@@ -105,6 +105,33 @@ size_t descriptors_of(const fs::path& path) {
   return n;
 }
 
+// A check made as the file is served (index::DeferredCheck) is one object for all the plans of
+// a mount, until the file changes.
+TEST_F(OpenFilesTest, ACheckIsSharedByThePlansOfOneFileUntilItChanges) {
+  int made = 0;
+  const auto make = [&made]() -> std::shared_ptr<const void> {
+    ++made;
+    return std::make_shared<int>(made);
+  };
+  const SourceFile first = opens_.open(path_);
+  const std::shared_ptr<const void> a = opens_.shared_check(first, make);
+  const SourceFile second = opens_.open(path_);
+  EXPECT_EQ(opens_.shared_check(second, make), a);
+  EXPECT_EQ(made, 1);
+  set_mtime(path_, 1'000'000'000, 0);
+  ::usleep(20'000);
+  write_file(path_, "9876543210");
+  set_mtime(path_, 1'000'000'000, 0);
+  const std::shared_ptr<const void> b = opens_.shared_check(opens_.open(path_), make);
+  EXPECT_NE(b, a);
+  EXPECT_EQ(made, 2);
+  // Another path's file has its own.
+  const fs::path other = tmp_.path() / "rank_1.ckpt";
+  write_file(other, "0123456789");
+  EXPECT_NE(opens_.shared_check(opens_.open(other), make), b);
+  EXPECT_EQ(made, 3);
+}
+
 TEST_F(OpenFilesTest, AFileIsHeldOnlyWhileAPlanUsesIt) {
   std::optional<SourceFile> first = opens_.open(path_);
   std::optional<SourceFile> second = opens_.open(path_);

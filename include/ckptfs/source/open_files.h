@@ -12,12 +12,14 @@
 // comes back.
 // It also remembers which files' structure was checked against the shipped index (index/
 // structure.h: a rank's plan read every record header of its sources, a fifth of the checkpoint
-// here, again for every rank), so that a later plan checks only a file that changed since.
+// here, again for every rank), so that a later plan checks only a file that changed since, and
+// keeps the one deferred check of a file whose check is made as it is served.
 //
 // Thread-safety: open() may be called from any thread; one leaf mutex guards the map of paths.
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -47,12 +49,20 @@ class OpenFiles {
   // checked then.
   bool checked(const SourceFile& file);
   void mark_checked(const SourceFile& file);
+  // The check object an earlier call kept for `file` (from open()) with its fingerprint, else
+  // make()'s, kept from now on (while the file is held): one index::DeferredCheck per file for
+  // all the plans of a mount, so that each rank planned on first open does not read the same
+  // headers again. make() is called under the map's lock: it must not call back here.
+  std::shared_ptr<const void> shared_check(
+      const SourceFile& file, const std::function<std::shared_ptr<const void>()>& make);
 
  private:
   struct Held {
     std::weak_ptr<const UniqueFd> fd;
     std::shared_ptr<const UniqueFd> pinned;  // kForLife
     std::optional<Fingerprint> checked;
+    std::shared_ptr<const void> check;  // shared_check's, for check_for
+    std::optional<Fingerprint> check_for;
   };
   // The entry of `file`'s path if `file` is an open of the file it holds; under mutex_.
   Held* held_for(const SourceFile& file);
