@@ -50,14 +50,14 @@ scan::FileScan file_scan() {
 
 // The digest by construction: the CRC-32 of the bytes outside the contents, in file order.
 // Without regions, as an entry written before they were kept: checked whole.
-uint32_t crc_of(std::string_view bytes) {
+uint32_t bytes_crc(std::string_view bytes) {
   return ckpt::crc32_update(
       0, std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
 }
 StructureDigest digest_of(std::string_view structure) {
   StructureDigest d;
   d.bytes = structure.size();
-  d.crc = crc_of(structure);
+  d.crc = bytes_crc(structure);
   return d;
 }
 
@@ -193,12 +193,12 @@ class PrefixCheckTest : public DeferredCheckTest {
     d.region = kMiB;
     for (int r = 0; r < 3; ++r) {
       all += header(r, false);
-      d.regions.push_back(crc_of(header(r, false)));
+      d.regions.push_back(bytes_crc(header(r, false)));
     }
     all += std::string(100, 'T');
-    d.regions.push_back(crc_of(std::string(100, 'T')));
+    d.regions.push_back(bytes_crc(std::string(100, 'T')));
     d.bytes = all.size();
-    d.crc = crc_of(all);
+    d.crc = bytes_crc(all);
     return d;
   }
   scan::FileScan big_;
