@@ -53,10 +53,14 @@ uint64_t round_up(uint64_t n, uint64_t to) { return n / to * to + (n % to != 0 ?
 
 }  // namespace
 
+uint64_t DeferredCheck::target(uint64_t upto) const {
+  return whole() ? file_size_ : std::min(file_size_, round_up(upto, want_.region));
+}
+
 bool DeferredCheck::needs(uint64_t upto) const {
   if (differs()) return false;
-  const uint64_t target = whole() ? file_size_ : std::min(file_size_, round_up(upto, want_.region));
-  return checked_.load(std::memory_order_acquire) < target;
+  const uint64_t goal = target(upto);
+  return checked_.load(std::memory_order_acquire) < goal;
 }
 
 void DeferredCheck::found_different() const {
@@ -76,23 +80,23 @@ DeferredCheck::Result DeferredCheck::verify(int fd, const std::string& name,
                                             const scan::FileScan& scan, uint64_t upto,
                                             std::string& why, const std::atomic<bool>* stop) const {
   if (!needs(upto) && !differs()) return Result::kMatched;
-  const uint64_t target = whole() ? file_size_ : std::min(file_size_, round_up(upto, want_.region));
+  const uint64_t goal = target(upto);
   std::unique_lock lock(mutex_);
   // One thread reads at a time; the others wait for the regions they need, or for their turn
   // to read further.
   progress_.wait(lock, [&] {
     return differs_.load(std::memory_order_relaxed) ||
-           checked_.load(std::memory_order_relaxed) >= target || !checking_;
+           checked_.load(std::memory_order_relaxed) >= goal || !checking_;
   });
   bool found_now = false;
   if (!differs_.load(std::memory_order_relaxed) &&
-      checked_.load(std::memory_order_relaxed) < target) {
+      checked_.load(std::memory_order_relaxed) < goal) {
     checking_ = true;
     if (!whole() && parts_.empty()) parts_ = structure_extents(scan);
     try {
       // The lock is let go while bytes are read (over an S3 filesystem, a fetch), so that a
       // reader whose regions are checked meanwhile goes on.
-      while (checked_.load(std::memory_order_relaxed) < target &&
+      while (checked_.load(std::memory_order_relaxed) < goal &&
              !(stop && stop->load(std::memory_order_relaxed))) {
         const uint64_t begin = checked_.load(std::memory_order_relaxed);
         bool same = false;

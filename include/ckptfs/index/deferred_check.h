@@ -63,6 +63,9 @@ class DeferredCheck {
                 std::string& why, const std::atomic<bool>* stop = nullptr) const;
 
  private:
+  // How far from the start the file must be checked for verify(..., upto): a region boundary or
+  // its end (its end when whole()).
+  uint64_t target(uint64_t upto) const;
   void found_different() const;  // under mutex_
 
   const StructureDigest want_;
