@@ -140,9 +140,16 @@ void SourcePrefetch::note(uint64_t ino, uint64_t off, size_t len) noexcept {
       if (all_covered(tree->plan().sources)) return;
     }
     std::vector<plan::Run> runs;
-    file->map(begin, end - begin, runs);
     const auto& sources = tree->plan().sources;
-    if (options_.cache) want_objects(runs, sources);
+    if (options_.cache) {
+      // The S3 path fetches the runs themselves (coalesced), so it needs them all.
+      file->map(begin, end - begin, runs);
+      want_objects(runs, sources);
+    } else {
+      // A filesystem reads ahead by itself around what is read: block rows are enough, and
+      // mapping each window's runs was a sixth of the daemon's time reading a view over s3fs.
+      file->cover(begin, end - begin, runs);
+    }
     const std::vector<Stretch> wanted = stretches(runs);
     std::lock_guard lock(mutex_);
     for (const Stretch& s : wanted) {

@@ -146,6 +146,29 @@ void TensorContent::map(uint64_t begin, uint64_t end, std::vector<Run>& out,
   }
 }
 
+void TensorContent::cover(uint64_t begin, uint64_t end, std::vector<Run>& out) const {
+  const size_t k = target_shape.size();
+  const uint64_t e = element_size;
+  if (begin >= end || e == 0 || k == 0) return;
+  // The target rows (first dimension) the range meets, then the source block rows they are.
+  const uint64_t row_bytes = nbytes() / static_cast<uint64_t>(target_shape[0]);
+  if (row_bytes == 0) return;
+  const int64_t first_row = target_begin[0] + static_cast<int64_t>(begin / row_bytes);
+  const int64_t end_row = target_begin[0] + static_cast<int64_t>((end - 1) / row_bytes) + 1;
+  uint64_t block_row_bytes = e;  // one row of a source block
+  for (size_t j = 1; j < k; ++j) block_row_bytes *= static_cast<uint64_t>(block_shape[j]);
+  size_t per_slab = 1;  // blocks of the grid at one block index along the first dimension
+  for (size_t j = 1; j < k; ++j) per_slab *= static_cast<size_t>(grid[j]);
+  for (int64_t b = first_row / block_shape[0]; b * block_shape[0] < end_row; ++b) {
+    const int64_t lo = std::max(first_row, b * block_shape[0]) - b * block_shape[0];
+    const int64_t hi = std::min(end_row, (b + 1) * block_shape[0]) - b * block_shape[0];
+    const size_t slab = static_cast<size_t>(b - first_block[0]) * per_slab;
+    for (size_t i = 0; i < per_slab; ++i)
+      emit_block_bytes(blocks[slab + i], static_cast<uint64_t>(lo) * block_row_bytes,
+                       static_cast<uint64_t>(hi - lo) * block_row_bytes, out);
+  }
+}
+
 namespace {
 // The bytes of a C-order tensor of `shape`: what a strided or grid content reads out.
 uint64_t dense_bytes(uint64_t element_size, std::span<const int64_t> shape) {

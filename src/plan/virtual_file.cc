@@ -86,6 +86,15 @@ const std::vector<CopiedRecord>& VirtualFile::copied_records() const { return im
 
 uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& out,
                           size_t max_runs) const {
+  return walk(offset, length, out, max_runs, false);
+}
+
+void VirtualFile::cover(uint64_t offset, uint64_t length, std::vector<Run>& out) const {
+  walk(offset, length, out, kAllRuns, true);
+}
+
+uint64_t VirtualFile::walk(uint64_t offset, uint64_t length, std::vector<Run>& out, size_t max_runs,
+                           bool cover) const {
   const Impl& f = *impl_;
   if (offset >= f.size || f.sizes_only) return 0;
   const uint64_t end = offset + std::min(length, f.size - offset);
@@ -97,13 +106,16 @@ uint64_t VirtualFile::map(uint64_t offset, uint64_t length, std::vector<Run>& ou
     const uint64_t to = std::min(end, it->start + it->length) - it->start;
     switch (it->kind) {
       case PieceKind::Bytes:
-        append_run(out, Run{f.arena.data() + it->pos + from, 0, 0, to - from});
+        if (!cover) append_run(out, Run{f.arena.data() + it->pos + from, 0, 0, to - from});
         break;
       case PieceKind::Source:
         append_run(out, Run{nullptr, it->ref, it->pos + from, to - from});
         break;
       case PieceKind::Tensor:
-        f.tensors[it->ref]->map(it->pos + from, it->pos + to, out, max_runs);
+        if (cover)
+          f.tensors[it->ref]->cover(it->pos + from, it->pos + to, out);
+        else
+          f.tensors[it->ref]->map(it->pos + from, it->pos + to, out, max_runs);
         break;
       case PieceKind::Strided:
         f.strided[it->ref]->map(it->pos + from, it->pos + to, out, max_runs);

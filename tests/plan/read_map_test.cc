@@ -160,12 +160,37 @@ TEST_P(ReadMapTest, EveryWindowMatchesBruteForce) {
     }
     return got;
   };
+  // cover() holds every byte map() reads, and no more than whole rows (along the first
+  // dimension) of the grid's blocks for the target rows the window meets.
+  const uint64_t target_row = expected.size() / static_cast<uint64_t>(c.target_shape[0]);
+  uint64_t slab_row = c.element_size;  // one row of every block met at one first-dimension index
+  for (size_t j = 1; j < c.global.size(); ++j)
+    slab_row *= static_cast<uint64_t>(content->grid[j] * block_shape[j]);
+  auto check_cover = [&](uint64_t begin, uint64_t end) {
+    std::vector<plan::Run> runs, cover;
+    content->map(begin, end, runs);
+    content->cover(begin, end, cover);
+    std::set<uint64_t> covered;
+    uint64_t cover_bytes = 0;
+    for (const plan::Run& r : cover) {
+      EXPECT_EQ(r.source, 7u);
+      cover_bytes += r.length;
+      for (uint64_t at = r.offset; at < r.offset + r.length; ++at) covered.insert(at);
+    }
+    for (const plan::Run& r : runs)
+      for (uint64_t at = r.offset; at < r.offset + r.length; ++at)
+        ASSERT_TRUE(covered.count(at)) << "window " << begin << ".." << end << " byte " << at;
+    const uint64_t rows = begin == end ? 0 : (end - 1) / target_row - begin / target_row + 1;
+    EXPECT_LE(cover_bytes, rows * slab_row) << "window " << begin << ".." << end;
+  };
   EXPECT_EQ(resolve(0, expected.size()), expected);
+  check_cover(0, expected.size());
   std::uniform_int_distribution<uint64_t> pick(0, expected.size());
   for (int i = 0; i < 300; ++i) {
     uint64_t a = pick(rng), b = pick(rng);
     if (a > b) std::swap(a, b);
     ASSERT_EQ(resolve(a, b), expected.substr(a, b - a)) << "window " << a << ".." << b;
+    check_cover(a, b);
   }
 
   // With a limit, the map stops once it holds more runs than that, and those runs still read
@@ -245,6 +270,15 @@ TEST(VirtualFile, MapsHeadersRangesAndMergesNeighbours) {
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0].offset, 101u);
   EXPECT_EQ(runs[0].length, 3u);
+
+  // cover() leaves the header bytes out and keeps the source ranges.
+  runs.clear();
+  file.cover(2, 100, runs);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].mem, nullptr);
+  EXPECT_EQ(runs[0].source, 3u);
+  EXPECT_EQ(runs[0].offset, 100u);
+  EXPECT_EQ(runs[0].length, 15u);
 }
 
 }  // namespace

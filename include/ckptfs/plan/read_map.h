@@ -36,6 +36,10 @@ struct TensorContent {
   // `out` holds more than `max_runs` runs (those then cover only a prefix of the range): a caller
   // that only needs to know whether there are more than that need not map thousands.
   void map(uint64_t begin, uint64_t end, std::vector<Run>& out, size_t max_runs = kAllRuns) const;
+  // Appends runs holding every source byte that map(begin, end) would, as whole rows (along the
+  // first dimension) of the source blocks met: also bytes of other boxes' columns. For read-ahead,
+  // which wants the stretches of the sources a window reads, not its ~100k runs: O(blocks met).
+  void cover(uint64_t begin, uint64_t end, std::vector<Run>& out) const;
 };
 
 // A piece of a storage kept in several files (an hfai tensor's torch.chunk pieces): storage

@@ -54,6 +54,10 @@ class VirtualFile {
   // stage, which would otherwise map thousands of short runs of a READ only to decline it).
   uint64_t map(uint64_t offset, uint64_t length, std::vector<Run>& out,
                size_t max_runs = kAllRuns) const;
+  // Appends runs holding at least the source bytes map() would for [offset, offset + length):
+  // resharded tensors as whole rows of the source blocks met (TensorContent::cover), the rest
+  // as map() has them; no header bytes. What read-ahead brings in, at O(pieces) cost.
+  void cover(uint64_t offset, uint64_t length, std::vector<Run>& out) const;
   // Source indices this file reads from, sorted, unique.
   const std::vector<uint32_t>& sources() const;
   // The records added by add_source_record, in file order.
@@ -62,6 +66,8 @@ class VirtualFile {
   class Builder;
 
  private:
+  uint64_t walk(uint64_t offset, uint64_t length, std::vector<Run>& out, size_t max_runs,
+                bool cover) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
