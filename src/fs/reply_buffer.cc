@@ -74,10 +74,10 @@ void give_half_page(void* p) {
   if (it == pages.end()) return;
   it->used[static_cast<char*>(p) == base ? 0 : 1] = false;
   if (!it->empty()) return;
-  // Keep one empty page for the next buffer; return any other.
-  const bool another_empty = std::any_of(
-      pages.begin(), pages.end(), [&](const Page& page) { return &page != &*it && page.empty(); });
-  if (!another_empty) return;
+  // Keep a few empty pages for the next buffers; return any other.
+  const auto empty =
+      std::count_if(pages.begin(), pages.end(), [](const Page& page) { return page.empty(); });
+  if (empty <= static_cast<std::ptrdiff_t>(kKeptEmptyPages)) return;
   ::munmap(it->base, kPage);
   pages.erase(it);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <memory>
 
 #include "ckptfs/ckpt/crc32.h"
 #include "ckptfs/util/pread.h"
@@ -32,7 +33,16 @@ void read_parts(int fd, const std::string& name, std::span<const scan::Extent> a
     const uint64_t to = std::min(it->offset + it->length, end);
     if (to > from) parts.push_back({from, to - from});
   }
-  std::vector<uint8_t> buffer;
+  // Not zeroed: every byte handed to `on` was just read.
+  std::unique_ptr<uint8_t[]> storage;
+  size_t capacity = 0;
+  const auto buffer_of = [&](size_t n) {
+    if (n > capacity) {
+      storage = std::make_unique_for_overwrite<uint8_t[]>(n);
+      capacity = n;
+    }
+    return std::span<uint8_t>(storage.get(), n);
+  };
   for (size_t i = 0; i < parts.size();) {
     // One read: parts[i..j) and the content between them, at most kBufferBytes (a single part
     // longer than that is read in pieces).
@@ -45,14 +55,13 @@ void read_parts(int fd, const std::string& name, std::span<const scan::Extent> a
     const uint64_t to = parts[j - 1].offset + parts[j - 1].length;
     if (to - from > kBufferBytes) {  // one long part
       for (uint64_t at = from; at < to;) {
-        const uint64_t n = std::min<uint64_t>(kBufferBytes, to - at);
-        buffer.resize(n);
+        const std::span<uint8_t> buffer = buffer_of(std::min<uint64_t>(kBufferBytes, to - at));
         pread_exact(fd, name, at, buffer);
         on(at, std::span<const uint8_t>(buffer));
-        at += n;
+        at += buffer.size();
       }
     } else {
-      buffer.resize(to - from);
+      const std::span<uint8_t> buffer = buffer_of(to - from);
       pread_exact(fd, name, from, buffer);
       for (size_t k = i; k < j; ++k)
         on(parts[k].offset,

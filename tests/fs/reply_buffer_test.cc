@@ -55,13 +55,20 @@ TEST(ReplyBufferTest, FreedPagesAreReturned) {
     EXPECT_GE(detail::huge_pages_mapped(), 3u);
     EXPECT_LE(detail::huge_pages_mapped(), before + 3);
   }
-  // At most one empty page stays for the next buffer.
-  EXPECT_LE(detail::huge_pages_mapped(), 1u);
+  // At most kKeptEmptyPages empty pages stay for the next buffers.
+  EXPECT_LE(detail::huge_pages_mapped(), detail::kKeptEmptyPages);
   for (int round = 0; round < 100; ++round) {
     std::vector<ReplyBuffer> held;
     for (int i = 0; i < 3; ++i) held.emplace_back(detail::kHalfPage);
   }
-  EXPECT_LE(detail::huge_pages_mapped(), 1u);
+  EXPECT_LE(detail::huge_pages_mapped(), detail::kKeptEmptyPages);
+  // More buffers than that, all freed: the pages beyond are returned.
+  {
+    std::vector<ReplyBuffer> held;
+    for (size_t i = 0; i < 4 * detail::kKeptEmptyPages; ++i) held.emplace_back(detail::kHalfPage);
+    EXPECT_GE(detail::huge_pages_mapped(), 2 * detail::kKeptEmptyPages);
+  }
+  EXPECT_LE(detail::huge_pages_mapped(), detail::kKeptEmptyPages);
 }
 
 }  // namespace
