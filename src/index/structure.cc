@@ -70,8 +70,7 @@ uint64_t region_size(uint64_t file_size) {
 }
 
 bool parsed_from_start(const scan::FileScan& scan) {
-  return !scan.encrypted && (scan.format == scan::SourceFormat::Ckpt ||
-                             scan.format == scan::SourceFormat::Safetensors);
+  return !scan.encrypted && scan.format == scan::SourceFormat::Safetensors;
 }
 
 std::vector<scan::Extent> structure_extents(const scan::FileScan& scan) {

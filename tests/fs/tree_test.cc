@@ -471,13 +471,15 @@ TEST(TreeDeferredChecks, ASourceIsServedOnlyOnceItsHeadersMatch) {
 }
 
 // Every source of `plan` deferred with its digest by region of 1 MiB, source 2's third region
-// said to be other than it is (rewritten since it was indexed).
+// said to be other than it is (rewritten since it was indexed). Labelled safetensors files, the
+// one format checked by prefix (index/structure.h).
 std::vector<std::shared_ptr<const index::DeferredCheck>> defer_by_region(
     plan::Plan& plan, const TestData& data, const std::filesystem::path& dir) {
   std::vector<std::shared_ptr<const index::DeferredCheck>> checks;
   for (size_t i = 0; i < plan.sources.size(); ++i) {
     const std::string& bytes = data.source_bytes(i);
     plan.sources[i].scan.file_size = bytes.size();
+    plan.sources[i].scan.format = scan::SourceFormat::Safetensors;
     index::StructureDigest want = whole_digest(bytes, 1 << 20);
     if (i == 2) want.regions[2] ^= 1;
     checks.push_back(std::make_shared<const index::DeferredCheck>(want, plan.sources[i].scan,
@@ -502,8 +504,9 @@ class TreeRegionChecks : public ::testing::Test {
   const Tree tree_;
 };
 
-// The same with the digest kept by region (index build writes them): a `.ckpt` is parsed from
-// its start, so a read waits only for the regions up to its last byte of each source. Source 2
+// The same with the digest kept by region (index build writes them): a safetensors file says
+// where every tensor lies before its first one, so a read waits only for the regions up to its
+// last byte of each source. Source 2
 // (3 MiB + 4 KiB, regions of 1 MiB) was rewritten in its third region: rank 5, which reads its
 // first 2 MiB and then most of its third MiB, is served the first and refused the rest.
 TEST_F(TreeRegionChecks, ASourceParsedFromItsStartIsCheckedAsFarAsReadsGo) {
