@@ -15,6 +15,9 @@ CheckAhead::~CheckAhead() {
     queue_.clear();
     helpers.swap(helpers_);
   }
+  // A helper may be waiting for another tree's reads of a check both share (OpenFiles::
+  // shared_check), which may go on to the end of the file.
+  for (const index::DeferredCheck* check : queued_) check->wake();
   for (std::thread& t : helpers) t.join();
 }
 

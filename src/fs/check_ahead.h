@@ -7,7 +7,8 @@
 // after another.
 //
 // Thread-safety: add() may be called from any thread. The destructor has the checks stop after
-// the region each is reading, and joins the helpers.
+// the region each is reading (those waiting for another tree's reads of a shared check, at
+// once), and joins the helpers.
 #pragma once
 
 #include <atomic>

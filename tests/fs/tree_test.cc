@@ -2,6 +2,7 @@
 // concatenation of the pieces each file is built from.
 #include "ckptfs/fs/tree.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -17,9 +18,11 @@
 #include <thread>
 #include <vector>
 
+#include "../../src/fs/check_ahead.h"
 #include "ckptfs/ckpt/crc32.h"
 #include "ckptfs/error.h"
 #include "ckptfs/index/deferred_check.h"
+#include "ckptfs/index/structure.h"
 #include "support/test_support.h"
 #include "test_data.h"
 
@@ -561,6 +564,48 @@ TEST_F(TreeRegionChecks, OpeningAFileChecksItsSourcesAheadOfItsReads) {
   std::string all(data_.expected(0).size(), '\0');
   ASSERT_EQ(tree_read(tree_, testing::ino_of(0), 0, std::span(all.data(), all.size()), got), 0);
   EXPECT_EQ(all.substr(0, got), data_.expected(0));
+}
+
+// One source checked ahead by two trees (a rank's plan and steps/<latest>, or two ranks
+// planned on first open, share its check): the tree that goes first (an unmount, a step
+// dropped) stops its helpers, and they must not wait for the other tree's check of the whole
+// file, which over an S3 filesystem fetches it (an unmount waited for that). Here 2 GiB of
+// structure (a sparse file) in regions of 8 MiB, still under way when the first tree stops.
+TEST(CheckAheadTest, StoppingDoesNotWaitForAnotherTreesCheckOfASharedSource) {
+  TempDir dir("ckptfs-check-ahead");
+  const std::filesystem::path path = dir.path() / "big.safetensors";
+  constexpr uint64_t kSize = uint64_t{2} << 30;
+  {
+    const UniqueFd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    ASSERT_EQ(::ftruncate(out.get(), static_cast<off_t>(kSize)), 0);
+  }
+  index::IndexedSource source;
+  source.file = source::SourceFile::open(path);
+  source.scan.format = scan::SourceFormat::Safetensors;
+  source.scan.file_size = source.scan.body_size = kSize;  // no tensor: all of it structure
+  index::StructureDigest want;
+  want.bytes = kSize;
+  want.region = index::region_size(kSize);
+  const std::string zeros(want.region, '\0');
+  want.regions.assign(
+      kSize / want.region,
+      ckpt::crc32_update(0,
+                         std::span(reinterpret_cast<const uint8_t*>(zeros.data()), zeros.size())));
+  auto check = std::make_shared<const index::DeferredCheck>(want, source.scan, dir.path() / "index",
+                                                            std::string());
+  ASSERT_FALSE(check->whole());
+  source.deferred = check;
+  CheckAhead other(8);
+  other.add(source);  // checks it to its end
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (check->needs(want.region) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_FALSE(check->needs(want.region));  // under way
+  auto first = std::make_unique<CheckAhead>(8);
+  first->add(source);  // its helper waits for the other's
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  first.reset();
+  EXPECT_TRUE(check->pending()) << "stopped only once the other tree's check had read all of it";
 }
 
 TEST(TreeReads, RunPastSourceEndGivesEio) {
