@@ -39,8 +39,10 @@ inline bool same_structure(const StructureDigest& found, const StructureDigest& 
 }
 
 // The region size for a file of `file_size` bytes: a power of two of at least 1 MiB, small
-// enough that a read waits for little more than its own bytes, and at most 256 regions a file so
-// that an entry stays small.
+// enough that a read waits for little more than its own bytes, and at most kMaxRegions regions a
+// file so that an entry, and the check a mount holds for each source, stays small (an entry with
+// more reads as damaged).
+inline constexpr size_t kMaxRegions = 256;
 uint64_t region_size(uint64_t file_size);
 
 // Whether every content byte of the file is placed by structure bytes before it, so that
