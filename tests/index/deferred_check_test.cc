@@ -266,6 +266,23 @@ TEST_F(PrefixCheckTest, AFormatNotParsedFromItsStartIsCheckedWhole) {
   }
 }
 
+// A region as large as 64 bits allow (a forged entry: one region for the whole file) is the
+// whole file, from the first read: no offset wraps.
+TEST_F(PrefixCheckTest, ARegionOfAllSixtyFourBitsIsTheWholeFile) {
+  StructureDigest want = digest();
+  want.region = ~uint64_t{0};
+  want.regions = {want.crc};
+  const DeferredCheck check(want, big_, index_, "");
+  EXPECT_TRUE(check.needs(1));
+  const UniqueFd changed = open_file(bytes(2));
+  std::string why;
+  EXPECT_EQ(check.verify(changed.get(), "f.ckpt", big_, 1, why), Result::kDiffers);
+  const DeferredCheck same(want, big_, index_, "");
+  const UniqueFd fd = open_file(bytes(), "same.ckpt");
+  EXPECT_EQ(same.verify(fd.get(), "f.ckpt", big_, 1, why), Result::kMatched);
+  EXPECT_FALSE(same.pending());
+}
+
 // A shipped index is never written: nothing is dropped, and the line says to rebuild it.
 TEST_F(PrefixCheckTest, AShippedIndexIsToBeRebuiltAndKeepsItsEntries) {
   store_entries();
