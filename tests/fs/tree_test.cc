@@ -3,6 +3,7 @@
 #include "ckptfs/fs/tree.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <ctime>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -606,6 +608,50 @@ TEST(CheckAheadTest, StoppingDoesNotWaitForAnotherTreesCheckOfASharedSource) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   first.reset();
   EXPECT_TRUE(check->pending()) << "stopped only once the other tree's check had read all of it";
+}
+
+// Address space of this process, in bytes (/proc/self/statm's first field).
+uint64_t address_space() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t pages = 0;
+  statm >> pages;
+  return pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// Files opened one after another, each reading a source of its own: each check's helper ends
+// once its queue is empty, and the next open starts another. An ended helper not joined keeps
+// its stack (8 MiB of address space, the pages it touched resident) until the tree goes: a tree
+// of thousands of sources held that many. At most the 8 helpers' worth may stay.
+TEST(CheckAheadTest, EndedHelpersDoNotAccumulate) {
+  TempDir dir("ckptfs-check-ahead");
+  constexpr int kSources = 48;
+  std::vector<index::IndexedSource> sources(kSources);
+  index::StructureDigest want;
+  want.bytes = 4096;
+  want.region = index::region_size(4096);
+  const std::string zeros(4096, '\0');
+  want.regions = {
+      ckpt::crc32_update(0, std::span(reinterpret_cast<const uint8_t*>(zeros.data()), 4096))};
+  for (int i = 0; i < kSources; ++i) {
+    const auto path = testsupport::write_file(dir.path() / fmt::format("{}.safetensors", i), zeros);
+    index::IndexedSource& s = sources[i];
+    s.file = source::SourceFile::open(path);
+    s.scan.format = scan::SourceFormat::Safetensors;
+    s.scan.file_size = s.scan.body_size = 4096;
+    s.deferred = std::make_shared<const index::DeferredCheck>(want, s.scan, dir.path() / "index",
+                                                              std::string());
+  }
+  CheckAhead ahead(8);
+  const uint64_t before = address_space();
+  for (index::IndexedSource& s : sources) {
+    ahead.add(s);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (s.deferred->pending() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    ASSERT_FALSE(s.deferred->pending());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // its helper ends
+  }
+  EXPECT_LT(address_space() - before, uint64_t{128} << 20);
 }
 
 TEST(TreeReads, RunPastSourceEndGivesEio) {
