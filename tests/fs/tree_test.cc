@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../../src/fs/check_ahead.h"
+#include "../../src/fs/prefetcher.h"
 #include "ckptfs/ckpt/crc32.h"
 #include "ckptfs/error.h"
 #include "ckptfs/index/deferred_check.h"
@@ -608,6 +609,34 @@ TEST(CheckAheadTest, StoppingDoesNotWaitForAnotherTreesCheckOfASharedSource) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   first.reset();
   EXPECT_TRUE(check->pending()) << "stopped only once the other tree's check had read all of it";
+}
+
+// Reads ahead (fs::Prefetcher) gather blocks past the bytes asked for, and a hit is served with
+// only the sources' fingerprints checked: the blocks' structure must have been checked up to
+// their end when they were gathered. Rank 5 read in 64 KiB steps, the helpers let gather ahead
+// before each: every byte served is the view's, none at or past the region of source 2 that
+// differs (the third), and a read fails (once a block gathered ahead meets that region, the
+// source is refused for good: every read of it).
+TEST_F(TreeRegionChecks, ReadAheadServesNoByteOfARegionNotChecked) {
+  const std::string& want = data_.expected(2);
+  const uint64_t third = 10 + (2u << 20) + 13;  // rank 5's first byte of source 2's third MiB
+  Prefetcher prefetcher(tree_, 2);
+  const auto stream = prefetcher.open(testing::ino_of(2));
+  ReplyBuffer buf;
+  std::string served;
+  int err = 0;
+  while (served.size() < want.size()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let the helpers gather ahead
+    size_t got = 0;
+    err = testing::prefetch_read(prefetcher, *stream, served.size(), 64 << 10, buf, got);
+    if (err != 0 || got == 0) break;
+    served.append(buf.data(), got);
+    prefetcher.start(*stream);
+  }
+  EXPECT_EQ(err, EIO);
+  EXPECT_LE(served.size(), third);  // a block gathered ahead that met it failed the source
+  EXPECT_EQ(served, want.substr(0, served.size()));
+  EXPECT_GT(prefetcher.gathered_ahead(), 0u);
 }
 
 // Address space of this process, in bytes (/proc/self/statm's first field).
