@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <ctime>
@@ -637,6 +638,56 @@ TEST_F(TreeRegionChecks, ReadAheadServesNoByteOfARegionNotChecked) {
   EXPECT_LE(served.size(), third);  // a block gathered ahead that met it failed the source
   EXPECT_EQ(served, want.substr(0, served.size()));
   EXPECT_GT(prefetcher.gathered_ahead(), 0u);
+}
+
+// Readers of many regions at once, two trees' helpers checking ahead and one of them stopped
+// midway, over a check whose 41st region differs: no reader waits for ever, none past that
+// region is told its bytes match, and the check ends found different. (Run under TSan too.)
+TEST(CheckAheadTest, ManyReadersAndHelpersOfOneCheckAtOnce) {
+  TempDir dir("ckptfs-check-ahead");
+  const std::filesystem::path path = dir.path() / "f.safetensors";
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  constexpr uint64_t kSize = 64 * kMiB;
+  {
+    const UniqueFd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    ASSERT_EQ(::ftruncate(out.get(), static_cast<off_t>(kSize)), 0);
+  }
+  index::IndexedSource source;
+  source.file = source::SourceFile::open(path);
+  source.scan.format = scan::SourceFormat::Safetensors;
+  source.scan.file_size = source.scan.body_size = kSize;
+  index::StructureDigest want;
+  want.bytes = kSize;
+  want.region = kMiB;
+  const std::string zeros(kMiB, '\0');
+  want.regions.assign(
+      64, ckpt::crc32_update(0, std::span(reinterpret_cast<const uint8_t*>(zeros.data()), kMiB)));
+  want.regions[40] ^= 1;
+  auto check = std::make_shared<const index::DeferredCheck>(want, source.scan, dir.path() / "index",
+                                                            std::string());
+  source.deferred = check;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 8; ++t)
+    readers.emplace_back([&, t] {
+      std::mt19937_64 random(t);
+      for (int i = 0; i < 200; ++i) {
+        const uint64_t upto = random() % (kSize + 1);
+        std::string why;
+        const auto got = check->verify(source.file.fd.get(), path.native(), source.scan, upto, why);
+        if (upto > 40 * kMiB && got != index::DeferredCheck::Result::kDiffers) ++wrong;
+      }
+    });
+  {
+    CheckAhead stopped(8);
+    stopped.add(source);
+    CheckAhead other(8);
+    other.add(source);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (std::thread& t : readers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_TRUE(check->differs());
 }
 
 // Address space of this process, in bytes (/proc/self/statm's first field).
