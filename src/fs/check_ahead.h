@@ -7,13 +7,15 @@
 // after another.
 //
 // Thread-safety: add() may be called from any thread. The destructor has the checks stop after
-// the region each is reading, and joins the helpers.
+// the region each is reading (those waiting for another tree's reads of a shared check, at
+// once), and joins the helpers.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <list>
 #include <mutex>
 #include <thread>
 #include <unordered_set>
@@ -36,14 +38,21 @@ class CheckAhead {
   void add(const index::IndexedSource& source) noexcept;
 
  private:
-  void loop();
+  struct Helper {
+    std::thread thread;
+    bool done = false;  // its loop has ended (mutex_): to be joined
+  };
+  void loop(Helper& self);
+  // Joins the helpers whose loop has ended: an ended thread not joined keeps its stack, and a
+  // tree of many sources starts a helper for many of them over its life. Under mutex_.
+  void join_ended();
 
   const size_t max_helpers_;
   std::mutex mutex_;
   std::deque<const index::IndexedSource*> queue_;
   std::unordered_set<const index::DeferredCheck*> queued_;  // ever
-  std::vector<std::thread> helpers_;                        // each runs until the queue is empty
-  size_t running_ = 0;                                      // helpers still looping
+  std::list<Helper> helpers_;  // each runs until the queue is empty; a list: loop holds its own
+  size_t running_ = 0;         // helpers still looping
   std::atomic<bool> stop_{false};
 };
 

@@ -63,6 +63,11 @@ bool DeferredCheck::needs(uint64_t upto) const {
   return checked_.load(std::memory_order_acquire) < goal;
 }
 
+void DeferredCheck::wake() const {
+  std::lock_guard lock(mutex_);
+  progress_.notify_all();
+}
+
 void DeferredCheck::found_different() const {
   why_ = shipped_ ? fmt::format(
                         "its headers are not those the index {} was built from (rewritten in "
@@ -81,13 +86,16 @@ DeferredCheck::Result DeferredCheck::verify(int fd, const std::string& name,
                                             std::string& why, const std::atomic<bool>* stop) const {
   if (!needs(upto) && !differs()) return Result::kMatched;
   const uint64_t goal = target(upto);
+  const auto stopped = [&] { return stop && stop->load(std::memory_order_relaxed); };
   std::unique_lock lock(mutex_);
   // One thread reads at a time; the others wait for the regions they need, or for their turn
-  // to read further.
+  // to read further. A check run ahead and given up waits no longer (wake()): the thread
+  // reading may be another tree's, checking the whole file.
   progress_.wait(lock, [&] {
     return differs_.load(std::memory_order_relaxed) ||
-           checked_.load(std::memory_order_relaxed) >= goal || !checking_;
+           checked_.load(std::memory_order_relaxed) >= goal || !checking_ || stopped();
   });
+  if (checking_ && stopped() && !differs_.load(std::memory_order_relaxed)) return Result::kMatched;
   bool found_now = false;
   if (!differs_.load(std::memory_order_relaxed) &&
       checked_.load(std::memory_order_relaxed) < goal) {

@@ -396,6 +396,9 @@ std::optional<scan::FileScan> decode_entry(std::string_view entry, uint64_t file
     if (digest.region == 0 ||
         region_crcs.size() != file_size / digest.region + (file_size % digest.region != 0))
       return bad("its structure regions do not cover the file");
+    if (region_crcs.size() > kMaxRegions)
+      return bad(fmt::format("it keeps {} structure regions, more than the {} index build keeps",
+                             region_crcs.size(), kMaxRegions));
     digest.regions.reserve(region_crcs.size());
     for (uint64_t crc : region_crcs) {
       if (crc > std::numeric_limits<uint32_t>::max())

@@ -16,7 +16,6 @@ namespace {
 constexpr uint64_t kReadThrough = uint64_t{64} << 10;
 constexpr size_t kBufferBytes = size_t{1} << 20;
 constexpr uint64_t kMinRegion = uint64_t{1} << 20;
-constexpr uint64_t kMaxRegions = 256;
 
 // Calls on(offset, bytes) for the bytes of `parts` in [begin, end), in file order, reading them
 // from `fd` in as few preads as kReadThrough and kBufferBytes allow.
@@ -74,13 +73,12 @@ void read_parts(int fd, const std::string& name, std::span<const scan::Extent> a
 }  // namespace
 
 uint64_t region_size(uint64_t file_size) {
-  const uint64_t at_least = (file_size + kMaxRegions - 1) / kMaxRegions;
+  const uint64_t at_least = (file_size + kMaxRegions - 1) / uint64_t{kMaxRegions};
   return std::max(kMinRegion, std::bit_ceil(at_least));
 }
 
 bool parsed_from_start(const scan::FileScan& scan) {
-  return !scan.encrypted && (scan.format == scan::SourceFormat::Ckpt ||
-                             scan.format == scan::SourceFormat::Safetensors);
+  return !scan.encrypted && scan.format == scan::SourceFormat::Safetensors;
 }
 
 std::vector<scan::Extent> structure_extents(const scan::FileScan& scan) {

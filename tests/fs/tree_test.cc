@@ -2,14 +2,18 @@
 // concatenation of the pieces each file is built from.
 #include "ckptfs/fs/tree.h"
 
+#include <fcntl.h>
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <ctime>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -17,9 +21,12 @@
 #include <thread>
 #include <vector>
 
+#include "../../src/fs/check_ahead.h"
+#include "../../src/fs/prefetcher.h"
 #include "ckptfs/ckpt/crc32.h"
 #include "ckptfs/error.h"
 #include "ckptfs/index/deferred_check.h"
+#include "ckptfs/index/structure.h"
 #include "support/test_support.h"
 #include "test_data.h"
 
@@ -471,13 +478,15 @@ TEST(TreeDeferredChecks, ASourceIsServedOnlyOnceItsHeadersMatch) {
 }
 
 // Every source of `plan` deferred with its digest by region of 1 MiB, source 2's third region
-// said to be other than it is (rewritten since it was indexed).
+// said to be other than it is (rewritten since it was indexed). Labelled safetensors files, the
+// one format checked by prefix (index/structure.h).
 std::vector<std::shared_ptr<const index::DeferredCheck>> defer_by_region(
     plan::Plan& plan, const TestData& data, const std::filesystem::path& dir) {
   std::vector<std::shared_ptr<const index::DeferredCheck>> checks;
   for (size_t i = 0; i < plan.sources.size(); ++i) {
     const std::string& bytes = data.source_bytes(i);
     plan.sources[i].scan.file_size = bytes.size();
+    plan.sources[i].scan.format = scan::SourceFormat::Safetensors;
     index::StructureDigest want = whole_digest(bytes, 1 << 20);
     if (i == 2) want.regions[2] ^= 1;
     checks.push_back(std::make_shared<const index::DeferredCheck>(want, plan.sources[i].scan,
@@ -502,8 +511,9 @@ class TreeRegionChecks : public ::testing::Test {
   const Tree tree_;
 };
 
-// The same with the digest kept by region (index build writes them): a `.ckpt` is parsed from
-// its start, so a read waits only for the regions up to its last byte of each source. Source 2
+// The same with the digest kept by region (index build writes them): a safetensors file says
+// where every tensor lies before its first one, so a read waits only for the regions up to its
+// last byte of each source. Source 2
 // (3 MiB + 4 KiB, regions of 1 MiB) was rewritten in its third region: rank 5, which reads its
 // first 2 MiB and then most of its third MiB, is served the first and refused the rest.
 TEST_F(TreeRegionChecks, ASourceParsedFromItsStartIsCheckedAsFarAsReadsGo) {
@@ -558,6 +568,170 @@ TEST_F(TreeRegionChecks, OpeningAFileChecksItsSourcesAheadOfItsReads) {
   std::string all(data_.expected(0).size(), '\0');
   ASSERT_EQ(tree_read(tree_, testing::ino_of(0), 0, std::span(all.data(), all.size()), got), 0);
   EXPECT_EQ(all.substr(0, got), data_.expected(0));
+}
+
+// One source checked ahead by two trees (a rank's plan and steps/<latest>, or two ranks
+// planned on first open, share its check): the tree that goes first (an unmount, a step
+// dropped) stops its helpers, and they must not wait for the other tree's check of the whole
+// file, which over an S3 filesystem fetches it (an unmount waited for that). Here 2 GiB of
+// structure (a sparse file) in regions of 8 MiB, still under way when the first tree stops.
+TEST(CheckAheadTest, StoppingDoesNotWaitForAnotherTreesCheckOfASharedSource) {
+  TempDir dir("ckptfs-check-ahead");
+  const std::filesystem::path path = dir.path() / "big.safetensors";
+  constexpr uint64_t kSize = uint64_t{2} << 30;
+  {
+    const UniqueFd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    ASSERT_EQ(::ftruncate(out.get(), static_cast<off_t>(kSize)), 0);
+  }
+  index::IndexedSource source;
+  source.file = source::SourceFile::open(path);
+  source.scan.format = scan::SourceFormat::Safetensors;
+  source.scan.file_size = source.scan.body_size = kSize;  // no tensor: all of it structure
+  index::StructureDigest want;
+  want.bytes = kSize;
+  want.region = index::region_size(kSize);
+  const std::string zeros(want.region, '\0');
+  want.regions.assign(
+      kSize / want.region,
+      ckpt::crc32_update(0,
+                         std::span(reinterpret_cast<const uint8_t*>(zeros.data()), zeros.size())));
+  auto check = std::make_shared<const index::DeferredCheck>(want, source.scan, dir.path() / "index",
+                                                            std::string());
+  ASSERT_FALSE(check->whole());
+  source.deferred = check;
+  CheckAhead other(8);
+  other.add(source);  // checks it to its end
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (check->needs(want.region) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_FALSE(check->needs(want.region));  // under way
+  auto first = std::make_unique<CheckAhead>(8);
+  first->add(source);  // its helper waits for the other's
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  first.reset();
+  EXPECT_TRUE(check->pending()) << "stopped only once the other tree's check had read all of it";
+}
+
+// Reads ahead (fs::Prefetcher) gather blocks past the bytes asked for, and a hit is served with
+// only the sources' fingerprints checked: the blocks' structure must have been checked up to
+// their end when they were gathered. Rank 5 read in 64 KiB steps, the helpers let gather ahead
+// before each: every byte served is the view's, none at or past the region of source 2 that
+// differs (the third), and a read fails (once a block gathered ahead meets that region, the
+// source is refused for good: every read of it).
+TEST_F(TreeRegionChecks, ReadAheadServesNoByteOfARegionNotChecked) {
+  const std::string& want = data_.expected(2);
+  const uint64_t third = 10 + (2u << 20) + 13;  // rank 5's first byte of source 2's third MiB
+  Prefetcher prefetcher(tree_, 2);
+  const auto stream = prefetcher.open(testing::ino_of(2));
+  ReplyBuffer buf;
+  std::string served;
+  int err = 0;
+  while (served.size() < want.size()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let the helpers gather ahead
+    size_t got = 0;
+    err = testing::prefetch_read(prefetcher, *stream, served.size(), 64 << 10, buf, got);
+    if (err != 0 || got == 0) break;
+    served.append(buf.data(), got);
+    prefetcher.start(*stream);
+  }
+  EXPECT_EQ(err, EIO);
+  EXPECT_LE(served.size(), third);  // a block gathered ahead that met it failed the source
+  EXPECT_EQ(served, want.substr(0, served.size()));
+  EXPECT_GT(prefetcher.gathered_ahead(), 0u);
+}
+
+// Readers of many regions at once, two trees' helpers checking ahead and one of them stopped
+// midway, over a check whose 41st region differs: no reader waits for ever, none past that
+// region is told its bytes match, and the check ends found different. (Run under TSan too.)
+TEST(CheckAheadTest, ManyReadersAndHelpersOfOneCheckAtOnce) {
+  TempDir dir("ckptfs-check-ahead");
+  const std::filesystem::path path = dir.path() / "f.safetensors";
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  constexpr uint64_t kSize = 64 * kMiB;
+  {
+    const UniqueFd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    ASSERT_EQ(::ftruncate(out.get(), static_cast<off_t>(kSize)), 0);
+  }
+  index::IndexedSource source;
+  source.file = source::SourceFile::open(path);
+  source.scan.format = scan::SourceFormat::Safetensors;
+  source.scan.file_size = source.scan.body_size = kSize;
+  index::StructureDigest want;
+  want.bytes = kSize;
+  want.region = kMiB;
+  const std::string zeros(kMiB, '\0');
+  want.regions.assign(
+      64, ckpt::crc32_update(0, std::span(reinterpret_cast<const uint8_t*>(zeros.data()), kMiB)));
+  want.regions[40] ^= 1;
+  auto check = std::make_shared<const index::DeferredCheck>(want, source.scan, dir.path() / "index",
+                                                            std::string());
+  source.deferred = check;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 8; ++t)
+    readers.emplace_back([&, t] {
+      std::mt19937_64 random(t);
+      for (int i = 0; i < 200; ++i) {
+        const uint64_t upto = random() % (kSize + 1);
+        std::string why;
+        const auto got = check->verify(source.file.fd.get(), path.native(), source.scan, upto, why);
+        if (upto > 40 * kMiB && got != index::DeferredCheck::Result::kDiffers) ++wrong;
+      }
+    });
+  {
+    CheckAhead stopped(8);
+    stopped.add(source);
+    CheckAhead other(8);
+    other.add(source);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (std::thread& t : readers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_TRUE(check->differs());
+}
+
+// Address space of this process, in bytes (/proc/self/statm's first field).
+uint64_t address_space() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t pages = 0;
+  statm >> pages;
+  return pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// Files opened one after another, each reading a source of its own: each check's helper ends
+// once its queue is empty, and the next open starts another. An ended helper not joined keeps
+// its stack (8 MiB of address space, the pages it touched resident) until the tree goes: a tree
+// of thousands of sources held that many. At most the 8 helpers' worth may stay.
+TEST(CheckAheadTest, EndedHelpersDoNotAccumulate) {
+  TempDir dir("ckptfs-check-ahead");
+  constexpr int kSources = 48;
+  std::vector<index::IndexedSource> sources(kSources);
+  index::StructureDigest want;
+  want.bytes = 4096;
+  want.region = index::region_size(4096);
+  const std::string zeros(4096, '\0');
+  want.regions = {
+      ckpt::crc32_update(0, std::span(reinterpret_cast<const uint8_t*>(zeros.data()), 4096))};
+  for (int i = 0; i < kSources; ++i) {
+    const auto path = testsupport::write_file(dir.path() / fmt::format("{}.safetensors", i), zeros);
+    index::IndexedSource& s = sources[i];
+    s.file = source::SourceFile::open(path);
+    s.scan.format = scan::SourceFormat::Safetensors;
+    s.scan.file_size = s.scan.body_size = 4096;
+    s.deferred = std::make_shared<const index::DeferredCheck>(want, s.scan, dir.path() / "index",
+                                                              std::string());
+  }
+  CheckAhead ahead(8);
+  const uint64_t before = address_space();
+  for (index::IndexedSource& s : sources) {
+    ahead.add(s);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (s.deferred->pending() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    ASSERT_FALSE(s.deferred->pending());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // its helper ends
+  }
+  EXPECT_LT(address_space() - before, uint64_t{128} << 20);
 }
 
 TEST(TreeReads, RunPastSourceEndGivesEio) {

@@ -5,17 +5,23 @@
 #include "ckptfs/index/deferred_check.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ckptfs/ckpt/crc32.h"
+#include "ckptfs/ckpt/encoder.h"
+#include "ckptfs/ckpt/scanner.h"
+#include "ckptfs/ckpt/varint.h"
 #include "ckptfs/index/store.h"
+#include "ckptfs/safetensors/scanner.h"
 #include "ckptfs/util/fd.h"
 #include "support/test_support.h"
 
@@ -163,12 +169,15 @@ TEST_F(DeferredCheckTest, ManyThreadsAtOnceGetOneAnswer) {
 }
 
 // A file of three 1 MiB regions and a tail: a 16-byte header opens each region, the rest of
-// the region is one tensor's content, and the last 100 bytes are structure too.
+// the region is one tensor's content, and the last 100 bytes are structure too. Labelled a
+// safetensors file, the one format checked by prefix (a real one keeps all its structure in its
+// header: RewrittenSourceTest).
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 class PrefixCheckTest : public DeferredCheckTest {
  protected:
   PrefixCheckTest() {
+    big_.format = scan::SourceFormat::Safetensors;
     big_.file_size = big_.body_size = 3 * kMiB + 100;
     for (int r = 0; r < 3; ++r)
       big_.params.push_back(param(static_cast<char>('a' + r), "Int8", 1, {r * kMiB + 16, kMiB - 16},
@@ -244,14 +253,34 @@ TEST_F(PrefixCheckTest, ARewriteIsFoundInItsRegionAndRefusedForGood) {
   EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 1, why), Result::kDiffers);
 }
 
-// A torch zip is read from its directory at the end: a prefix proves nothing there.
+// A torch zip is read from its directory at the end, a `.ckpt`'s later records and fields can
+// move the bytes of an earlier name (RewrittenSourceTest): a prefix proves nothing there.
 TEST_F(PrefixCheckTest, AFormatNotParsedFromItsStartIsCheckedWhole) {
-  big_.format = scan::SourceFormat::TorchZip;
-  const DeferredCheck check(digest(), big_, index_, "");
-  EXPECT_TRUE(check.whole());
-  const UniqueFd fd = open_file(bytes(2));
+  for (const scan::SourceFormat format : {scan::SourceFormat::TorchZip, scan::SourceFormat::Ckpt}) {
+    big_.format = format;
+    const DeferredCheck check(digest(), big_, index_, "");
+    EXPECT_TRUE(check.whole());
+    const UniqueFd fd = open_file(bytes(2));
+    std::string why;
+    EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 0, why), Result::kDiffers);
+  }
+}
+
+// A region as large as 64 bits allow (a forged entry: one region for the whole file) is the
+// whole file, from the first read: no offset wraps.
+TEST_F(PrefixCheckTest, ARegionOfAllSixtyFourBitsIsTheWholeFile) {
+  StructureDigest want = digest();
+  want.region = ~uint64_t{0};
+  want.regions = {want.crc};
+  const DeferredCheck check(want, big_, index_, "");
+  EXPECT_TRUE(check.needs(1));
+  const UniqueFd changed = open_file(bytes(2));
   std::string why;
-  EXPECT_EQ(check.verify(fd.get(), "f.ckpt", big_, 0, why), Result::kDiffers);
+  EXPECT_EQ(check.verify(changed.get(), "f.ckpt", big_, 1, why), Result::kDiffers);
+  const DeferredCheck same(want, big_, index_, "");
+  const UniqueFd fd = open_file(bytes(), "same.ckpt");
+  EXPECT_EQ(same.verify(fd.get(), "f.ckpt", big_, 1, why), Result::kMatched);
+  EXPECT_FALSE(same.pending());
 }
 
 // A shipped index is never written: nothing is dropped, and the line says to rebuild it.
@@ -264,6 +293,128 @@ TEST_F(PrefixCheckTest, AShippedIndexIsToBeRebuiltAndKeepsItsEntries) {
   EXPECT_THAT(why,
               HasSubstr("rebuild it with `ckptfs index build SRC --output " + index_.string()));
   EXPECT_TRUE(stored(old_));
+}
+
+// Real files, digested as index build digests them, rewritten in place with their size kept:
+// whether a read of a parameter's bytes whose structure checks pass gets the bytes that the
+// file, as it is now, holds under that name (the parameters as MindSpore loads them, by the
+// scanner: an independent reading of the rewritten file).
+class RewrittenSourceTest : public DeferredCheckTest {
+ protected:
+  // One .ckpt record: `tag`, an Int8 tensor of `content`, the tag after the tensor when
+  // `tag_last` (protobuf fields may come in any order).
+  static std::string record(std::string_view tag, std::string_view content, bool tag_last = false) {
+    if (!tag_last) {
+      const int64_t dims[] = {static_cast<int64_t>(content.size())};
+      return ckpt::record_header(tag, dims, "Int8", content.size()) + std::string(content);
+    }
+    std::string tensor = "\x08";
+    ckpt::put_varint(tensor, content.size());
+    tensor += "\x12\x04Int8\x1a";
+    ckpt::put_varint(tensor, content.size());
+    tensor += content;
+    std::string value = "\x12";
+    ckpt::put_varint(value, tensor.size());
+    value += tensor + "\x0a";
+    ckpt::put_varint(value, tag.size());
+    value += tag;
+    std::string out = "\x0a";
+    ckpt::put_varint(out, value.size());
+    return out + value;
+  }
+  // Where the file now places parameter `name`'s bytes, as MindSpore would load it.
+  static std::optional<scan::Extent> now_at(int fd, std::string_view name) {
+    for (const scan::Param& p : ckpt::loaded_params(ckpt::scan_checkpoint_fd(fd, "now.ckpt")))
+      if (p.name == name && p.content.size() == 1) return p.content.front();
+    return std::nullopt;
+  }
+  // Makes the check index build's digest of `before` gives, and verifies `after` up to the end
+  // of parameter `name`'s bytes as `before` placed them: the read of them that a view makes.
+  Result read_of(const std::string& before, const std::string& after, std::string_view name) {
+    const UniqueFd old_fd = open_file(before, "before.ckpt");
+    const scan::FileScan scan = ckpt::scan_checkpoint_fd(old_fd.get(), "before.ckpt");
+    const DeferredCheck check(structure_digest(old_fd.get(), "before.ckpt", scan), scan, index_,
+                              "");
+    const std::optional<scan::Extent> was = now_at(old_fd.get(), name);
+    if (!was) ADD_FAILURE() << name << " not in the file before";
+    const UniqueFd fd = open_file(after, "after.ckpt");
+    std::string why;
+    return check.verify(fd.get(), "after.ckpt", scan, was ? was->offset + was->length : 0, why);
+  }
+};
+
+// MindSpore loads the last of two non-adjacent records of one name. A later record renamed to
+// an earlier one's name (same length: the size kept) moves that name's bytes to it, yet every
+// structure byte up to the end of the earlier record is as indexed.
+TEST_F(RewrittenSourceTest, ALaterCkptRecordRenamedAsAnEarlierOneIsFoundBeforeItsBytesAreServed) {
+  const std::string a(kMiB, 'A'), b(kMiB, 'B'), c(kMiB, 'C');
+  const std::string before = record("aa", a) + record("bb", b) + record("cc", c);
+  const std::string after = record("aa", a) + record("bb", b) + record("aa", c);
+  ASSERT_EQ(after.size(), before.size());
+  {
+    // The attack is real: the rewritten file holds "aa" in its third record, past 2 MiB.
+    const UniqueFd fd = open_file(after, "now.ckpt");
+    const std::optional<scan::Extent> now = now_at(fd.get(), "aa");
+    ASSERT_TRUE(now);
+    EXPECT_GT(now->offset, 2 * kMiB);
+  }
+  EXPECT_NE(read_of(before, after, "aa"), Result::kMatched);
+}
+
+// Protobuf fields come in any order, and the scanner takes them so: a record's tag may follow
+// its tensor. A tag after a content that ends on a region's edge lies in the next region.
+TEST_F(RewrittenSourceTest, ACkptTagAfterItsContentIsComparedBeforeTheContentIsServed) {
+  // "aa"'s content ends at 1 MiB, its tag (4 bytes) follows.
+  std::string a(kMiB - 64, 'A');
+  while (record("aa", a, true).size() < kMiB + 4) a.push_back('A');
+  ASSERT_EQ(record("aa", a, true).size(), kMiB + 4);
+  const std::string before = record("aa", a, true) + record("bb", std::string(kMiB, 'B'));
+  ASSERT_EQ(before.find("\x0a\x02"
+                        "aa",
+                        kMiB - 2),
+            kMiB);  // the tag opens the second region
+  std::string after = before;
+  after.replace(kMiB + 2, 2, "zz");
+  {
+    const UniqueFd fd = open_file(after, "now.ckpt");
+    EXPECT_FALSE(now_at(fd.get(), "aa"));  // no "aa" any more
+    EXPECT_TRUE(now_at(fd.get(), "zz"));
+  }
+  EXPECT_NE(read_of(before, after, "aa"), Result::kMatched);
+}
+
+// A safetensors header comes first and says where every tensor lies: a byte of any tensor lies
+// past all of it, so a read of it has every header region compared. Here a header of more than
+// a region, whose last two entries (data at the end of the file) have their names swapped.
+TEST_F(RewrittenSourceTest, ASafetensorsHeaderRewrittenAnywhereIsFoundByTheFirstTensorsRead) {
+  constexpr int kTensors = 20000;
+  std::string json = "{";
+  for (int i = 0; i < kTensors; ++i)
+    json += fmt::format("{}\"t{:05}\":{{\"dtype\":\"U8\",\"shape\":[64],\"data_offsets\":[{},{}]}}",
+                        i == 0 ? "" : ",", i, i * 64, (i + 1) * 64);
+  json += "}";
+  json.resize((json.size() + 7) / 8 * 8, ' ');
+  ASSERT_GT(json.size(), kMiB);
+  std::string before(8, '\0');
+  for (int i = 0; i < 8; ++i) before[i] = static_cast<char>(json.size() >> (8 * i));
+  before += json;
+  for (int i = 0; i < kTensors; ++i) before += std::string(64, static_cast<char>('a' + i % 26));
+  std::string after = before;
+  const size_t x = after.find(fmt::format("\"t{:05}\"", kTensors - 2));
+  const size_t y = after.find(fmt::format("\"t{:05}\"", kTensors - 1));
+  after.replace(x + 2, 5, fmt::format("{:05}", kTensors - 1));
+  after.replace(y + 2, 5, fmt::format("{:05}", kTensors - 2));
+  const UniqueFd old_fd = open_file(before, "before.safetensors");
+  const scan::FileScan scan = safetensors::scan_safetensors_fd(old_fd.get(), "before.safetensors");
+  ASSERT_EQ(scan.format, scan::SourceFormat::Safetensors);
+  const DeferredCheck check(structure_digest(old_fd.get(), "before.safetensors", scan), scan,
+                            index_, "");
+  ASSERT_FALSE(check.whole());
+  const UniqueFd fd = open_file(after, "after.safetensors");
+  std::string why;
+  // The first byte of the first tensor.
+  EXPECT_EQ(check.verify(fd.get(), "after.safetensors", scan, 8 + json.size() + 1, why),
+            Result::kDiffers);
 }
 
 }  // namespace

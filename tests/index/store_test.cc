@@ -498,7 +498,7 @@ TEST_F(StoreTest, StructureRegionsComeBackAndMustTileTheFile) {
   StructureDigest digest;
   digest.bytes = 12;
   digest.crc = 0xDEADBEEF;
-  digest.region = uint64_t{1} << 20;
+  digest.region = region_size(scan.file_size);  // 8 GiB: 129 regions
   digest.regions.assign(scan.file_size / digest.region + 1, 0);
   digest.regions.front() = 0xFFFFFFFF;
   digest.regions.back() = 7;
@@ -527,6 +527,24 @@ TEST_F(StoreTest, StructureRegionsComeBackAndMustTileTheFile) {
   older.region = 0;
   older.regions.clear();
   EXPECT_EQ(stored(), older);
+}
+
+// index build keeps at most 256 regions a file (structure.h), so that an entry, and the check a
+// mount holds for each deferred source, stays small. A forged entry of 4 KiB regions for a
+// 1 TiB file (2^28 CRCs) would have a mount hold a GiB for it; one of 1 MiB regions, 4 MiB.
+// Anything past 256 reads as absent: the file is scanned again, or a shipped index refused.
+TEST_F(StoreTest, AnEntryOfMoreRegionsThanIndexBuildKeepsReadsAsAbsent) {
+  const scan::FileScan scan = full_scan();
+  StructureDigest digest;
+  digest.bytes = 12;
+  digest.crc = 0xDEADBEEF;
+  digest.region = uint64_t{1} << 20;
+  digest.regions.assign(scan.file_size / digest.region + 1, 0);  // 1,048,577
+  Store(dir_).insert(std::vector<Store::NewEntry>{{"/a.ckpt", fp_, &scan, digest}});
+  std::string why;
+  StructureDigest got;
+  EXPECT_FALSE(Store(dir_).lookup_path("/a.ckpt", fp_.size, fp_.mtime_ns, why, got));
+  EXPECT_FALSE(Store(dir_).lookup(fp_).has_value());
 }
 
 TEST_F(StoreTest, EntriesListPathFingerprintAndParamCount) {

@@ -57,10 +57,14 @@ class DeferredCheck {
   // `scan` places in the regions up to the one holding byte upto - 1 (every region, whatever
   // `upto`, when whole()) with the stored digest, with the reason for anything but kMatched in
   // `why`. upto 0 checks nothing by prefix. Once `stop` is set, returns kMatched after the
-  // region being read without reading more (a check run ahead of reads, given up). Never throws
+  // region being read without reading more (a check run ahead of reads, given up), or, if
+  // waiting for another thread's reads, once woken (wake()). Never throws
   // (a thread that cannot be woken is the one exception: std::system_error ends the process).
   Result verify(int fd, const std::string& name, const scan::FileScan& scan, uint64_t upto,
                 std::string& why, const std::atomic<bool>* stop = nullptr) const;
+  // Has the verify() calls waiting for another thread's reads look at their `stop` again: a
+  // call given up returns kMatched at once, without waiting for the reads to finish.
+  void wake() const;
 
  private:
   // How far from the start the file must be checked for verify(..., upto): a region boundary or

@@ -5,10 +5,10 @@
 // rewrite in place that keeps the size and puts the mtime back (two same-shaped tensors' names
 // swapped) shows, however the file's timestamps look.
 //
-// The digest is also kept region by region, so that a file whose format is parsed from its
-// start (parsed_from_start) can be checked a prefix at a time: over an S3 filesystem a `.ckpt`'s
-// headers span the object, and comparing them all before the first byte is served would fetch
-// the whole file first (deferred_check.h).
+// The digest is also kept region by region, so that a file whose content bytes are all placed by
+// structure bytes before them (parsed_from_start) can be checked a prefix at a time: over an S3
+// filesystem comparing a whole file's structure before its first byte is served fetches much
+// of it first (deferred_check.h).
 //
 // Thread-safe: plain functions of their arguments (the descriptor is read with pread).
 #pragma once
@@ -39,14 +39,19 @@ inline bool same_structure(const StructureDigest& found, const StructureDigest& 
 }
 
 // The region size for a file of `file_size` bytes: a power of two of at least 1 MiB, small
-// enough that a read waits for little more than its own bytes, and at most 256 regions a file so
-// that an entry stays small.
+// enough that a read waits for little more than its own bytes, and at most kMaxRegions regions a
+// file so that an entry, and the check a mount holds for each source, stays small (an entry with
+// more reads as damaged).
+inline constexpr size_t kMaxRegions = 256;
 uint64_t region_size(uint64_t file_size);
 
-// Whether a format's reader parses the file from its first byte on (.ckpt records, a
-// safetensors header first), so that structure bytes matching the index up to an offset place
-// every content byte before it where the scan says. A torch zip is read from its directory at
-// the end, a DCP file through its .metadata: those are checked whole. An encrypted file's
+// Whether every content byte of the file is placed by structure bytes before it, so that
+// structure bytes matching the index up to an offset place every content byte before it where
+// the scan says: a safetensors file, whose header comes first and says where every tensor lies.
+// Not a `.ckpt`: a record's tag may follow its tensor (protobuf fields come in any order), and
+// a later record of an earlier record's name is the one MindSpore loads, so a rewrite past an
+// offset can move the bytes of a name before it. Nor a torch zip (read from its directory at
+// the end) or a DCP file (through its .metadata). Those are checked whole. An encrypted file's
 // structure is plaintext: never digested.
 bool parsed_from_start(const scan::FileScan& scan);
 
