@@ -146,8 +146,9 @@ void SourcePrefetch::note(uint64_t ino, uint64_t off, size_t len) noexcept {
       file->map(begin, end - begin, runs);
       want_objects(runs, sources);
     } else {
-      // A filesystem reads ahead by itself around what is read: block rows are enough, and
-      // mapping each window's runs was a sixth of the daemon's time reading a view over s3fs.
+      // Only the stretches matter here, and runs less than kGapBytes apart join into one
+      // anyway: whole block rows name them too, and mapping each window's runs was a sixth of
+      // the daemon's time reading a view over s3fs.
       file->cover(begin, end - begin, runs);
     }
     const std::vector<Stretch> wanted = stretches(runs);

@@ -104,8 +104,7 @@ DeferredCheck::Result DeferredCheck::verify(int fd, const std::string& name,
     try {
       // The lock is let go while bytes are read (over an S3 filesystem, a fetch), so that a
       // reader whose regions are checked meanwhile goes on.
-      while (checked_.load(std::memory_order_relaxed) < goal &&
-             !(stop && stop->load(std::memory_order_relaxed))) {
+      while (checked_.load(std::memory_order_relaxed) < goal && !stopped()) {
         const uint64_t begin = checked_.load(std::memory_order_relaxed);
         bool same = false;
         uint64_t end = file_size_;
