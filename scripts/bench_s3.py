@@ -29,6 +29,7 @@ GETs, "fetched" the bytes it sent; s3fs is remounted before every run, so every 
 
     scripts/bench_s3.py [--size-gib 0.25] [--runs 3] [--work build/bench-s3]
                         [--cat-only | --mount-only | --native-only | --first-byte]
+                        [--s3-options OPTS]
 """
 
 import argparse
@@ -398,6 +399,8 @@ def native_figures(bench, runs):
     shutil.rmtree(idx, ignore_errors=True)
     subprocess.run([bench.args.ckptfs, "index", "build", url, "--index-dir", idx, "-q", *s3],
                    check=True)
+    if bench.args.s3_options:
+        s3 += ["-o", bench.args.s3_options]
     over_s3fs, native, ranks0, s3fs0, exact0 = [], [], [], [], []
     for r in range(runs):
         with bench.mounted(bench.fresh_s3fs(), ["--index", bench.shipped]):
@@ -459,6 +462,8 @@ def main(argv=None):
                     help="only the cold cat figures through s3fs (cat_figures)")
     ap.add_argument("--first-byte", action="store_true",
                     help="only the time to the first bytes through s3fs (first_byte_figures)")
+    ap.add_argument("--s3-options", default="",
+                    help="-o options of the s3:// mounts (e.g. readahead_max=1024M)")
     ap.add_argument("--mount-only", action="store_true",
                     help="only the mount figures over s3fs (mount_figures)")
     args = ap.parse_args(argv)

@@ -141,6 +141,7 @@ struct ParsedOptions {
   bool nonempty = false;
   // The read-ahead of all open files together.
   size_t read_ahead_max = Prefetcher::kDefaultMaxBytes;
+  bool read_ahead_max_named = false;
   // The decrypted pages of all encrypted sources together.
   uint64_t decrypt_max = crypt::kDefaultDecryptBudget;
   double s3_amplify = Service::kDefaultS3Amplify;
@@ -213,6 +214,7 @@ ParsedOptions parse_options(const MountOptions& options) {
         out.fuse.push_back(std::move(option));
       } else if (o.starts_with("readahead_max=")) {
         out.read_ahead_max = parse_bytes(o, 14);
+        out.read_ahead_max_named = true;
       } else if (o.starts_with("s3_amplify=")) {
         out.s3_amplify = parse_ratio(o, 11);
       } else if (o.starts_with("decrypt_max=")) {
@@ -624,6 +626,8 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
       spdlog::warn("-o splice is off: the sources are S3 objects (read with ranged GETs)");
     parsed.splice = Service::Splice::kOff;
   }
+  if (tree.remote() && !parsed.read_ahead_max_named)
+    parsed.read_ahead_max = Service::default_s3_read_ahead_max();
   std::string log_file;
   if (!options.log_file.empty()) log_file = stdfs::absolute(options.log_file).string();
   const stdfs::path where = resolve_mount(mountpoint, parsed, log_file);

@@ -38,8 +38,8 @@ void RangeBuffer::reset() noexcept {
   size_ = 0;
 }
 
-RemoteCache::RemoteCache(size_t max_bytes, unsigned fetchers)
-    : max_bytes_(max_bytes), fetchers_(std::max(1u, fetchers)) {}
+RemoteCache::RemoteCache(size_t max_bytes, unsigned fetchers, WholeBlocks blocks)
+    : max_bytes_(max_bytes), fetchers_(std::max(1u, fetchers)), blocks_(blocks) {}
 
 RemoteCache::~RemoteCache() {
   {
@@ -98,6 +98,7 @@ void RemoteCache::expect(const remote::ObjectRef* object,
   }
   for (const auto& [offset, length] : runs)
     needs.each(offset, offset + length, [](uint64_t& block, uint64_t part) { block += part; });
+  fits_ = -1;
 }
 
 uint64_t RemoteCache::expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end) {
@@ -110,6 +111,35 @@ uint64_t RemoteCache::expected_in(const remote::ObjectRef* object, uint64_t begi
     out += static_cast<uint64_t>(static_cast<unsigned __int128>(block) * part >> shift);
   });
   return out;
+}
+
+bool RemoteCache::block_pays(const remote::ObjectRef* object, uint64_t start) {
+  const uint64_t end = std::min(object->info.size, start + blocks_.size);
+  if (end <= start) return false;
+  return static_cast<double>(end - start) <=
+         blocks_.amplify * static_cast<double>(expected_in(object, start, end));
+}
+
+bool RemoteCache::whole_blocks() {
+  if (blocks_.size == 0 || needs_.empty()) return false;
+  if (fits_ >= 0) return fits_ == 1;
+  // What the plan's blocks would hold at once: each block that pays whole, the bytes expected
+  // of each other one.
+  uint64_t bytes = 0;
+  all_pay_ = true;
+  for (const auto& [object, needs] : needs_) {
+    for (uint64_t start = 0; start < object->info.size; start += blocks_.size) {
+      const uint64_t expected = expected_in(object, start, start + blocks_.size);
+      if (expected == 0) continue;
+      const bool pays = block_pays(object, start);
+      bytes += pays ? std::min(blocks_.size, object->info.size - start) : expected;
+      all_pay_ = all_pay_ && pays;
+    }
+  }
+  fits_ = bytes <= max_bytes_ ? 1 : 0;
+  spdlog::debug("S3 read-ahead: the plan's blocks hold {} MiB: {}", bytes >> 20,
+                fits_ ? "whole blocks" : "ranges as needed");
+  return fits_ == 1;
 }
 
 void RemoteCache::drop(const Entry& e) {
@@ -151,17 +181,41 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
   std::lock_guard lock(mutex_);
   if (stopping_) return false;
   Ranges& held = ranges_[object];
-  // The parts of [begin, end) no range covers yet.
+  const uint64_t block = blocks_.size;
+  const bool whole = whole_blocks() && needs_.contains(object);
+  // The parts of [from, to) no range covers yet (cut where blocks begin if they are fetched
+  // whole), and their bytes.
   std::vector<std::pair<uint64_t, uint64_t>> gaps;
-  uint64_t at = begin;
-  auto it = held.upper_bound(begin);
-  if (it != held.begin() && std::prev(it)->second->end > at) at = std::prev(it)->second->end;
-  for (; at < end; ++it) {
-    const uint64_t next = it == held.end() ? end : std::min(end, it->first);
-    if (next > at) gaps.emplace_back(at, next);
-    if (it == held.end()) break;
-    at = std::max(at, it->second->end);
+  uint64_t need = 0;
+  const auto find_gaps = [&](uint64_t from, uint64_t to) {
+    gaps.clear();
+    need = 0;
+    const auto add_gap = [&](uint64_t b, uint64_t e) {
+      need += e - b;
+      while (whole && b / block != (e - 1) / block) {
+        const uint64_t cut = (b / block + 1) * block;
+        gaps.emplace_back(b, cut);
+        b = cut;
+      }
+      gaps.emplace_back(b, e);
+    };
+    uint64_t at = from;
+    auto it = held.upper_bound(from);
+    if (it != held.begin() && std::prev(it)->second->end > at) at = std::prev(it)->second->end;
+    for (; at < to; ++it) {
+      const uint64_t next = it == held.end() ? to : std::min(to, it->first);
+      if (next > at) add_gap(at, next);
+      if (it == held.end()) break;
+      at = std::max(at, it->second->end);
+    }
+  };
+  if (whole) {
+    const uint64_t first = begin / block * block, last = (end - 1) / block * block;
+    if (first < begin && block_pays(object, first)) begin = first;
+    if (last + block > end && block_pays(object, last))
+      end = std::max(end, std::min(object->info.size, last + block));
   }
+  find_gaps(begin, end);
   // The held ranges it overlaps will be read again soon: they become the most recently used, so
   // that room is made from ranges no reader is coming back to (a range one file read long ago
   // that the next file's window needs was freed first, and that file's READs fetched their runs
@@ -172,8 +226,6 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
     if (touched->second->in_lru) lru_.splice(lru_.end(), lru_, touched->second->lru);
   // Room for every gap or none is queued: a part queued here without the fetchers told of it
   // (below) would keep a READ that waits for it waiting.
-  uint64_t need = 0;
-  for (const auto& [b, e] : gaps) need += e - b;
   if (!make_room(need, freed)) return false;
   bool queued = false;
   for (const auto& [b, e] : gaps) {
@@ -348,7 +400,8 @@ void RemoteCache::read(std::span<const remote::Get> gets, std::span<Got> got) {
 // as its GET ends.
 class RemoteCache::Feed : public remote::GetFeed {
  public:
-  explicit Feed(RemoteCache& cache) : cache_(cache) {}
+  explicit Feed(RemoteCache& cache)
+      : cache_(cache), max_in_flight_(kInFlightBytes / cache.fetchers_) {}
 
   bool next(remote::Get& get, uint64_t& tag) override {
     for (;;) {
@@ -356,6 +409,8 @@ class RemoteCache::Feed : public remote::GetFeed {
       {
         std::lock_guard lock(cache_.mutex_);
         if (cache_.stopping_ || cache_.queue_.empty()) return false;
+        const uint64_t size = cache_.queue_.front()->end - cache_.queue_.front()->begin;
+        if (in_flight_ > 0 && in_flight_ + size > max_in_flight_) return false;
         e = std::move(cache_.queue_.front());
         cache_.queue_.pop_front();
         e->state = State::kFetching;
@@ -368,6 +423,7 @@ class RemoteCache::Feed : public remote::GetFeed {
         continue;
       }
       get = {e->object, e->begin, std::span(e->bytes.data(), e->bytes.size())};
+      in_flight_ += e->end - e->begin;
       tag = ++last_tag_;
       sent_.emplace(tag, std::move(e));
       return true;
@@ -379,6 +435,7 @@ class RemoteCache::Feed : public remote::GetFeed {
     if (it == sent_.end()) return;
     const std::shared_ptr<Entry> e = std::move(it->second);
     sent_.erase(it);
+    in_flight_ -= e->end - e->begin;
     finish(*e, error);
   }
 
@@ -386,6 +443,7 @@ class RemoteCache::Feed : public remote::GetFeed {
   void fail_sent(const std::string& why) {
     for (auto& [tag, e] : sent_) finish(*e, why);
     sent_.clear();
+    in_flight_ = 0;
   }
 
  private:
@@ -413,6 +471,8 @@ class RemoteCache::Feed : public remote::GetFeed {
   }
 
   RemoteCache& cache_;
+  const uint64_t max_in_flight_;
+  uint64_t in_flight_ = 0;                                     // bytes of the GETs in sent_
   std::unordered_map<uint64_t, std::shared_ptr<Entry>> sent_;  // by tag: in flight
   uint64_t last_tag_ = 0;
 };

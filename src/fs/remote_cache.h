@@ -71,6 +71,16 @@ class RangeBuffer {
   size_t size_ = 0;
 };
 
+// Whole blocks: a want that meets an aligned block of `size` bytes whose bytes the plan
+// expects READs to copy out enough of (the block is at most `amplify` times those) fetches all
+// of it, in a GET of its own. A store serves few large aligned GETs for much less than many
+// small ones (SeaweedFS: 0.31 CPU seconds for 251 MiB in 8 MiB GETs, 0.62 in GETs of 1.2 MiB,
+// 0.47 in 8 MiB GETs off the 8 MiB boundaries). size 0: wants are fetched as asked.
+struct WholeBlocks {
+  uint64_t size = 0;
+  double amplify = 1;
+};
+
 class RemoteCache {
  public:
   // Fetcher threads; each keeps up to kInFlight GETs in flight (curl multi), sending the next
@@ -79,8 +89,12 @@ class RemoteCache {
   // flight.
   static constexpr unsigned kFetchers = 4;
   static constexpr size_t kInFlight = remote::S3Client::kInFlight;
+  // Bytes of GETs in flight, all fetchers together (each its share; one GET always may go): the
+  // ranges a reader needs first arrive first instead of sharing the bandwidth with all the
+  // rest (then the first READ waited for the whole window).
+  static constexpr uint64_t kInFlightBytes = uint64_t{64} << 20;
 
-  explicit RemoteCache(size_t max_bytes, unsigned fetchers = kFetchers);
+  explicit RemoteCache(size_t max_bytes, unsigned fetchers = kFetchers, WholeBlocks blocks = {});
   // Drops the queued ranges, wakes the waiting readers (they fetch for themselves) and joins the
   // fetchers (their GETs in flight are given up).
   ~RemoteCache();
@@ -88,8 +102,9 @@ class RemoteCache {
   RemoteCache& operator=(const RemoteCache&) = delete;
 
   // Queues the parts of [begin, end) of `object` (which outlives this cache) no held or queued
-  // range covers, and marks the held ones it overlaps as the most recently used; false when the
-  // bound leaves no room (nothing queued).
+  // range covers, widened to whole blocks where they pay (WholeBlocks) and cut at block boundaries,
+  // and marks the held ones it overlaps as the most recently used; false when the bound leaves no
+  // room (nothing queued).
   bool want(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
 
   // The plan's word on what READs will copy out: `length` bytes at `offset` of `object`, once
@@ -102,6 +117,13 @@ class RemoteCache {
   }
   // The same for many runs ({offset, length}) of one object, under one lock.
   void expect(const remote::ObjectRef* object, std::span<const std::pair<uint64_t, uint64_t>> runs);
+
+  // Whether every want is widened to whole blocks now (WholeBlocks, whole_blocks() below): every
+  // block the plan reads pays whole, so wants need not name each run, only the blocks.
+  bool fetches_whole_blocks() {
+    std::lock_guard lock(mutex_);
+    return whole_blocks() && all_pay_;
+  }
 
   enum class Got { kCopied, kMiss, kFailed };
   // Copies out.size() bytes at `offset` of `object` from the held ranges that cover them (one,
@@ -193,11 +215,22 @@ class RemoteCache {
   // Under mutex_: the bytes of [begin, end) of `object` READs are still expected to copy out (a
   // block's share in proportion to the part of it inside).
   uint64_t expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
+  // Under mutex_: whether the whole block of `object` starting at `start` is worth a GET
+  // (WholeBlocks).
+  bool block_pays(const remote::ObjectRef* object, uint64_t start);
+  // Under mutex_: whether wants are widened to whole blocks. Only when the plan's blocks all fit
+  // the bound at once: blocks fetched whole hold the bytes later files read from the start, and
+  // past the bound they push each other out (a view 1.1x the bound fetched 3.3x its bytes,
+  // where ranges as needed fetch 1.07x).
+  bool whole_blocks();
   class Feed;
   void fetcher_loop();
 
   const size_t max_bytes_;
   const unsigned fetchers_;
+  const WholeBlocks blocks_;
+  int fits_ = -1;         // whole_blocks()'s answer; -1: not known since the last expect()
+  bool all_pay_ = false;  // with fits_: every block the plan reads pays whole
   mutable std::mutex mutex_;
   std::condition_variable work_, done_;
   std::unordered_map<const remote::ObjectRef*, Ranges> ranges_;

@@ -112,6 +112,14 @@ Service::Settled Service::start(const Offer& offer) {
   return settled;
 }
 
+size_t Service::default_s3_read_ahead_max() {
+  constexpr size_t kMost = size_t{1} << 30;
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return Prefetcher::kDefaultMaxBytes;
+  const size_t eighth = static_cast<size_t>(pages) / 8 * static_cast<size_t>(page);
+  return std::max(Prefetcher::kDefaultMaxBytes, std::min(kMost, eighth));
+}
+
 size_t Service::files_read_ahead_share(size_t max_bytes, size_t block) {
   return std::max(max_bytes / 8, std::min(max_bytes / 2, 4 * block));
 }
@@ -134,15 +142,18 @@ void Service::start_source_prefetch(size_t s3_bytes) noexcept {
     SourcePrefetch::Options o;
     o.max_bytes = options_.read_ahead_max;
     if (remote::any_registered()) {
-      remote_cache_ = std::make_unique<RemoteCache>(s3_bytes);
       // A reader's window and a GET take a small part of the bound, so that the ranges a reader
       // waits for never crowd out the next window (then READs would fetch their runs alone).
+      const uint64_t max_range = std::min<uint64_t>(kS3MaxRange, s3_bytes / 16);
+      remote_cache_ = std::make_unique<RemoteCache>(
+          s3_bytes, RemoteCache::kFetchers,
+          WholeBlocks{.size = max_range, .amplify = options_.s3_amplify});
       o.ahead = std::min<uint64_t>(kS3AheadBytes, s3_bytes / 4);
       o.cache = remote_cache_.get();
       o.merge = MergePolicy{.gap = kS3GapBytes,
                             .slack = kMergeSlack,
                             .extra = std::max(0.0, options_.s3_amplify - 1),
-                            .max_range = std::min<uint64_t>(kS3MaxRange, s3_bytes / 16)};
+                            .max_range = max_range};
       use_remote_cache(remote_cache_.get());
       spdlog::info(
           "S3 sources: fetching ahead up to {} MiB (of -o readahead_max={} MiB), {} GETs in "

@@ -109,6 +109,11 @@ class Service {
     double s3_amplify = kDefaultS3Amplify;
   };
   static constexpr double kDefaultS3Amplify = 8.0;
+  // -o readahead_max when the sources are S3 objects and the option is not given: 1 GiB, or an
+  // eighth of the machine's memory if that is less. The S3 path's cache is the only place their
+  // bytes are kept (an S3 filesystem keeps them in the kernel's page cache, unbounded), and it
+  // fetches whole blocks only while the plan's blocks fit (RemoteCache, WholeBlocks).
+  static size_t default_s3_read_ahead_max();
   // S3 sources: target bytes fetched ahead of a reader, the widest gap two runs of one GET may
   // have (a GET's latency times one connection's bandwidth, measured on the bench server), and
   // the largest GET. A server spends CPU per GET besides its cost per byte, so ranges grow to

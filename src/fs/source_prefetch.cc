@@ -142,8 +142,13 @@ void SourcePrefetch::note(uint64_t ino, uint64_t off, size_t len) noexcept {
     std::vector<plan::Run> runs;
     const auto& sources = tree->plan().sources;
     if (options_.cache) {
-      // The S3 path fetches the runs themselves (coalesced), so it needs them all.
-      file->map(begin, end - begin, runs);
+      // The S3 path fetches the runs themselves (coalesced), so it needs them all; but when the
+      // cache widens them to whole blocks anyway, the block rows they lie in name the same
+      // blocks for a fraction of the mapping.
+      if (options_.cache->fetches_whole_blocks())
+        file->cover(begin, end - begin, runs);
+      else
+        file->map(begin, end - begin, runs);
       want_objects(runs, sources);
     } else {
       // Only the stretches matter here, and runs less than kGapBytes apart join into one

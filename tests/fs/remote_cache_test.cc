@@ -7,12 +7,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +62,11 @@ class TinyStore {
     slow_delay_ = delay;
   }
   int gets() const { return gets_; }
+  // The [first, end) byte ranges asked for so far, in the order they came.
+  std::vector<std::pair<uint64_t, uint64_t>> asked() const {
+    std::lock_guard lock(mutex_);
+    return asked_;
+  }
 
  private:
   void serve() {
@@ -81,6 +88,10 @@ class TinyStore {
       unsigned long long first = 0, last = 0;
       const size_t at = req.find("ange: bytes=");
       if (at != std::string::npos) std::sscanf(req.c_str() + at + 12, "%llu-%llu", &first, &last);
+      {
+        std::lock_guard lock(mutex_);
+        asked_.emplace_back(first, last + 1);
+      }
       std::string body(last - first + 1, '\0');
       for (uint64_t i = 0; i < body.size(); ++i) body[i] = static_cast<char>(byte_at(first + i));
       std::string head = fmt::format(
@@ -110,7 +121,9 @@ class TinyStore {
   int port_ = 0;
   std::atomic<bool> stop_{false}, silent_{false};
   std::atomic<int> gets_{0};  // requests answered
-  std::vector<int> held_;     // the silent store's connections, closed at the end
+  mutable std::mutex mutex_;
+  std::vector<std::pair<uint64_t, uint64_t>> asked_;  // under mutex_
+  std::vector<int> held_;  // the silent store's connections, closed at the end
   uint64_t slow_first_ = UINT64_MAX;
   std::chrono::milliseconds slow_delay_{0};
   std::vector<std::jthread> late_;  // slowed answers
@@ -348,6 +361,67 @@ TEST_F(RemoteCacheTest, ASpentRangeIsFreedBeforeOneStillExpected) {
   const RemoteCache::Stats stats = cache.stats();
   EXPECT_EQ(stats.evicted, 4 * kMiB);
   EXPECT_EQ(stats.evicted_needed, 0u);
+}
+
+// The plan reads a quarter of every 4 KiB of the object: a block of kBlock bytes holds four
+// times what READs copy out of it.
+void expect_a_quarter(RemoteCache& cache, const remote::ObjectRef* object) {
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  for (uint64_t at = 0; at < kObjectSize; at += 4096) runs.emplace_back(at, 1024);
+  cache.expect(object, runs);
+}
+constexpr uint64_t kBlock = 4 * kMiB;
+
+// With room for every block the plan reads, a want is widened to the whole aligned blocks it
+// meets and cut where they begin: a store serves a few aligned GETs for much less CPU than many
+// small ones.
+TEST_F(RemoteCacheTest, WantsAreWholeAlignedBlocksWhenThePlanFits) {
+  RemoteCache cache(kObjectSize, 1, WholeBlocks{.size = kBlock, .amplify = 8});
+  expect_a_quarter(cache, &object_);
+  EXPECT_TRUE(cache.fetches_whole_blocks());
+  ASSERT_TRUE(cache.want(&object_, 5 * kMiB, 5 * kMiB + 100));
+  ASSERT_TRUE(cache.want(&object_, 11 * kMiB, 13 * kMiB));  // across a block boundary
+  cache.wait_idle();
+  auto asked = store_.asked();
+  std::sort(asked.begin(), asked.end());
+  const std::vector<std::pair<uint64_t, uint64_t>> blocks = {
+      {kBlock, 2 * kBlock}, {2 * kBlock, 3 * kBlock}, {3 * kBlock, 4 * kBlock}};
+  EXPECT_EQ(asked, blocks);
+  EXPECT_TRUE(holds(cache, kBlock, kBlock));
+  EXPECT_TRUE(holds(cache, 2 * kBlock - 10, 20));  // one read across two blocks
+  EXPECT_EQ(store_.gets(), 3);
+}
+
+// When the plan's blocks do not all fit the bound, wants are fetched as asked: blocks fetched
+// whole would push out each other's bytes that later files read.
+TEST_F(RemoteCacheTest, WantsAreFetchedAsAskedWhenThePlansBlocksDoNotFit) {
+  RemoteCache cache(kObjectSize - 1, 1, WholeBlocks{.size = kBlock, .amplify = 8});
+  expect_a_quarter(cache, &object_);
+  EXPECT_FALSE(cache.fetches_whole_blocks());
+  ASSERT_TRUE(cache.want(&object_, 5 * kMiB, 5 * kMiB + 100));
+  ASSERT_TRUE(cache.want(&object_, 11 * kMiB, 13 * kMiB));
+  cache.wait_idle();
+  auto asked = store_.asked();
+  std::sort(asked.begin(), asked.end());
+  const std::vector<std::pair<uint64_t, uint64_t>> as_asked = {{5 * kMiB, 5 * kMiB + 100},
+                                                               {11 * kMiB, 13 * kMiB}};
+  EXPECT_EQ(asked, as_asked);
+}
+
+// A block fetched whole may cost at most `amplify` times the bytes the plan reads of it: at
+// 1.1, a block the plan reads a quarter of is fetched as asked, one it reads whole is widened.
+TEST_F(RemoteCacheTest, ABlockThePlanReadsLittleOfIsNotFetchedWhole) {
+  RemoteCache cache(kObjectSize, 1, WholeBlocks{.size = kBlock, .amplify = 1.1});
+  expect_a_quarter(cache, &object_);
+  cache.expect(&object_, 0, kBlock);  // block 0: read whole (and a quarter of it again)
+  EXPECT_FALSE(cache.fetches_whole_blocks()) << "not every block pays: wants must name runs";
+  ASSERT_TRUE(cache.want(&object_, kMiB, kMiB + 100));
+  ASSERT_TRUE(cache.want(&object_, 5 * kMiB, 5 * kMiB + 100));
+  cache.wait_idle();
+  auto asked = store_.asked();
+  std::sort(asked.begin(), asked.end());
+  const std::vector<std::pair<uint64_t, uint64_t>> want = {{0, kBlock}, {5 * kMiB, 5 * kMiB + 100}};
+  EXPECT_EQ(asked, want);
 }
 
 // Unmounting does not wait for GETs stalled on the store (each would take the stall limit, times

@@ -80,10 +80,11 @@ class Setup:
         out = ["--s3-endpoint", self.proxy.endpoint]
         return out + (["--s3-timeout", str(timeout)] if timeout else [])
 
-    def mount(self, src, mnt, index_dir, extra=(), log_file=None):
+    def mount(self, src, mnt, index_dir, extra=(), log_file=None, log_level=None):
         return itest.mounted(self.args.ckptfs, src, os.path.join(self.args.work, mnt),
                              src_strategy=self.fx.src_strategy, dst_strategy=self.fx.dst_strategy,
-                             index_dir=index_dir, log_file=log_file, extra_args=list(extra))
+                             index_dir=index_dir, log_file=log_file, log_level=log_level,
+                             extra_args=list(extra))
 
     def local_md5s(self):
         if self._local is None:
@@ -296,23 +297,45 @@ def expected_bytes(setup):
 
 def coalesced_fetch_ahead(setup):
     counts = {}
-    for label, extra in (("no read-ahead", ["-o", "readahead_max=0"]), ("fetch-ahead", [])):
+    for label, extra in (("no read-ahead", ["-o", "readahead_max=0"]), ("fetch-ahead", []),
+                         ("whole blocks", ["-o", "s3_amplify=1000"])):
         mark = setup.proxy.mark()
         log = os.path.join(setup.args.work, f"coalesce-{len(counts)}.log")
         with setup.mount(setup.url, "view", os.path.join(setup.args.work, "idx-coalesce"),
-                         setup.s3_args() + extra, log_file=log) as mnt:
+                         setup.s3_args() + extra, log_file=log, log_level="info") as mnt:
             problems = ckpt_fixture.compare_tree(setup.fx, mnt)
+        with open(log) as f:
+            mount_log = f.read()
         gets = s3proxy.S3Proxy.data_gets(setup.proxy.since(mark))
         fetched = sum(g.get("bytes", 0) for g in gets)
         counts[label] = (len(gets), fetched)
         print(f"  {label}: {len(gets)} data GETs, {fetched} bytes fetched for "
               f"{setup.uploaded} bytes of sources", flush=True)
         assert not problems, (label, problems)
+        if not extra:
+            default_log = mount_log
+        if label == "whole blocks":
+            block_gets = [g for g in gets if g.get("bytes", 0) > 64]  # not the step counters
     (alone, _), (ahead, ahead_bytes) = counts["no read-ahead"], counts["fetch-ahead"]
     assert ahead * 2 <= alone, f"coalescing saved too few GETs: {ahead} vs {alone}"
     # Every target together reads every source byte once: a range shared by targets is fetched
     # once (the scan's header reads and the step counters come on top).
     assert ahead_bytes <= 1.25 * setup.uploaded, (ahead_bytes, setup.uploaded)
+    # Without -o readahead_max an s3:// mount holds up to 1 GiB (an eighth of the memory if less,
+    # never below the 256 MiB of other mounts).
+    # With s3_amplify=1000 every block the plan reads of pays whole, and they all fit: every data
+    # GET is a whole aligned block of 8 MiB (the last one of an object cut at its end).
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE")
+    default = max(256 << 20, min(1 << 30, memory // 8 // os.sysconf("SC_PAGESIZE")
+                                 * os.sysconf("SC_PAGESIZE")))
+    assert f"of -o readahead_max={default >> 20} MiB" in default_log, default_log
+    block = 8 << 20
+    assert block_gets
+    for g in block_gets:
+        first, last = (int(x) for x in g["range"][len("bytes="):].split("-"))
+        rel = urllib.parse.unquote(g["path"].split("?")[0]).removeprefix(f"/{BUCKET}/{PREFIX}/")
+        size = os.path.getsize(os.path.join(setup.fx.src_dir, rel))
+        assert first % block == 0 and last + 1 == min(size, first + block), (g, size)
 
 
 def failed_range_is_eio(setup):
