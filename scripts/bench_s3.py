@@ -292,7 +292,7 @@ class Bench:
                                   (f"view, {len(files)} cats", view_par, self.target_bytes),
                                   ("sources, 1 cat", seq, self.src_bytes),
                                   ("sources, 8 cats", par, self.src_bytes)):
-            print(f"  {label:18} {size / 1e6 / median([v[0] for v in vals]):7.1f} MB/s  "
+            print(f"  {label:21} {size / 1e6 / median([v[0] for v in vals]):7.1f} MB/s  "
                   f"{median([v[1]['range_gets'] for v in vals]):5.0f} GETs  "
                   f"{median([v[1]['sent_bytes'] for v in vals]) / MIB:7.1f} MiB fetched  "
                   f"s3fs CPU {median([v[2] for v in vals]):.2f} s")
@@ -388,7 +388,8 @@ def daemon_peak_kib(ckptfs, mnt):
 
 def native_figures(bench, runs):
     """Paired runs of a cold `cat` of the view through s3fs (shipped index) and from
-    `mount s3://...` (index filled once beforehand), then of `--ranks 0` the same two ways and
+    `mount s3://...` (index filled once beforehand; and with a shipped index of the bucket,
+    `--index`), then of `--ranks 0` the same two ways and
     from s3:// with -o s3_amplify=1.1 (the bytes goal's setting): MB/s, GETs, bytes fetched /
     bytes of the target, and the daemon's peak resident set."""
     os.environ.update(AWS_ACCESS_KEY_ID=s3harness.ACCESS_KEY,
@@ -399,9 +400,15 @@ def native_figures(bench, runs):
     shutil.rmtree(idx, ignore_errors=True)
     subprocess.run([bench.args.ckptfs, "index", "build", url, "--index-dir", idx, "-q", *s3],
                    check=True)
+    # A shipped index of the bucket, as nodes mount it (each rank planned on its first open).
+    shipped = os.path.join(bench.work, "shipped-native")
+    shutil.rmtree(shipped, ignore_errors=True)
+    subprocess.run([bench.args.ckptfs, "index", "build", url, "--output", shipped, "-q",
+                    "--src-strategy", bench.fx.src_strategy, "--dst-strategy",
+                    bench.fx.dst_strategy, *s3], check=True)
     if bench.args.s3_options:
         s3 += ["-o", bench.args.s3_options]
-    over_s3fs, native, ranks0, s3fs0, exact0 = [], [], [], [], []
+    over_s3fs, native, native_shipped, ranks0, s3fs0, exact0 = [], [], [], [], [], []
     for r in range(runs):
         with bench.mounted(bench.fresh_s3fs(), ["--index", bench.shipped]):
             files = [v for v, _ in bench.view_files()]
@@ -415,6 +422,12 @@ def native_figures(bench, runs):
             native.append((t, c, daemon_peak_kib(bench.args.ckptfs, bench.mnt)))
             if r == 0:
                 bench.check("cat of the view from s3://")
+        with bench.mounted(url, ["--index", shipped, *s3]):
+            files = [v for v, _ in bench.view_files()]
+            (t, c) = bench.measure(lambda: bench.cat(files))
+            native_shipped.append((t, c, daemon_peak_kib(bench.args.ckptfs, bench.mnt)))
+            if r == 0:
+                bench.check("cat of the view from s3:// with a shipped index")
         with bench.mounted(url, ["--index-dir", idx, "--ranks", "0", *s3]):
             files = [v for v, _ in bench.view_files({0})]
             (t, c) = bench.measure(lambda: bench.cat(files))
@@ -433,16 +446,19 @@ def native_figures(bench, runs):
     print(f"\nstraight from S3 vs through s3fs (median of {runs} paired cold runs):")
     for label, vals, size in (("s3fs, view .ckpt", over_s3fs, bench.target_bytes),
                               ("s3://, view .ckpt", native, bench.target_bytes),
+                              ("s3://, view, --index", native_shipped, bench.target_bytes),
                               ("s3fs, --ranks 0", s3fs0, size0),
                               ("s3://, --ranks 0", ranks0, size0),
                               ("s3://, -r 0, 1.1x", exact0, size0)):
         fetched = median([v[1]["sent_bytes"] for v in vals])
         rss = f", daemon peak RSS {median([v[2] for v in vals]) / 1024:.0f} MiB" \
             if len(vals[0]) > 2 else ""
-        print(f"  {label:18} {size / 1e6 / median([v[0] for v in vals]):7.1f} MB/s  "
+        print(f"  {label:21} {size / 1e6 / median([v[0] for v in vals]):7.1f} MB/s  "
               f"{median([v[1]['range_gets'] for v in vals]):6.0f} GETs  "
               f"{fetched / MIB:7.1f} MiB fetched = {fetched / size:.2f}x the target{rss}")
-    for label, base, vals in (("view", over_s3fs, native), ("--ranks 0", s3fs0, ranks0),
+    for label, base, vals in (("view", over_s3fs, native),
+                              ("view, shipped index", over_s3fs, native_shipped),
+                              ("--ranks 0", s3fs0, ranks0),
                               ("--ranks 0, s3_amplify=1.1", s3fs0, exact0)):
         ratios = [o[0] / n[0] for o, n in zip(base, vals)]
         print(f"  speed s3:// / s3fs, {label}: median {median(ratios):.2f} "
