@@ -416,32 +416,22 @@ def native_figures(bench, runs):
         with bench.mounted(bench.fresh_s3fs(), ["--index", bench.shipped, "--ranks", "0"]):
             files = [v for v, _ in bench.view_files({0})]
             s3fs0.append(bench.measure(lambda: bench.cat(files)))
-        with bench.mounted(url, ["--index-dir", idx, *s3]):
-            files = [v for v, _ in bench.view_files()]
-            (t, c) = bench.measure(lambda: bench.cat(files))
-            native.append((t, c, daemon_peak_kib(bench.args.ckptfs, bench.mnt)))
-            if r == 0:
-                bench.check("cat of the view from s3://")
-        with bench.mounted(url, ["--index", shipped, *s3]):
-            files = [v for v, _ in bench.view_files()]
-            (t, c) = bench.measure(lambda: bench.cat(files))
-            native_shipped.append((t, c, daemon_peak_kib(bench.args.ckptfs, bench.mnt)))
-            if r == 0:
-                bench.check("cat of the view from s3:// with a shipped index")
-        with bench.mounted(url, ["--index-dir", idx, "--ranks", "0", *s3]):
-            files = [v for v, _ in bench.view_files({0})]
-            (t, c) = bench.measure(lambda: bench.cat(files))
-            ranks0.append((t, c, daemon_peak_kib(bench.args.ckptfs, bench.mnt)))
-            if r == 0:
-                bench.check("--ranks 0 from s3://", {0})
-        # The bytes goal's setting: GETs coalesced only while they fetch <= 1.1x what is needed.
-        with bench.mounted(url, ["--index-dir", idx, "--ranks", "0", "-o", "s3_amplify=1.1",
-                                 *s3]):
-            files = [v for v, _ in bench.view_files({0})]
-            (t, c) = bench.measure(lambda: bench.cat(files))
-            exact0.append((t, c, daemon_peak_kib(bench.args.ckptfs, bench.mnt)))
-            if r == 0:
-                bench.check("--ranks 0 from s3://, s3_amplify=1.1", {0})
+        # (figures, label of the byte check, mount arguments, ranks read: None for all)
+        for vals, label, extra, ranks in (
+                (native, "cat of the view from s3://", ["--index-dir", idx], None),
+                (native_shipped, "cat of the view from s3:// with a shipped index",
+                 ["--index", shipped], None),
+                (ranks0, "--ranks 0 from s3://", ["--index-dir", idx, "--ranks", "0"], {0}),
+                # The bytes goal's setting: GETs coalesced only while they fetch <= 1.1x what
+                # is needed.
+                (exact0, "--ranks 0 from s3://, s3_amplify=1.1",
+                 ["--index-dir", idx, "--ranks", "0", "-o", "s3_amplify=1.1"], {0})):
+            with bench.mounted(url, [*extra, *s3]):
+                files = [v for v, _ in bench.view_files(ranks)]
+                (t, c) = bench.measure(lambda: bench.cat(files))
+                vals.append((t, c, daemon_peak_kib(bench.args.ckptfs, bench.mnt)))
+                if r == 0:
+                    bench.check(label, ranks)
     size0 = os.path.getsize(bench.fx.expected_files()[0])
     print(f"\nstraight from S3 vs through s3fs (median of {runs} paired cold runs):")
     for label, vals, size in (("s3fs, view .ckpt", over_s3fs, bench.target_bytes),
