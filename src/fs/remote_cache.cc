@@ -183,39 +183,31 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
   Ranges& held = ranges_[object];
   const uint64_t block = blocks_.size;
   const bool whole = whole_blocks() && needs_.contains(object);
-  // The parts of [from, to) no range covers yet (cut where blocks begin if they are fetched
-  // whole), and their bytes.
-  std::vector<std::pair<uint64_t, uint64_t>> gaps;
-  uint64_t need = 0;
-  const auto find_gaps = [&](uint64_t from, uint64_t to) {
-    gaps.clear();
-    need = 0;
-    const auto add_gap = [&](uint64_t b, uint64_t e) {
-      need += e - b;
-      while (whole && b / block != (e - 1) / block) {
-        const uint64_t cut = (b / block + 1) * block;
-        gaps.emplace_back(b, cut);
-        b = cut;
-      }
-      gaps.emplace_back(b, e);
-    };
-    uint64_t at = from;
-    auto it = held.upper_bound(from);
-    if (it != held.begin() && std::prev(it)->second->end > at) at = std::prev(it)->second->end;
-    for (; at < to; ++it) {
-      const uint64_t next = it == held.end() ? to : std::min(to, it->first);
-      if (next > at) add_gap(at, next);
-      if (it == held.end()) break;
-      at = std::max(at, it->second->end);
-    }
-  };
   if (whole) {
     const uint64_t first = begin / block * block, last = (end - 1) / block * block;
     if (first < begin && block_pays(object, first)) begin = first;
     if (last + block > end && block_pays(object, last))
       end = std::max(end, std::min(object->info.size, last + block));
   }
-  find_gaps(begin, end);
+  // The parts of [begin, end) no range covers yet (cut where blocks begin if they are fetched
+  // whole), and their bytes.
+  std::vector<std::pair<uint64_t, uint64_t>> gaps;
+  uint64_t need = 0;
+  const auto add_gap = [&](uint64_t b, uint64_t e) {
+    need += e - b;
+    for (; whole && b / block != (e - 1) / block; b = (b / block + 1) * block)
+      gaps.emplace_back(b, (b / block + 1) * block);
+    gaps.emplace_back(b, e);
+  };
+  uint64_t at = begin;
+  auto it = held.upper_bound(begin);
+  if (it != held.begin() && std::prev(it)->second->end > at) at = std::prev(it)->second->end;
+  for (; at < end; ++it) {
+    const uint64_t next = it == held.end() ? end : std::min(end, it->first);
+    if (next > at) add_gap(at, next);
+    if (it == held.end()) break;
+    at = std::max(at, it->second->end);
+  }
   // The held ranges it overlaps will be read again soon: they become the most recently used, so
   // that room is made from ranges no reader is coming back to (a range one file read long ago
   // that the next file's window needs was freed first, and that file's READs fetched their runs
