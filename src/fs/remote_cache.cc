@@ -115,9 +115,7 @@ uint64_t RemoteCache::expected_in(const remote::ObjectRef* object, uint64_t begi
 
 bool RemoteCache::block_pays(const remote::ObjectRef* object, uint64_t start) {
   const uint64_t end = std::min(object->info.size, start + blocks_.size);
-  if (end <= start) return false;
-  return static_cast<double>(end - start) <=
-         blocks_.amplify * static_cast<double>(expected_in(object, start, end));
+  return end > start && pays(end - start, expected_in(object, start, end));
 }
 
 bool RemoteCache::whole_blocks() {
@@ -129,11 +127,12 @@ bool RemoteCache::whole_blocks() {
   all_pay_ = true;
   for (const auto& [object, needs] : needs_) {
     for (uint64_t start = 0; start < object->info.size; start += blocks_.size) {
-      const uint64_t expected = expected_in(object, start, start + blocks_.size);
+      const uint64_t size = std::min(blocks_.size, object->info.size - start);
+      const uint64_t expected = expected_in(object, start, start + size);
       if (expected == 0) continue;
-      const bool pays = block_pays(object, start);
-      bytes += pays ? std::min(blocks_.size, object->info.size - start) : expected;
-      all_pay_ = all_pay_ && pays;
+      const bool whole = pays(size, expected);
+      bytes += whole ? size : expected;
+      all_pay_ = all_pay_ && whole;
     }
   }
   fits_ = bytes <= max_bytes_ ? 1 : 0;

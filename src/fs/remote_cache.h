@@ -215,8 +215,12 @@ class RemoteCache {
   // Under mutex_: the bytes of [begin, end) of `object` READs are still expected to copy out (a
   // block's share in proportion to the part of it inside).
   uint64_t expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
-  // Under mutex_: whether the whole block of `object` starting at `start` is worth a GET
-  // (WholeBlocks).
+  // Whether a block of `size` bytes, `expected` of which READs are still expected to copy out,
+  // is worth a GET of its own (WholeBlocks).
+  bool pays(uint64_t size, uint64_t expected) const {
+    return static_cast<double>(size) <= blocks_.amplify * static_cast<double>(expected);
+  }
+  // Under mutex_: pays() for the block of `object` starting at `start`.
   bool block_pays(const remote::ObjectRef* object, uint64_t start);
   // Under mutex_: whether wants are widened to whole blocks. Only when the plan's blocks all fit
   // the bound at once: blocks fetched whole hold the bytes later files read from the start, and

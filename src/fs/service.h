@@ -110,7 +110,8 @@ class Service {
   };
   static constexpr double kDefaultS3Amplify = 8.0;
   // -o readahead_max when the sources are S3 objects and the option is not given: 1 GiB, or an
-  // eighth of the machine's memory if that is less. The S3 path's cache is the only place their
+  // eighth of the machine's memory if that is less, never below the 256 MiB of other mounts.
+  // The S3 path's cache is the only place their
   // bytes are kept (an S3 filesystem keeps them in the kernel's page cache, unbounded), and it
   // fetches whole blocks only while the plan's blocks fit (RemoteCache, WholeBlocks).
   static size_t default_s3_read_ahead_max();
