@@ -119,7 +119,7 @@ bool RemoteCache::block_pays(const remote::ObjectRef* object, uint64_t start) {
 }
 
 bool RemoteCache::whole_blocks() {
-  if (blocks_.size == 0 || needs_.empty()) return false;
+  if (blocks_.size < WholeBlocks::kMinWholeBlock || needs_.empty()) return false;
   if (fits_ >= 0) return fits_ == 1;
   // What the plan's blocks would hold at once: each block that pays whole, the bytes expected
   // of each other one.
@@ -133,7 +133,9 @@ bool RemoteCache::whole_blocks() {
       const bool whole = pays(size, expected);
       bytes += whole ? size : expected;
       all_pay_ = all_pay_ && whole;
+      if (bytes > max_bytes_) break;  // does not fit: the rest cannot change that
     }
+    if (bytes > max_bytes_) break;
   }
   fits_ = bytes <= max_bytes_ ? 1 : 0;
   spdlog::debug("S3 read-ahead: the plan's blocks hold {} MiB: {}", bytes >> 20,

@@ -75,8 +75,11 @@ class RangeBuffer {
 // expects READs to copy out enough of (the block is at most `amplify` times those) fetches all
 // of it, in a GET of its own. A store serves few large aligned GETs for much less than many
 // small ones (SeaweedFS: 0.31 CPU seconds for 251 MiB in 8 MiB GETs, 0.62 in GETs of 1.2 MiB,
-// 0.47 in 8 MiB GETs off the 8 MiB boundaries). size 0: wants are fetched as asked.
+// 0.47 in 8 MiB GETs off the 8 MiB boundaries). Under kMinWholeBlock (or 0): wants are fetched as
+// asked. Blocks under kMinWholeBlock are not fetched whole (a bound of a few KiB would make blocks
+// of a few bytes, and the fit check walks every block of every object).
 struct WholeBlocks {
+  static constexpr uint64_t kMinWholeBlock = uint64_t{1} << 20;
   uint64_t size = 0;
   double amplify = 1;
 };

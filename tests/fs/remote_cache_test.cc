@@ -424,6 +424,19 @@ TEST_F(RemoteCacheTest, ABlockThePlanReadsLittleOfIsNotFetchedWhole) {
   EXPECT_EQ(asked, want);
 }
 
+// Blocks under WholeBlocks::kMinWholeBlock (a tiny -o readahead_max) are never fetched whole:
+// the fit check would walk an object byte by byte, under the lock every READ takes.
+TEST_F(RemoteCacheTest, TinyBlocksAreNotFetchedWhole) {
+  constexpr uint64_t kTiny = WholeBlocks::kMinWholeBlock / 2;
+  RemoteCache cache(kObjectSize, 1, WholeBlocks{.size = kTiny, .amplify = 8});
+  expect_a_quarter(cache, &object_);
+  EXPECT_FALSE(cache.fetches_whole_blocks());
+  ASSERT_TRUE(cache.want(&object_, kTiny + 5, kTiny + 105));
+  cache.wait_idle();
+  const std::vector<std::pair<uint64_t, uint64_t>> as_asked = {{kTiny + 5, kTiny + 105}};
+  EXPECT_EQ(store_.asked(), as_asked);
+}
+
 // Unmounting does not wait for GETs stalled on the store (each would take the stall limit, times
 // the retries): the fetchers give them up.
 TEST_F(RemoteCacheTest, StoppingGivesUpStalledGets) {
