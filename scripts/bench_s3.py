@@ -41,6 +41,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -367,23 +368,66 @@ class Bench:
 
 # -- straight from S3 (issue 33, step 2): no s3fs -----------------------------------------------
 
-def daemon_peak_kib(ckptfs, mnt):
-    """VmHWM (KiB) of the ckptfs daemon serving `mnt`, 0 if it is not found."""
+def daemon_pid(ckptfs, mnt):
+    """The pid of the ckptfs daemon serving `mnt`, None if it is not found."""
     binary = os.path.realpath(ckptfs)
     for pid in os.listdir("/proc"):
         try:
             if not pid.isdigit() or os.path.realpath(f"/proc/{pid}/exe") != binary:
                 continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if mnt.encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1])
+                if mnt.encode() in f.read().split(b"\0"):
+                    return int(pid)
         except OSError:
             continue
+    return None
+
+
+def status_kib(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
     return 0
+
+
+class DaemonMemory:
+    """While in its `with`: the daemon's peak anonymous memory (RssAnon, sampled every 10 ms:
+    the daemon's own, where VmHWM also counts the page cache of a spool's file it maps); after
+    it, `figures` = (VmHWM KiB, peak RssAnon KiB). The pid is looked for again whenever it is
+    gone: the mount command that started the daemon may still be exiting at first."""
+
+    def __init__(self, ckptfs, mnt):
+        self.ckptfs, self.mnt = ckptfs, mnt
+        self.pid = None
+        self.anon = 0
+        self.figures = (0, 0)
+
+    def read(self, field):
+        for _ in range(2):
+            self.pid = self.pid or daemon_pid(self.ckptfs, self.mnt)
+            if not self.pid:
+                return 0
+            try:
+                return status_kib(self.pid, field)
+            except OSError:
+                self.pid = None
+        return 0
+
+    def __enter__(self):
+        self.stop = threading.Event()
+
+        def sample():
+            while not self.stop.wait(0.01):
+                self.anon = max(self.anon, self.read("RssAnon"))
+        self.thread = threading.Thread(target=sample)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        self.figures = (self.read("VmHWM"), self.anon)
 
 
 def native_figures(bench, runs):
@@ -428,8 +472,9 @@ def native_figures(bench, runs):
                  ["--index-dir", idx, "--ranks", "0", "-o", "s3_amplify=1.1"], {0})):
             with bench.mounted(url, [*extra, *s3]):
                 files = [v for v, _ in bench.view_files(ranks)]
-                (t, c) = bench.measure(lambda: bench.cat(files))
-                vals.append((t, c, daemon_peak_kib(bench.args.ckptfs, bench.mnt)))
+                with DaemonMemory(bench.args.ckptfs, bench.mnt) as memory:
+                    (t, c) = bench.measure(lambda: bench.cat(files))
+                vals.append((t, c, *memory.figures))
                 if r == 0:
                     bench.check(label, ranks)
     size0 = os.path.getsize(bench.fx.expected_files()[0])
@@ -441,8 +486,8 @@ def native_figures(bench, runs):
                               ("s3://, --ranks 0", ranks0, size0),
                               ("s3://, -r 0, 1.1x", exact0, size0)):
         fetched = median([v[1]["sent_bytes"] for v in vals])
-        rss = f", daemon peak RSS {median([v[2] for v in vals]) / 1024:.0f} MiB" \
-            if len(vals[0]) > 2 else ""
+        rss = (f", daemon peak RSS {median([v[2] for v in vals]) / 1024:.0f} MiB "
+               f"({median([v[3] for v in vals]) / 1024:.0f} anonymous)") if len(vals[0]) > 2 else ""
         print(f"  {label:21} {size / 1e6 / median([v[0] for v in vals]):7.1f} MB/s  "
               f"{median([v[1]['range_gets'] for v in vals]):6.0f} GETs  "
               f"{fetched / MIB:7.1f} MiB fetched = {fetched / size:.2f}x the target{rss}")

@@ -145,7 +145,16 @@ struct ParsedOptions {
   // The decrypted pages of all encrypted sources together.
   uint64_t decrypt_max = crypt::kDefaultDecryptBudget;
   double s3_amplify = Service::kDefaultS3Amplify;
+  // Where S3 sources' ranges are held: a directory (empty: kDefaultSpoolDir), or "off" (in
+  // memory); and the most bytes there (0: Spool::default_capacity).
+  std::string s3_spool;
+  uint64_t s3_spool_max = 0;
 };
+
+// FHS: temporary files kept across reboots, so on a disk where /tmp may be in memory.
+constexpr const char* kDefaultSpoolDir = "/var/tmp";
+// Below this a default spool is not worth its writes (the disk is all but full).
+constexpr uint64_t kMinDefaultSpool = uint64_t{64} << 20;
 
 // The number after "name=" in `option`, from `lo` to `hi`; `what` names it in the error.
 unsigned parse_number(std::string_view option, size_t name_length, unsigned lo, unsigned hi,
@@ -217,6 +226,17 @@ ParsedOptions parse_options(const MountOptions& options) {
         out.read_ahead_max_named = true;
       } else if (o.starts_with("s3_amplify=")) {
         out.s3_amplify = parse_ratio(o, 11);
+      } else if (o.starts_with("s3_spool=")) {
+        out.s3_spool = o.substr(9);
+        if (out.s3_spool.empty())
+          fail("bad mount option \"{}\": expected a directory on a local disk, or off", option);
+      } else if (o.starts_with("s3_spool_max=")) {
+        out.s3_spool_max = parse_bytes(o, 13);
+        if (out.s3_spool_max == 0)
+          fail(
+              "bad mount option \"{}\": expected a byte count above 0, such as 16G (or "
+              "-o s3_spool=off)",
+              option);
       } else if (o.starts_with("decrypt_max=")) {
         out.decrypt_max = parse_bytes(o, 12);
       } else if (o.starts_with("max_threads=")) {
@@ -616,6 +636,40 @@ void restrict_for_encrypted(ParsedOptions& parsed, const MountOptions& options) 
   parsed.splice = Service::Splice::kOff;
 }
 
+namespace {
+
+// The spool of an S3 mount (spool.h), made before the daemon forks so that a directory named
+// with -o s3_spool that cannot hold one fails the mount; null for "off", or when the default
+// directory is in memory or all but full (the ranges are then held in memory).
+std::shared_ptr<Spool> open_spool(const ParsedOptions& parsed) {
+  if (parsed.s3_spool == "off") return nullptr;
+  const bool named = !parsed.s3_spool.empty();
+  const stdfs::path dir = named ? stdfs::path(parsed.s3_spool) : stdfs::path(kDefaultSpoolDir);
+  if (!named && Spool::in_memory(dir)) {
+    spdlog::info("S3 ranges held in memory: {} is in memory; -o s3_spool=DIR names a local disk",
+                 dir.string());
+    return nullptr;
+  }
+  const uint64_t capacity =
+      parsed.s3_spool_max != 0 ? parsed.s3_spool_max : Spool::default_capacity(dir);
+  if (parsed.s3_spool_max == 0 && capacity < kMinDefaultSpool) {
+    spdlog::info(
+        "S3 ranges held in memory: {} has {} MiB free; -o s3_spool_max=SIZE sets the "
+        "spool's room",
+        dir.string(), capacity * 4 >> 20);
+    return nullptr;
+  }
+  try {
+    return std::make_shared<Spool>(dir, capacity);
+  } catch (const Error& e) {
+    if (named) throw;
+    spdlog::warn("S3 ranges held in memory: {}", e.what());
+    return nullptr;
+  }
+}
+
+}  // namespace
+
 int mount(const std::filesystem::path& mountpoint, const Tree& tree, const MountOptions& options) {
   ParsedOptions parsed = parse_options(options);
   if (tree.encrypted()) restrict_for_encrypted(parsed, options);
@@ -626,7 +680,9 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
       spdlog::warn("-o splice is off: the sources are S3 objects (read with ranged GETs)");
     parsed.splice = Service::Splice::kOff;
   }
-  if (tree.remote() && !parsed.read_ahead_max_named)
+  const std::shared_ptr<Spool> spool = tree.remote() ? open_spool(parsed) : nullptr;
+  // Ranges held in memory: a larger default bound (Service::default_s3_read_ahead_max).
+  if (tree.remote() && !spool && !parsed.read_ahead_max_named)
     parsed.read_ahead_max = Service::default_s3_read_ahead_max();
   std::string log_file;
   if (!options.log_file.empty()) log_file = stdfs::absolute(options.log_file).string();
@@ -637,7 +693,7 @@ int mount(const std::filesystem::path& mountpoint, const Tree& tree, const Mount
   server.service = std::make_unique<Service>(
       tree, options.chosen,
       Service::Options{parsed.cache, parsed.read_ahead && !parsed.cache, parsed.max_read,
-                       parsed.splice, parsed.read_ahead_max, parsed.s3_amplify});
+                       parsed.splice, parsed.read_ahead_max, parsed.s3_amplify, spool});
   // .ckptfs/log keeps the lines from here on: the mount and the notes on the sources (the
   // daemon forks with them), then whatever the server logs (init hooks the ring to the logger
   // it serves with). This process's logger lets go of it on the way out.

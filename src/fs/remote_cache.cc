@@ -8,6 +8,8 @@
 #include <new>
 #include <system_error>
 
+#include "bus_guard.h"
+
 namespace ckptfs::fs {
 
 RangeBuffer::RangeBuffer(size_t size) : size_(size) {
@@ -18,15 +20,29 @@ RangeBuffer::RangeBuffer(size_t size) : size_(size) {
     mapped_ = AnonymousMapping(size, AnonymousMapping::Pages::kNow);  // every byte is written
 }
 
+RangeBuffer RangeBuffer::in(Spool& spool, size_t size) noexcept {
+  RangeBuffer out;
+  out.spooled_ = spool.allocate(size);
+  if (out.spooled_ == nullptr) return out;
+  out.spool_ = &spool;
+  out.size_ = size;
+  return out;
+}
+
 RangeBuffer::RangeBuffer(RangeBuffer&& other) noexcept
     : heap_(std::move(other.heap_)),
       mapped_(std::move(other.mapped_)),
+      spool_(std::exchange(other.spool_, nullptr)),
+      spooled_(std::exchange(other.spooled_, nullptr)),
       size_(std::exchange(other.size_, 0)) {}
 
 RangeBuffer& RangeBuffer::operator=(RangeBuffer&& other) noexcept {
   if (this != &other) {
+    reset();
     heap_ = std::move(other.heap_);
     mapped_ = std::move(other.mapped_);
+    spool_ = std::exchange(other.spool_, nullptr);
+    spooled_ = std::exchange(other.spooled_, nullptr);
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
@@ -35,11 +51,19 @@ RangeBuffer& RangeBuffer::operator=(RangeBuffer&& other) noexcept {
 void RangeBuffer::reset() noexcept {
   heap_.reset();
   mapped_.reset();
+  if (spool_ != nullptr) spool_->free(spooled_, size_);
+  spool_ = nullptr;
+  spooled_ = nullptr;
   size_ = 0;
 }
 
-RemoteCache::RemoteCache(size_t max_bytes, unsigned fetchers, WholeBlocks blocks)
-    : max_bytes_(max_bytes), fetchers_(std::max(1u, fetchers)), blocks_(blocks) {}
+RemoteCache::RemoteCache(size_t max_bytes, unsigned fetchers, WholeBlocks blocks,
+                         std::shared_ptr<Spool> spool)
+    : max_bytes_(max_bytes),
+      fetchers_(std::max(1u, fetchers)),
+      blocks_(blocks),
+      spool_(std::move(spool)),
+      range_bound_(spool_ ? spool_->capacity() : max_bytes_) {}
 
 RemoteCache::~RemoteCache() {
   {
@@ -55,10 +79,10 @@ RemoteCache::~RemoteCache() {
 
 bool RemoteCache::make_room(uint64_t need, std::vector<std::shared_ptr<Entry>>& freed) {
   // Freeing the ranges still to be read would not make room: keep them.
-  if (stats_.held - lru_bytes_ + need > max_bytes_) return false;
+  if (stats_.held - lru_bytes_ + need > range_bound_) return false;
   // First the ranges whose expected bytes were all copied out, then the least recently read.
   for (const bool spent_only : {true, false}) {
-    for (auto it = lru_.begin(); stats_.held + need > max_bytes_ && it != lru_.end();) {
+    for (auto it = lru_.begin(); stats_.held + need > range_bound_ && it != lru_.end();) {
       Entry* e = *it;
       if (spent_only && !e->spent()) {
         ++it;
@@ -72,8 +96,8 @@ bool RemoteCache::make_room(uint64_t need, std::vector<std::shared_ptr<Entry>>& 
       }
       it = lru_.erase(it);
       e->in_lru = false;
-      stats_.held -= e->end - e->begin;
-      lru_bytes_ -= e->end - e->begin;
+      stats_.held -= e->cost;
+      lru_bytes_ -= e->cost;
       stats_.evicted += e->end - e->begin;
       if (!e->spent() && e->planned) stats_.evicted_needed += e->end - e->begin;
       if (at != held.end()) {
@@ -82,7 +106,7 @@ bool RemoteCache::make_room(uint64_t need, std::vector<std::shared_ptr<Entry>>& 
       }
     }
   }
-  return stats_.held + need <= max_bytes_;
+  return stats_.held + need <= range_bound_;
 }
 
 void RemoteCache::expect(const remote::ObjectRef* object,
@@ -133,11 +157,11 @@ bool RemoteCache::whole_blocks() {
       const bool whole = pays(size, expected);
       bytes += whole ? size : expected;
       all_pay_ = all_pay_ && whole;
-      if (bytes > max_bytes_) break;  // does not fit: the rest cannot change that
+      if (bytes > range_bound_) break;  // does not fit: the rest cannot change that
     }
-    if (bytes > max_bytes_) break;
+    if (bytes > range_bound_) break;
   }
-  fits_ = bytes <= max_bytes_ ? 1 : 0;
+  fits_ = bytes <= range_bound_ ? 1 : 0;
   spdlog::debug("S3 read-ahead: the plan's blocks hold {} MiB: {}", bytes >> 20,
                 fits_ ? "whole blocks" : "ranges as needed");
   return fits_ == 1;
@@ -159,6 +183,12 @@ bool RemoteCache::reserve(uint64_t bytes) {
   if (bytes > max_bytes_) return false;
   std::vector<std::shared_ptr<Entry>> freed;
   std::unique_lock lock(mutex_);
+  if (spool_) {  // the ranges are on disk: READs' buffers have the memory bound to themselves
+    done_.wait(lock, [&] { return stopping_ || reserved_ + bytes <= max_bytes_; });
+    if (stopping_) return false;
+    reserved_ += bytes;
+    return true;
+  }
   // Ranges in flight arrive (and may then be freed) and other READs give their charges back, so
   // the wait ends.
   done_.wait(lock, [&] { return stopping_ || make_room(bytes, freed); });
@@ -171,7 +201,7 @@ bool RemoteCache::reserve(uint64_t bytes) {
 void RemoteCache::release(uint64_t bytes) {
   {
     std::lock_guard lock(mutex_);
-    stats_.held -= bytes;
+    (spool_ ? reserved_ : stats_.held) -= bytes;
   }
   done_.notify_all();
 }
@@ -179,6 +209,53 @@ void RemoteCache::release(uint64_t bytes) {
 bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t end) {
   if (begin >= end) return true;
   std::vector<std::shared_ptr<Entry>> freed;  // freed after the lock is let go
+  std::vector<std::shared_ptr<Entry>> fresh;  // the new ranges, queued once `freed` is freed
+  if (!plan_ranges(object, begin, end, freed, fresh)) return false;
+  if (fresh.empty()) return true;
+  // The ranges freed for room give their memory (or spool blocks) back before a fetcher can
+  // take the new ones': freed after the fetchers were told, the bound was passed for a moment
+  // (the spool's file by 2 MiB of 32 in a test).
+  freed.clear();
+  std::vector<std::shared_ptr<Entry>> forgotten;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) {
+      forgotten = std::move(fresh);
+    } else {
+      for (std::shared_ptr<Entry>& entry : fresh) queue_.push_back(std::move(entry));
+      if (!start_fetchers()) {  // nothing was ever fetched: forget the whole queue
+        forgotten.assign(queue_.begin(), queue_.end());
+        queue_.clear();
+      }
+    }
+    // Readers that found one of them waiting wake and fetch for themselves.
+    for (const std::shared_ptr<Entry>& entry : forgotten) {
+      entry->state = State::kGone;
+      stats_.held -= entry->cost;
+      drop(*entry);
+    }
+  }
+  work_.notify_all();
+  done_.notify_all();
+  return forgotten.empty();
+}
+
+bool RemoteCache::start_fetchers() {
+  while (threads_.size() < fetchers_) {
+    try {
+      threads_.emplace_back([this] { fetcher_loop(); });
+    } catch (const std::system_error& e) {
+      if (!threads_.empty()) return true;
+      spdlog::warn("S3 read-ahead off: cannot start a thread: {}", e.what());
+      return false;
+    }
+  }
+  return true;
+}
+
+bool RemoteCache::plan_ranges(const remote::ObjectRef* object, uint64_t begin, uint64_t end,
+                              std::vector<std::shared_ptr<Entry>>& freed,
+                              std::vector<std::shared_ptr<Entry>>& fresh) {
   std::lock_guard lock(mutex_);
   if (stopping_) return false;
   Ranges& held = ranges_[object];
@@ -193,9 +270,7 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
   // The parts of [begin, end) no range covers yet (cut where blocks begin if they are fetched
   // whole), and their bytes.
   std::vector<std::pair<uint64_t, uint64_t>> gaps;
-  uint64_t need = 0;
   const auto add_gap = [&](uint64_t b, uint64_t e) {
-    need += e - b;
     for (; whole && b / block != (e - 1) / block; b = (b / block + 1) * block)
       gaps.emplace_back(b, (b / block + 1) * block);
     gaps.emplace_back(b, e);
@@ -217,39 +292,23 @@ bool RemoteCache::want(const remote::ObjectRef* object, uint64_t begin, uint64_t
   if (touched != held.begin() && std::prev(touched)->second->end > begin) --touched;
   for (; touched != held.end() && touched->first < end; ++touched)
     if (touched->second->in_lru) lru_.splice(lru_.end(), lru_, touched->second->lru);
+  uint64_t need = 0;
+  for (const auto& [b, e] : gaps) need += cost_of(e - b);
   // Room for every gap or none is queued: a part queued here without the fetchers told of it
   // (below) would keep a READ that waits for it waiting.
   if (!make_room(need, freed)) return false;
-  bool queued = false;
   for (const auto& [b, e] : gaps) {
     auto entry = std::make_shared<Entry>();
     entry->object = object;
     entry->begin = b;
     entry->end = e;
+    entry->cost = cost_of(e - b);
     entry->planned = needs_.contains(object);
     entry->expected = expected_in(object, b, e);
     held.emplace(b, entry);
-    queue_.push_back(std::move(entry));
-    charge(e - b);
-    queued = true;
+    charge(entry->cost);
+    fresh.push_back(std::move(entry));
   }
-  if (!queued) return true;
-  while (threads_.size() < fetchers_) {
-    try {
-      threads_.emplace_back([this] { fetcher_loop(); });
-    } catch (const std::system_error& e) {
-      if (!threads_.empty()) break;
-      // No fetcher: forget what was queued; readers fetch for themselves.
-      spdlog::warn("S3 read-ahead off: cannot start a thread: {}", e.what());
-      for (const auto& entry : queue_) {
-        stats_.held -= entry->end - entry->begin;
-        drop(*entry);
-      }
-      queue_.clear();
-      return false;
-    }
-  }
-  work_.notify_all();
   return true;
 }
 
@@ -352,7 +411,7 @@ void RemoteCache::read(std::span<const remote::Get> gets, std::span<Got> got) {
     }
     done_.wait(lock, [&] {
       return stopping_ || std::all_of(held.begin(), held.end(), [](const auto& e) {
-               return e->state == State::kReady || e->state == State::kFailed;
+               return e->state != State::kQueued && e->state != State::kFetching;
              });
     });
     for (size_t i = 0; i < gets.size(); ++i) {
@@ -375,16 +434,29 @@ void RemoteCache::read(std::span<const remote::Get> gets, std::span<Got> got) {
       if (entry->in_lru) lru_.splice(lru_.end(), lru_, entry->lru);
   }
   // Their bytes never change once ready, and no range is freed while a READ holds it.
-  for (size_t i = 0; i < gets.size(); ++i) {
-    if (got[i] != Got::kCopied) continue;
-    const remote::Get& g = gets[i];
-    uint64_t at = g.offset;
-    for (size_t k = first[i]; k < first[i + 1]; ++k) {
-      const Entry& entry = *parts[k];
-      const uint64_t to = std::min<uint64_t>(entry.end, g.offset + g.out.size());
-      std::memcpy(g.out.data() + (at - g.offset), entry.bytes.data() + (at - entry.begin), to - at);
-      at = to;
+  const auto copy = [&] {
+    for (size_t i = 0; i < gets.size(); ++i) {
+      if (got[i] != Got::kCopied) continue;
+      const remote::Get& g = gets[i];
+      uint64_t at = g.offset;
+      for (size_t k = first[i]; k < first[i + 1]; ++k) {
+        const Entry& entry = *parts[k];
+        const uint64_t to = std::min<uint64_t>(entry.end, g.offset + g.out.size());
+        std::memcpy(g.out.data() + (at - g.offset), entry.bytes.data() + (at - entry.begin),
+                    to - at);
+        at = to;
+      }
     }
+  };
+  // A spooled page the kernel wrote back and cannot read again (a disk error) is SIGBUS: the
+  // READ fails, the daemon lives.
+  if (!spool_) {
+    copy();
+  } else if (!copy_guarded(copy)) {
+    spdlog::error("S3 read-ahead: the spool in {} could not be read back (a disk error?)",
+                  spool_->dir().string());
+    for (size_t i = 0; i < gets.size(); ++i)
+      if (got[i] == Got::kCopied) got[i] = Got::kFailed;
   }
   held.clear();
 }
@@ -410,12 +482,21 @@ class RemoteCache::Feed : public remote::GetFeed {
         ++cache_.busy_;
       }
       try {
-        e->bytes = RangeBuffer(e->end - e->begin);
+        e->bytes = cache_.spool_ ? RangeBuffer::in(*cache_.spool_, e->end - e->begin)
+                                 : RangeBuffer(e->end - e->begin);
       } catch (const std::exception& ex) {  // no memory: this range fails, the next may not
         finish(*e, ex.what());
         continue;
       }
+      if (e->bytes.size() == 0) {  // no room in the spool: its readers fetch for themselves
+        finish(*e, {}, /*gone=*/true);
+        continue;
+      }
       get = {e->object, e->begin, std::span(e->bytes.data(), e->bytes.size())};
+      if (cache_.spool_) {
+        get.file = cache_.spool_->fd();
+        get.file_offset = cache_.spool_->offset_of(e->bytes.data());
+      }
       in_flight_ += e->end - e->begin;
       tag = ++last_tag_;
       sent_.emplace(tag, std::move(e));
@@ -440,22 +521,27 @@ class RemoteCache::Feed : public remote::GetFeed {
   }
 
  private:
-  void finish(Entry& e, const std::string& error) {
+  void finish(Entry& e, const std::string& error, bool gone = false) {
     {
       std::lock_guard lock(cache_.mutex_);
       --cache_.busy_;
-      if (error.empty()) {
+      if (gone) {
+        e.state = State::kGone;
+        cache_.stats_.held -= e.cost;
+        ++cache_.stats_.gone;
+        cache_.drop(e);
+      } else if (error.empty()) {
         e.state = State::kReady;
         e.lru = cache_.lru_.insert(cache_.lru_.end(), &e);
         e.in_lru = true;
-        cache_.lru_bytes_ += e.end - e.begin;
+        cache_.lru_bytes_ += e.cost;
         cache_.stats_.fetched += e.end - e.begin;
         ++cache_.stats_.ranges;
       } else {
         spdlog::error("{}", error);
         e.state = State::kFailed;
         e.bytes = {};
-        cache_.stats_.held -= e.end - e.begin;
+        cache_.stats_.held -= e.cost;
         ++cache_.stats_.failed;
         cache_.drop(e);
       }
@@ -483,7 +569,7 @@ void RemoteCache::fetcher_loop() {
       for (const std::shared_ptr<Entry>& e : queue_) {
         spdlog::error("{}", ex.what());
         e->state = State::kFailed;
-        stats_.held -= e->end - e->begin;
+        stats_.held -= e->cost;
         ++stats_.failed;
         drop(*e);
       }

@@ -6,14 +6,15 @@
 //
 // Bounded: the bytes of the S3 path, all objects together, stay under `max_bytes` (the mount's
 // share of -o readahead_max): ranges held or in flight, and the buffers READs charge (reserve)
-// for the GETs of runs no range holds. A new range first takes the room of the ranges used least
-// recently that have arrived and that no READ is copying from; past that it is not fetched
-// ahead, and its reader fetches its own runs. When the plan said which bytes its files will read
-// (expect), a range whose expected bytes have all been copied out to READs is forgotten before
-// any range still to be read: read least recently is no guide when the files that read a range
-// come one after another (the next file needs the ranges the last one read first, and those
-// were freed first). A range's bytes are pages of its own from 64 KiB
-// (RangeBuffer), so that a dropped range's memory leaves the daemon at once.
+// for the GETs of runs no range holds. With a spool (spool.h, -o s3_spool) the ranges are held
+// in its file instead, under its capacity, and `max_bytes` bounds the READs' buffers alone. A new
+// range first takes the room of the ranges used least recently that have arrived and that no READ
+// is copying from; past that it is not fetched ahead, and its reader fetches its own runs. When the
+// plan said which bytes its files will read (expect), a range whose expected bytes have all been
+// copied out to READs is forgotten before any range still to be read: read least recently is no
+// guide when the files that read a range come one after another (the next file needs the ranges the
+// last one read first, and those were freed first). A range's bytes are pages of its own from 64
+// KiB (RangeBuffer), so that a dropped range's memory leaves the daemon at once.
 //
 // Never a wrong byte: a range whose GET fails (after the client's retries) or whose object
 // changed is logged once and dropped; the reads waiting for it fail (EIO), later reads fetch
@@ -44,30 +45,36 @@
 
 #include "ckptfs/remote/objects.h"
 #include "ckptfs/util/anonymous_mapping.h"
+#include "spool.h"
 
 namespace ckptfs::fs {
 
 // Bytes of one fetched range or one READ's staged GETs. From kMappedBytes on, pages mapped for
 // it alone and unmapped when it is freed: from the heap, a freed range of a few MiB stays in the
 // allocator's per-thread arenas, and a mount bounded at 32 MiB grew by 96 MiB. Below, the heap
-// (small blocks are reused there). Not zeroed. Thread-safety: one owner at a time.
+// (small blocks are reused there). Or pages of a Spool's file (in()). Not zeroed. Thread-safety:
+// one owner at a time.
 class RangeBuffer {
  public:
   static constexpr size_t kMappedBytes = size_t{64} << 10;
   RangeBuffer() = default;
   explicit RangeBuffer(size_t size);  // throws std::bad_alloc
+  // `size` bytes of `spool` (which outlives it); empty when the spool has no room for them.
+  static RangeBuffer in(Spool& spool, size_t size) noexcept;
   ~RangeBuffer() { reset(); }
   RangeBuffer(RangeBuffer&& other) noexcept;
   RangeBuffer& operator=(RangeBuffer&& other) noexcept;
   RangeBuffer(const RangeBuffer&) = delete;
   RangeBuffer& operator=(const RangeBuffer&) = delete;
-  uint8_t* data() const { return heap_ ? heap_.get() : mapped_.data(); }
+  uint8_t* data() const { return spooled_ ? spooled_ : heap_ ? heap_.get() : mapped_.data(); }
   size_t size() const { return size_; }
   void reset() noexcept;
 
  private:
   std::unique_ptr<uint8_t[]> heap_;  // below kMappedBytes
   AnonymousMapping mapped_;          // from kMappedBytes on
+  Spool* spool_ = nullptr;           // in()
+  uint8_t* spooled_ = nullptr;
   size_t size_ = 0;
 };
 
@@ -97,7 +104,8 @@ class RemoteCache {
   // rest (then the first READ waited for the whole window).
   static constexpr uint64_t kInFlightBytes = uint64_t{64} << 20;
 
-  explicit RemoteCache(size_t max_bytes, unsigned fetchers = kFetchers, WholeBlocks blocks = {});
+  explicit RemoteCache(size_t max_bytes, unsigned fetchers = kFetchers, WholeBlocks blocks = {},
+                       std::shared_ptr<Spool> spool = nullptr);
   // Drops the queued ranges, wakes the waiting readers (they fetch for themselves) and joins the
   // fetchers (their GETs in flight are given up).
   ~RemoteCache();
@@ -149,21 +157,24 @@ class RemoteCache {
     uint64_t fetched = 0;           // bytes of ranges that arrived
     uint64_t ranges = 0;            // ranges that arrived
     uint64_t failed = 0;            // ranges that failed
+    uint64_t gone = 0;              // ranges not fetched: no room in the spool
     uint64_t hits = 0, misses = 0;  // reads
-    uint64_t held = 0;              // bytes held, in flight or charged by READs now
-    uint64_t peak = 0;              // the most `held` has been
-    uint64_t evicted = 0;           // bytes of arrived ranges forgotten to make room
-    uint64_t evicted_needed = 0;    // of those, bytes of ranges the plan still expected READs of
+    uint64_t held = 0;            // bytes held, in flight or charged by READs (without a spool) now
+    uint64_t peak = 0;            // the most `held` has been
+    uint64_t evicted = 0;         // bytes of arrived ranges forgotten to make room
+    uint64_t evicted_needed = 0;  // of those, bytes of ranges the plan still expected READs of
   };
   Stats stats() const;
   // Waits until nothing is queued or in flight (tests, bench).
   void wait_idle();
 
  private:
-  enum class State { kQueued, kFetching, kReady, kFailed };
+  // kGone: never fetched, the spool had no room (its readers fetch for themselves).
+  enum class State { kQueued, kFetching, kReady, kFailed, kGone };
   struct Entry {
     const remote::ObjectRef* object = nullptr;
     uint64_t begin = 0, end = 0;
+    uint64_t cost = 0;  // its charge on the bound: end - begin, in whole pages in a spool
     State state = State::kQueued;
     RangeBuffer bytes;
     std::list<Entry*>::iterator lru;  // valid while in_lru
@@ -215,6 +226,7 @@ class RemoteCache {
   // batch, still holds it).
   void drop(const Entry& e);
   void charge(uint64_t bytes);  // under mutex_: `held` grows (and its peak)
+  uint64_t cost_of(uint64_t size) const { return spool_ ? Spool::round_up(size) : size; }
   // Under mutex_: the bytes of [begin, end) of `object` READs are still expected to copy out (a
   // block's share in proportion to the part of it inside).
   uint64_t expected_in(const remote::ObjectRef* object, uint64_t begin, uint64_t end);
@@ -230,14 +242,26 @@ class RemoteCache {
   // past the bound they push each other out (a view 1.1x the bound fetched 3.3x its bytes,
   // where ranges as needed fetch 1.07x).
   bool whole_blocks();
+  // Takes mutex_: the ranges want() would queue for [begin, end) of `object`, put in the maps
+  // and charged (not queued yet); the ranges freed for their room go to `freed`. False when
+  // they do not fit (nothing is planned) or the cache is stopping.
+  bool plan_ranges(const remote::ObjectRef* object, uint64_t begin, uint64_t end,
+                   std::vector<std::shared_ptr<Entry>>& freed,
+                   std::vector<std::shared_ptr<Entry>>& fresh);
+  // Under mutex_: starts the fetchers not running yet; false when none can be.
+  bool start_fetchers();
   class Feed;
   void fetcher_loop();
 
   const size_t max_bytes_;
   const unsigned fetchers_;
   const WholeBlocks blocks_;
-  int fits_ = -1;         // whole_blocks()'s answer; -1: not known since the last expect()
-  bool all_pay_ = false;  // with fits_: every block the plan reads pays whole
+  // Declared before the ranges: their buffers give their pages back to it.
+  const std::shared_ptr<Spool> spool_;
+  const uint64_t range_bound_;  // the bound on ranges: the spool's capacity, or max_bytes_
+  uint64_t reserved_ = 0;       // with a spool: bytes READs charged (without, in stats_.held)
+  int fits_ = -1;               // whole_blocks()'s answer; -1: not known since the last expect()
+  bool all_pay_ = false;        // with fits_: every block the plan reads pays whole
   mutable std::mutex mutex_;
   std::condition_variable work_, done_;
   std::unordered_map<const remote::ObjectRef*, Ranges> ranges_;

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "ckptfs/remote/objects.h"
+#include "memory_limit.h"
 #include "scratch.h"
 
 namespace ckptfs::fs {
@@ -114,9 +115,9 @@ Service::Settled Service::start(const Offer& offer) {
 
 size_t Service::default_s3_read_ahead_max() {
   constexpr size_t kMost = size_t{1} << 30;
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return Prefetcher::kDefaultMaxBytes;
-  const size_t eighth = static_cast<size_t>(pages) / 8 * static_cast<size_t>(page);
+  const uint64_t memory = memory_limit();
+  if (memory == 0) return Prefetcher::kDefaultMaxBytes;
+  const auto eighth = static_cast<size_t>(memory / 8 / 4096 * 4096);
   return std::max(Prefetcher::kDefaultMaxBytes, std::min(kMost, eighth));
 }
 
@@ -147,7 +148,7 @@ void Service::start_source_prefetch(size_t s3_bytes) noexcept {
       const uint64_t max_range = std::min<uint64_t>(kS3MaxRange, s3_bytes / 16);
       remote_cache_ = std::make_unique<RemoteCache>(
           s3_bytes, RemoteCache::kFetchers,
-          WholeBlocks{.size = max_range, .amplify = options_.s3_amplify});
+          WholeBlocks{.size = max_range, .amplify = options_.s3_amplify}, options_.s3_spool);
       o.ahead = std::min<uint64_t>(kS3AheadBytes, s3_bytes / 4);
       o.cache = remote_cache_.get();
       o.merge = MergePolicy{.gap = kS3GapBytes,
@@ -155,11 +156,19 @@ void Service::start_source_prefetch(size_t s3_bytes) noexcept {
                             .extra = std::max(0.0, options_.s3_amplify - 1),
                             .max_range = max_range};
       use_remote_cache(remote_cache_.get());
+      const std::string held =
+          options_.s3_spool
+              ? fmt::format(
+                    "ranges held in a spool in {} up to {} MiB (-o s3_spool_max), READs' "
+                    "own GETs up to {} MiB",
+                    options_.s3_spool->dir().string(), options_.s3_spool->capacity() >> 20,
+                    s3_bytes >> 20)
+              : fmt::format("fetching ahead up to {} MiB", s3_bytes >> 20);
       spdlog::info(
-          "S3 sources: fetching ahead up to {} MiB (of -o readahead_max={} MiB), {} GETs in "
-          "flight, at most {:g}x the bytes needed (-o s3_amplify)",
-          s3_bytes >> 20, options_.read_ahead_max >> 20,
-          RemoteCache::kFetchers * RemoteCache::kInFlight, options_.s3_amplify);
+          "S3 sources: {} (of -o readahead_max={} MiB), {} GETs in flight, at most {:g}x the "
+          "bytes needed (-o s3_amplify)",
+          held, options_.read_ahead_max >> 20, RemoteCache::kFetchers * RemoteCache::kInFlight,
+          options_.s3_amplify);
     } else {
       spdlog::info("sources on a remote filesystem: reading ahead up to {} MiB of them in parallel",
                    options_.read_ahead_max >> 20);

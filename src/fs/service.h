@@ -107,13 +107,17 @@ class Service {
     // -o s3_amplify: for S3 sources, the most bytes a coalesced GET may fetch per byte its runs
     // need (1: one GET per run; see RemoteCache).
     double s3_amplify = kDefaultS3Amplify;
+    // -o s3_spool: where S3 sources' fetched ranges are held (null: in memory, under
+    // read_ahead_max).
+    std::shared_ptr<Spool> s3_spool = nullptr;
   };
   static constexpr double kDefaultS3Amplify = 8.0;
-  // -o readahead_max when the sources are S3 objects and the option is not given: 1 GiB, or an
-  // eighth of the machine's memory if that is less, never below the 256 MiB of other mounts.
-  // The S3 path's cache is the only place their
-  // bytes are kept (an S3 filesystem keeps them in the kernel's page cache, unbounded), and it
-  // fetches whole blocks only while the plan's blocks fit (RemoteCache, WholeBlocks).
+  // -o readahead_max when the sources are S3 objects held in memory (no spool: -o s3_spool=off,
+  // or no local disk for one) and the option is not given: 1 GiB, or an eighth of the memory
+  // this process may use (memory_limit.h) if that is less, never below the 256 MiB of other
+  // mounts. The S3 path's cache is then the only place their bytes are kept (an S3 filesystem
+  // keeps them in the kernel's page cache, unbounded), and it fetches whole blocks only while
+  // the plan's blocks fit (RemoteCache, WholeBlocks).
   static size_t default_s3_read_ahead_max();
   // S3 sources: target bytes fetched ahead of a reader, the widest gap two runs of one GET may
   // have (a GET's latency times one connection's bandwidth, measured on the bench server), and

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -69,9 +70,12 @@ std::string header_value(std::string_view line, size_t name_len) {
 // body never lands in the caller's buffer, and its S3 code reaches the message.
 struct Answer {
   std::span<uint8_t> out;
+  int file = -1;  // Get::file: the body goes there, at file_offset
+  uint64_t file_offset = 0;
   size_t received = 0;
   bool overflow = false;
-  std::string body;  // listings and error answers (bounded)
+  std::string write_error;  // the file's, when the body could not be written there
+  std::string body;         // listings and error answers (bounded)
   bool want_body = false;
   long status = 0;  // of the answer whose headers came last
   std::string content_range, etag;
@@ -80,6 +84,7 @@ struct Answer {
   void reset() {
     received = 0;
     overflow = false;
+    write_error.clear();
     status = 0;
     body.clear();
     content_range.clear();
@@ -122,7 +127,21 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
     a->overflow = true;
     return 0;
   }
-  std::memcpy(a->out.data() + a->received, data, len);
+  if (a->file < 0) {
+    std::memcpy(a->out.data() + a->received, data, len);
+  } else {
+    for (size_t done = 0; done < len;) {
+      const ssize_t wrote = ::pwrite(a->file, data + done, len - done,
+                                     static_cast<off_t>(a->file_offset + a->received + done));
+      if (wrote < 0 && errno == EINTR) continue;
+      if (wrote <= 0) {
+        a->write_error =
+            "writing the spool: " + (wrote < 0 ? errno_text(errno) : std::string("no progress"));
+        return 0;  // the transfer fails (the range is EIO, never a hole in its bytes)
+      }
+      done += static_cast<size_t>(wrote);
+    }
+  }
   a->received += len;
   return len;
 }
@@ -190,6 +209,7 @@ std::chrono::milliseconds backoff(int attempt) {
 }
 
 std::string describe_failure(CURLcode code, long status, const Answer& a) {
+  if (!a.write_error.empty()) return a.write_error;
   if (code != CURLE_OK) return a.errbuf[0] ? a.errbuf : curl_easy_strerror(code);
   std::string out = fmt::format("HTTP {}", status);
   if (auto err = parse_error_body(a.body)) out += " (" + *err + ")";
@@ -386,6 +406,8 @@ void S3Client::stream(GetFeed& feed, const std::atomic<bool>* cancel) const {
     slot.attempt = attempt;
     slot.answer.reset();
     slot.answer.out = g.out;
+    slot.answer.file = g.file;
+    slot.answer.file_offset = g.file_offset;
     slot.headers = base_headers(config_);
     slot.headers.reset(curl_slist_append(
         slot.headers.release(),

@@ -437,6 +437,57 @@ TEST_F(RemoteCacheTest, TinyBlocksAreNotFetchedWhole) {
   EXPECT_EQ(store_.asked(), as_asked);
 }
 
+// With a spool the ranges are held in its file: the plan's blocks need only fit the spool, not
+// the memory bound, and the bytes read back are the store's.
+std::shared_ptr<Spool> spool_in_var_tmp(uint64_t capacity) {
+  return std::make_shared<Spool>("/var/tmp", capacity);
+}
+
+TEST_F(RemoteCacheTest, WithASpoolWholeBlocksNeedFitOnlyTheSpool) {
+  const std::shared_ptr<Spool> spool = spool_in_var_tmp(kObjectSize);
+  RemoteCache cache(kMiB, 1, WholeBlocks{.size = kBlock, .amplify = 8}, spool);
+  expect_a_quarter(cache, &object_);
+  EXPECT_TRUE(cache.fetches_whole_blocks());
+  ASSERT_TRUE(cache.want(&object_, 0, kObjectSize));
+  cache.wait_idle();
+  EXPECT_EQ(spool->used(), kObjectSize);
+  EXPECT_TRUE(holds(cache, 0, kObjectSize));
+  EXPECT_EQ(store_.gets(), 4);
+  // READs' own buffers have the memory bound to themselves.
+  EXPECT_TRUE(cache.reserve(kMiB));
+  EXPECT_FALSE(cache.reserve(kMiB + 1));
+  cache.release(kMiB);
+}
+
+// A range evicted from the spool gives its blocks back to the disk.
+TEST_F(RemoteCacheTest, ASpooledRangeFreedForRoomLeavesTheSpool) {
+  const std::shared_ptr<Spool> spool = spool_in_var_tmp(2 * kMiB);
+  RemoteCache cache(kMiB, 1, WholeBlocks{}, spool);
+  ASSERT_TRUE(cache.want(&object_, 0, 2 * kMiB));
+  cache.wait_idle();
+  ASSERT_TRUE(cache.want(&object_, 4 * kMiB, 5 * kMiB));  // frees [0, 2 MiB) for room
+  cache.wait_idle();
+  EXPECT_EQ(spool->used(), kMiB);
+  EXPECT_LT(spool->disk_bytes(), 2 * kMiB);
+  EXPECT_TRUE(holds(cache, 4 * kMiB, kMiB));
+}
+
+// When the spool's disk has no room for a range, its readers fetch their runs themselves: a
+// miss, never a failed READ, never a wait for good.
+TEST_F(RemoteCacheTest, ASpoolWithNoRoomLeavesReadersToFetchThemselves) {
+  const std::shared_ptr<Spool> spool = spool_in_var_tmp(kMiB);
+  uint8_t* all = spool->allocate(2 * kMiB);  // the file's whole room, taken by someone else
+  ASSERT_NE(all, nullptr);
+  RemoteCache cache(kMiB, 1, WholeBlocks{}, spool);
+  ASSERT_TRUE(cache.want(&object_, 0, kMiB));
+  std::vector<uint8_t> out(100);
+  EXPECT_EQ(cache.read(&object_, 10, out), RemoteCache::Got::kMiss);
+  cache.wait_idle();
+  EXPECT_EQ(cache.stats().gone, 1u);
+  EXPECT_EQ(cache.stats().held, 0u);
+  spool->free(all, 2 * kMiB);
+}
+
 // Unmounting does not wait for GETs stalled on the store (each would take the stall limit, times
 // the retries): the fetchers give them up.
 TEST_F(RemoteCacheTest, StoppingGivesUpStalledGets) {

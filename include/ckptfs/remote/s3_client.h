@@ -35,11 +35,16 @@ struct ObjectRef {
   std::string url() const { return "s3://" + bucket + "/" + info.key; }
 };
 
-// out.size() bytes at `offset` of `object` (which outlives the fetch).
+// out.size() bytes at `offset` of `object` (which outlives the fetch), into `out`. With `file`
+// >= 0, `out` is a shared mapping of that file from `file_offset`, and the bytes are written
+// to the file (pwrite): its page cache then takes them as they come, where a store through the
+// mapping first faulted in each page zeroed (a fifth of a spooled S3 mount's CPU).
 struct Get {
   const ObjectRef* object = nullptr;
   uint64_t offset = 0;
   std::span<uint8_t> out;
+  int file = -1;
+  uint64_t file_offset = 0;
 };
 
 // Where S3Client::stream() takes its GETs from and tells how each ended. Called on the
