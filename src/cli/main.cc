@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <new>
 #include <string>
@@ -196,6 +197,9 @@ int report_missing_subcommand(const CLI::App& app, const CLI::ParseError& e,
 
 int main(int argc, char** argv) {
   raise_open_file_limit();
+  // A file past `ulimit -f` (the S3 spool's) is then an EFBIG error with a message, not the end
+  // of the process.
+  std::signal(SIGXFSZ, SIG_IGN);
   // Logs go to stderr so they never mix with a command's output.
   spdlog::set_default_logger(spdlog::stderr_logger_mt("ckptfs"));
   spdlog::set_pattern("ckptfs: %l: %v");

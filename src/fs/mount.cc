@@ -232,9 +232,9 @@ ParsedOptions parse_options(const MountOptions& options) {
           fail("bad mount option \"{}\": expected a directory on a local disk, or off", option);
       } else if (o.starts_with("s3_spool_max=")) {
         out.s3_spool_max = parse_bytes(o, 13);
-        if (out.s3_spool_max == 0)
+        if (out.s3_spool_max < Service::kS3MaxRange)  // room for one GET at least
           fail(
-              "bad mount option \"{}\": expected a byte count above 0, such as 16G (or "
+              "bad mount option \"{}\": expected a byte count of at least 8M, such as 16G (or "
               "-o s3_spool=off)",
               option);
       } else if (o.starts_with("decrypt_max=")) {
@@ -640,29 +640,41 @@ namespace {
 
 // The spool of an S3 mount (spool.h), made before the daemon forks so that a directory named
 // with -o s3_spool that cannot hold one fails the mount; null for "off", or when the default
-// directory is in memory or all but full (the ranges are then held in memory).
+// directory is in memory, all but full or cannot hold one (the ranges are then held in memory,
+// with a warning: the daemon's memory grows by up to -o readahead_max's larger default).
 std::shared_ptr<Spool> open_spool(const ParsedOptions& parsed) {
   if (parsed.s3_spool == "off") return nullptr;
   const bool named = !parsed.s3_spool.empty();
-  const stdfs::path dir = named ? stdfs::path(parsed.s3_spool) : stdfs::path(kDefaultSpoolDir);
-  if (!named && Spool::in_memory(dir)) {
-    spdlog::info("S3 ranges held in memory: {} is in memory; -o s3_spool=DIR names a local disk",
+  std::error_code ec;
+  const stdfs::path dir =
+      named ? stdfs::absolute(parsed.s3_spool, ec) : stdfs::path(kDefaultSpoolDir);
+  const uint64_t free_room = Spool::default_capacity(dir);
+  if (named) {
+    if (free_room == 0)
+      fail("-o s3_spool={}: no room there (not a directory, or its disk is full)", dir.string());
+    if (parsed.s3_spool_max > 4 * free_room)
+      spdlog::warn(
+          "-o s3_spool_max={} MiB: {} has {} MiB free; ranges past that are fetched by their "
+          "readers",
+          parsed.s3_spool_max >> 20, dir.string(), 4 * free_room >> 20);
+    return std::make_shared<Spool>(dir, parsed.s3_spool_max != 0 ? parsed.s3_spool_max : free_room);
+  }
+  if (Spool::in_memory(dir)) {
+    spdlog::warn("S3 ranges held in memory: {} is in memory; -o s3_spool=DIR names a local disk",
                  dir.string());
     return nullptr;
   }
-  const uint64_t capacity =
-      parsed.s3_spool_max != 0 ? parsed.s3_spool_max : Spool::default_capacity(dir);
+  const uint64_t capacity = parsed.s3_spool_max != 0 ? parsed.s3_spool_max : free_room;
   if (parsed.s3_spool_max == 0 && capacity < kMinDefaultSpool) {
-    spdlog::info(
-        "S3 ranges held in memory: {} has {} MiB free; -o s3_spool_max=SIZE sets the "
-        "spool's room",
+    spdlog::warn(
+        "S3 ranges held in memory: {} has {} MiB free; -o s3_spool=DIR names a local disk with "
+        "room",
         dir.string(), capacity * 4 >> 20);
     return nullptr;
   }
   try {
     return std::make_shared<Spool>(dir, capacity);
   } catch (const Error& e) {
-    if (named) throw;
     spdlog::warn("S3 ranges held in memory: {}", e.what());
     return nullptr;
   }

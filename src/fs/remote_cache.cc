@@ -485,11 +485,11 @@ class RemoteCache::Feed : public remote::GetFeed {
         e->bytes = cache_.spool_ ? RangeBuffer::in(*cache_.spool_, e->end - e->begin)
                                  : RangeBuffer(e->end - e->begin);
       } catch (const std::exception& ex) {  // no memory: this range fails, the next may not
-        finish(*e, ex.what());
+        finish(std::move(e), ex.what());
         continue;
       }
       if (e->bytes.size() == 0) {  // no room in the spool: its readers fetch for themselves
-        finish(*e, {}, /*gone=*/true);
+        finish(std::move(e), {}, /*gone=*/true, "no room left in the spool");
         continue;
       }
       get = {e->object, e->begin, std::span(e->bytes.data(), e->bytes.size())};
@@ -504,31 +504,44 @@ class RemoteCache::Feed : public remote::GetFeed {
     }
   }
 
-  void done(uint64_t tag, std::string error, bool /*changed: EIO all the same*/) override {
+  void done(uint64_t tag, std::string error, Failure why) override {
     const auto it = sent_.find(tag);
     if (it == sent_.end()) return;
-    const std::shared_ptr<Entry> e = std::move(it->second);
+    std::shared_ptr<Entry> e = std::move(it->second);
     sent_.erase(it);
     in_flight_ -= e->end - e->begin;
-    finish(*e, error);
+    // A changed object is EIO as any failure of the store; bytes this host could not keep
+    // (the spool's disk) are no answer about the object: its readers fetch for themselves.
+    if (why == Failure::kLocal)
+      finish(std::move(e), {}, /*gone=*/true, error);
+    else
+      finish(std::move(e), error);
   }
 
   // Every range sent and not yet filed fails with `why` (the stream ended by an exception).
   void fail_sent(const std::string& why) {
-    for (auto& [tag, e] : sent_) finish(*e, why);
+    for (auto& [tag, e] : sent_) finish(std::move(e), why);
     sent_.clear();
     in_flight_ = 0;
   }
 
  private:
-  void finish(Entry& e, const std::string& error, bool gone = false) {
+  // Files the range and lets go of this fetcher's reference to it before the range counts as
+  // arrived: held on past that, a range just read could not be freed for room for a moment (a
+  // READ seemed to be copying from it).
+  void finish(std::shared_ptr<Entry> owned, const std::string& error, bool gone = false,
+              const std::string& gone_why = {}) {
+    RangeBuffer dropped;  // a failed range's bytes, freed once the lock is let go
+    bool first_gone = false;
     {
+      Entry& e = *owned;
       std::lock_guard lock(cache_.mutex_);
       --cache_.busy_;
       if (gone) {
         e.state = State::kGone;
+        dropped = std::move(e.bytes);
         cache_.stats_.held -= e.cost;
-        ++cache_.stats_.gone;
+        first_gone = cache_.stats_.gone++ == 0;
         cache_.drop(e);
       } else if (error.empty()) {
         e.state = State::kReady;
@@ -540,12 +553,19 @@ class RemoteCache::Feed : public remote::GetFeed {
       } else {
         spdlog::error("{}", error);
         e.state = State::kFailed;
-        e.bytes = {};
+        dropped = std::move(e.bytes);
         cache_.stats_.held -= e.cost;
         ++cache_.stats_.failed;
         cache_.drop(e);
       }
+      owned.reset();
     }
+    // Once a mount: past it the unmount line counts them.
+    if (first_gone)
+      spdlog::warn(
+          "S3 read-ahead: a range was not kept ({}); its readers fetch their runs themselves, as "
+          "for every range the spool cannot hold",
+          gone_why);
     cache_.done_.notify_all();
   }
 

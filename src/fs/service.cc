@@ -202,8 +202,10 @@ void Service::stop() noexcept {
     const RemoteCache::Stats rc = remote_cache_->stats();
     spdlog::info(
         "S3 read-ahead: {} ranges, {} MiB fetched; {} reads from them, {} fetched alone; {} MiB "
-        "freed for room, {} MiB of them still to be read",
-        rc.ranges, rc.fetched >> 20, rc.hits, rc.misses, rc.evicted >> 20, rc.evicted_needed >> 20);
+        "freed for room, {} MiB of them still to be read; {} ranges not kept (no room in the "
+        "spool)",
+        rc.ranges, rc.fetched >> 20, rc.hits, rc.misses, rc.evicted >> 20, rc.evicted_needed >> 20,
+        rc.gone);
     use_remote_cache(nullptr);
     remote_cache_.reset();
   }

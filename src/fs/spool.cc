@@ -8,6 +8,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "ckptfs/error.h"
@@ -49,6 +50,15 @@ Spool::Spool(const std::filesystem::path& dir, uint64_t capacity)
     fail("-o s3_spool={}: cannot map its file: {}", dir.string(), errno_text(errno));
   base_ = static_cast<uint8_t*>(p);
   add_free(0, span_);
+  // A filesystem that cannot give a range its blocks up front (ext4 without extents, NFSv3,
+  // older ZFS) would hold nothing, every range refused at fetch: refused here instead.
+  uint8_t* probe = allocate(page_size());
+  if (probe == nullptr)
+    fail(
+        "-o s3_spool={}: cannot reserve disk blocks there (fallocate: {}); name a directory on a "
+        "local disk with room",
+        dir.string(), errno_text(errno));
+  free(probe, page_size());
 }
 
 Spool::~Spool() {
@@ -93,7 +103,12 @@ uint8_t* Spool::allocate(uint64_t size) {
   remove_free(free_.find(offset));
   if (extent > size) add_free(offset + size, extent - size);
   if (::fallocate(fd_.get(), 0, static_cast<off_t>(offset), static_cast<off_t>(size)) != 0) {
+    const int err = errno;
+    // A filesystem may keep the blocks it took before it ran out (ext4 does): given back.
+    ::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                static_cast<off_t>(size));
     add_free(offset, size);
+    errno = err;
     return nullptr;
   }
   used_ += size;
@@ -135,7 +150,8 @@ bool Spool::in_memory(const std::filesystem::path& dir) {
 uint64_t Spool::default_capacity(const std::filesystem::path& dir) {
   struct statvfs st {};
   if (::statvfs(dir.c_str(), &st) != 0) return 0;
-  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize / 4;
+  // At most 1 TiB (-o s3_spool_max's own limit): twice that is still a file ext4 allows.
+  return std::min(static_cast<uint64_t>(st.f_bavail) * st.f_frsize / 4, uint64_t{1} << 40);
 }
 
 }  // namespace ckptfs::fs

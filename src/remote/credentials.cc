@@ -1,10 +1,12 @@
 #include "ckptfs/remote/credentials.h"
 
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <system_error>
 
 #include "ckptfs/error.h"
 
@@ -105,6 +107,14 @@ S3Config find_config(const S3Options& options) {
   if (!config.endpoint.empty() && config.endpoint.rfind("http://", 0) != 0 &&
       config.endpoint.rfind("https://", 0) != 0)
     fail("--s3-endpoint {}: not an http:// or https:// URL", config.endpoint);
+  if (const std::string attempts = env("AWS_MAX_ATTEMPTS"); !attempts.empty()) {
+    const auto [end, ec] =
+        std::from_chars(attempts.data(), attempts.data() + attempts.size(), config.attempts);
+    if (ec != std::errc() || end != attempts.data() + attempts.size() || config.attempts < 1 ||
+        config.attempts > 20)
+      fail("AWS_MAX_ATTEMPTS=\"{}\": expected a count of requests from 1 to 20 (retries included)",
+           attempts);
+  }
   return config;
 }
 

@@ -292,7 +292,7 @@ std::vector<ObjectInfo> S3Client::list(const std::string& bucket, const std::str
       curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
       if (code == CURLE_OK && status == 200) break;
       const bool retry = code != CURLE_OK ? transient(code) : status >= 500 || status == 429;
-      if (!retry || attempt + 1 >= kAttempts)
+      if (!retry || attempt + 1 >= config_.attempts)
         fail("{}: listing failed: {} (keys from {}, endpoint {})", where,
              describe_failure(code, status, a), config_.keys_from,
              config_.endpoint.empty() ? "AWS" : config_.endpoint);
@@ -315,7 +315,7 @@ std::vector<ObjectInfo> S3Client::list(const std::string& bucket, const std::str
 namespace {
 
 // The outcome of one finished GET.
-enum class Verdict { kDone, kRetry, kChanged, kFailed };
+enum class Verdict { kDone, kRetry, kChanged, kFailed, kLocal };
 
 struct Check {
   Verdict verdict;
@@ -332,6 +332,7 @@ std::string_view opaque(std::string_view etag) {
 
 Check judge(const Get& g, CURLcode code, long status, const Answer& a) {
   const ObjectRef& o = *g.object;
+  if (!a.write_error.empty()) return {Verdict::kLocal, a.write_error};
   if (code != CURLE_OK && !a.overflow)
     return {transient(code) ? Verdict::kRetry : Verdict::kFailed,
             describe_failure(code, status, a)};
@@ -435,7 +436,7 @@ void S3Client::stream(GetFeed& feed, const std::atomic<bool>* cancel) const {
       feed.done(tag,
                 fmt::format("{}: byte offset {}: given up, the mount is stopping", g.object->url(),
                             g.offset),
-                false);
+                GetFeed::Failure::kStore);
     };
     for (Slot& slot : slots)
       if (std::exchange(slot.busy, false)) tell(slot.get, slot.tag);
@@ -464,7 +465,7 @@ void S3Client::stream(GetFeed& feed, const std::atomic<bool>* cancel) const {
             fed = true;
             break;
           }
-          feed.done(tag, {}, false);  // nothing to read
+          feed.done(tag, {}, GetFeed::Failure::kStore);  // nothing to read
         }
         if (!fed) break;
         start(s, g, tag, 0);
@@ -490,7 +491,7 @@ void S3Client::stream(GetFeed& feed, const std::atomic<bool>* cancel) const {
         const Get& g = slot.get;
         const Check check = judge(g, code, status, slot.answer);
         if (check.verdict == Verdict::kDone) {
-          feed.done(slot.tag, {}, false);
+          feed.done(slot.tag, {}, GetFeed::Failure::kStore);
           continue;
         }
         const std::string where =
@@ -500,10 +501,14 @@ void S3Client::stream(GetFeed& feed, const std::atomic<bool>* cancel) const {
                     fmt::format("{}: changed since it was scanned: {}; mount it again to serve "
                                 "its new contents",
                                 g.object->url(), check.why),
-                    true);
+                    GetFeed::Failure::kChanged);
           continue;
         }
-        if (check.verdict == Verdict::kRetry && slot.attempt + 1 < kAttempts) {
+        if (check.verdict == Verdict::kLocal) {
+          feed.done(slot.tag, fmt::format("{}: {}", where, check.why), GetFeed::Failure::kLocal);
+          continue;
+        }
+        if (check.verdict == Verdict::kRetry && slot.attempt + 1 < config_.attempts) {
           g_retries.fetch_add(1, std::memory_order_relaxed);
           spdlog::debug("{}: {}; retrying", where, check.why);
           // First in line once its backoff is over: behind hundreds of first tries, a range the
@@ -516,7 +521,7 @@ void S3Client::stream(GetFeed& feed, const std::atomic<bool>* cancel) const {
                   fmt::format("{}: GET failed{}: {}", where,
                               slot.attempt > 0 ? fmt::format(" {} times", slot.attempt + 1) : "",
                               check.why),
-                  false);
+                  GetFeed::Failure::kStore);
       }
       // A free slot and a feed that had nothing: asked again soon, for gets queued meanwhile.
       const bool free_slot = running < slots.size();
@@ -546,10 +551,10 @@ void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors
       get = gets_[next_++];
       return true;
     }
-    void done(uint64_t tag, std::string error, bool changed) override {
+    void done(uint64_t tag, std::string error, Failure why) override {
       if (error.empty()) return;
       if (!errors_) {
-        if (changed) throw Changed(error);
+        if (why == Failure::kChanged) throw Changed(error);
         throw Error(error);
       }
       (*errors_)[tag] = std::move(error);
@@ -566,7 +571,7 @@ void S3Client::fetch(std::span<const Get> gets, std::vector<std::string>* errors
     feed.done(i,
               fmt::format("{}: byte offset {}: given up, the mount is stopping",
                           gets[i].object->url(), gets[i].offset),
-              false);
+              GetFeed::Failure::kStore);
 }
 
 }  // namespace ckptfs::remote

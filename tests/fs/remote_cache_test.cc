@@ -4,12 +4,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -486,6 +488,31 @@ TEST_F(RemoteCacheTest, ASpoolWithNoRoomLeavesReadersToFetchThemselves) {
   EXPECT_EQ(cache.stats().gone, 1u);
   EXPECT_EQ(cache.stats().held, 0u);
   spool->free(all, 2 * kMiB);
+}
+
+// Bytes that could not be written to the spool (a full or failing disk; here past the file size
+// limit) say nothing of the object: the READ waiting for them fetches for itself, never EIO.
+TEST_F(RemoteCacheTest, ASpoolWriteErrorLeavesReadersToFetchThemselves) {
+  const std::shared_ptr<Spool> spool = spool_in_var_tmp(4 * kMiB);
+  uint8_t* first = spool->allocate(2 * kMiB);  // the range goes at 2 MiB, past the limit below
+  ASSERT_NE(first, nullptr);
+  RemoteCache cache(kMiB, 1, WholeBlocks{}, spool);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit limit = old;
+  limit.rlim_cur = kMiB;
+  const auto xfsz = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  ASSERT_TRUE(cache.want(&object_, 0, kMiB));
+  std::vector<uint8_t> out(100);
+  const RemoteCache::Got got = cache.read(&object_, 10, out);
+  cache.wait_idle();
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, xfsz);
+  EXPECT_EQ(got, RemoteCache::Got::kMiss);
+  EXPECT_EQ(cache.stats().failed, 0u);
+  EXPECT_EQ(cache.stats().gone, 1u);
+  spool->free(first, 2 * kMiB);
 }
 
 // Unmounting does not wait for GETs stalled on the store (each would take the stall limit, times

@@ -173,9 +173,9 @@ def thread_stacks(pid):
     return "\n".join(lines)
 
 
-def run(cmd, timeout=120, check=True):
+def run(cmd, timeout=120, check=True, preexec_fn=None):
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as child:
+                          text=True, preexec_fn=preexec_fn) as child:
         try:
             stdout, stderr = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -240,12 +240,13 @@ def mounted(ckptfs, src, mnt, **kwargs):
         yield mnt
 
 
-def refused_mount(ckptfs, src, mnt, timeout=60, **kwargs):
+def refused_mount(ckptfs, src, mnt, timeout=60, preexec_fn=None, **kwargs):
     """Runs a mount that must be refused (mount_cmd's arguments): asserts that it failed and left
     nothing mounted (unmounting whatever it did mount), and returns the finished process."""
     os.makedirs(mnt, exist_ok=True)
     try:
-        proc = run(mount_cmd(ckptfs, src, mnt, **kwargs), timeout=timeout, check=False)
+        proc = run(mount_cmd(ckptfs, src, mnt, **kwargs), timeout=timeout, check=False,
+                   preexec_fn=preexec_fn)
     finally:
         mounted = is_mounted(mnt)
         unmount(ckptfs, mnt)

@@ -43,8 +43,11 @@ Skipped (exit 77) only when the server cannot be installed on this machine.
 import errno
 import os
 import re
+import resource
+import signal
 import tempfile
 import threading
+import time
 import urllib.parse
 
 import itest
@@ -399,11 +402,15 @@ def failed_range_is_eio(setup):
               + setup.s3_args())
     log = os.path.join(setup.args.work, "eio.log")
     setup.proxy.faults = policy
+    # Two requests per GET, as the AWS tools take AWS_MAX_ATTEMPTS: each READ that meets the
+    # range gives up after one retry, not five with backoff (25 s of this test).
+    os.environ["AWS_MAX_ATTEMPTS"] = "2"
     try:
         with setup.mount(setup.url, "view", idx, setup.s3_args(), log_file=log) as mnt:
             served = read_all(mnt)
     finally:
         setup.proxy.faults = None
+        del os.environ["AWS_MAX_ATTEMPTS"]
     want = {f"rank_{t}/{name}": data for t, (name, data) in expected_bytes(setup).items()}
     failed = {rel: e for rel, e in served.items() if isinstance(e, OSError)}
     print(f"  failed: {sorted(failed)}", flush=True)
@@ -435,7 +442,7 @@ def memory_bounded(setup):
     setup.server.upload_dir(fx.src_dir, BUCKET, "big")
     want = {t: itest.read_file(p) for t, p in fx.expected_files().items()}
     assert sum(map(len, want.values())) > 3 * MEMORY_CAP, "the checkpoint does not exceed the cap"
-    spool_dir = os.path.join(setup.args.work, "spool")
+    spool_dir = os.path.abspath(os.path.join(setup.args.work, "spool"))
     os.makedirs(spool_dir, exist_ok=True)
     # Ranges in memory: the whole RSS stays under the cap. Ranges in a spool on disk (half the
     # view, so that it fills and frees): the daemon's own (anonymous) memory stays under the
@@ -444,10 +451,12 @@ def memory_bounded(setup):
     for label, options in (("in memory", "s3_spool=off"),
                            ("spool", f"s3_spool={spool_dir},s3_spool_max={SPOOL_MAX >> 20}M")):
         log = os.path.join(setup.args.work, f"memory-{len(label)}.log")
+        began = time.monotonic()
         with itest.mounted(setup.args.ckptfs, f"s3://{BUCKET}/big",
                            os.path.join(setup.args.work, "big-view"),
                            src_strategy=fx.src_strategy, dst_strategy=fx.dst_strategy,
                            index_dir=os.path.join(setup.args.work, "idx-big"), log_file=log,
+                           log_level="info",
                            options=f"readahead_max={MEMORY_CAP >> 20}M,{options}",
                            extra_args=setup.s3_args()) as mnt:
             pids = itest.daemon_pids(setup.args.ckptfs, mnt)
@@ -485,11 +494,16 @@ def memory_bounded(setup):
             sampler.join()
             grown = itest.status_kib(pid, "VmHWM") * 1024 - base
             anon = peaks["anon"] - base_anon
-        print(f"  {label}, 4 readers of {sum(map(len, want.values())) / MIB:.0f} MiB: daemon RSS "
+        print(f"  {label} ({time.monotonic() - began:.1f} s), 4 readers of "
+              f"{sum(map(len, want.values())) / MIB:.0f} MiB: daemon RSS "
               f"{base / MIB:.0f} MiB before, +{grown / MIB:.0f} MiB at peak, anonymous "
               f"+{anon / MIB:.0f} MiB (cap {MEMORY_CAP / MIB:.0f} MiB + "
               f"{MEMORY_OVERHEAD / MIB:.0f} MiB); spool file at most "
               f"{peaks['spool'] / MIB:.1f} MiB of disk", flush=True)
+        with open(log) as f:
+            for line in f:
+                if "S3 read-ahead:" in line or "fuse: served" in line:
+                    print("   ", line.split("] ", 3)[-1].rstrip(), flush=True)
         for t, data in want.items():
             assert got.get(t) == data, f"{label}, rank {t}: other bytes than the expected file"
         if label == "spool":
@@ -507,6 +521,58 @@ def memory_bounded(setup):
         assert mine <= MEMORY_CAP + MEMORY_OVERHEAD, (
             f"{label}: the daemon's memory grew by {mine / MIB:.0f} MiB, over the cap of "
             f"{MEMORY_CAP / MIB:.0f} MiB + {MEMORY_OVERHEAD / MIB:.0f} MiB")
+
+
+def spool_options(setup):
+    """A spool the mount was told to use and cannot is one line naming it, never a silent fall
+    back to memory; the default spool that cannot be made (here: past `ulimit -f`, whose signal
+    no longer ends the process) falls back to memory with a warning, and the mount serves."""
+    missing = os.path.join(setup.args.work, "no such dir")
+    os.makedirs(setup.args.work, exist_ok=True)
+    tiny_disk_file = os.path.join(setup.args.work, "a-file")
+    open(tiny_disk_file, "w").close()
+    for opts, names in ((f"s3_spool={missing}", missing),
+                        (f"s3_spool={tiny_disk_file}", tiny_disk_file),
+                        ("s3_spool_max=4095", "s3_spool_max=4095")):
+        proc = itest.refused_mount(setup.args.ckptfs, setup.url,
+                                   os.path.join(setup.args.work, "refused-spool"),
+                                   src_strategy=setup.fx.src_strategy,
+                                   dst_strategy=setup.fx.dst_strategy,
+                                   options=opts, extra_args=setup.s3_args())
+        lines = itest.stderr_lines(proc)
+        print(f"  -o {opts}: {lines}", flush=True)
+        assert len(lines) == 1 and names in lines[0], lines
+
+    def small_file_limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # as a shell leaves it
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, resource.RLIM_INFINITY))
+
+    # The named spool past the limit: refused, with the reason.
+    proc = itest.refused_mount(setup.args.ckptfs, setup.url,
+                               os.path.join(setup.args.work, "refused-spool"),
+                               src_strategy=setup.fx.src_strategy,
+                               dst_strategy=setup.fx.dst_strategy,
+                               options=f"s3_spool={setup.args.work},s3_spool_max=64M",
+                               extra_args=setup.s3_args(), preexec_fn=small_file_limit)
+    lines = itest.stderr_lines(proc)
+    print(f"  ulimit -f 16M, named spool of 64M: {lines}", flush=True)
+    assert proc.returncode > 0 and len(lines) == 1 and "File too large" in lines[0], \
+        (proc.returncode, lines)
+    # The default spool past the limit: ranges in memory, with a warning, and the right bytes.
+    mnt = os.path.join(setup.args.work, "small-limit")
+    os.makedirs(mnt, exist_ok=True)
+    with itest.unmounting(setup.args.ckptfs, mnt):
+        proc = itest.run(itest.mount_cmd(setup.args.ckptfs, setup.url, mnt,
+                                         src_strategy=setup.fx.src_strategy,
+                                         dst_strategy=setup.fx.dst_strategy,
+                                         extra_args=setup.s3_args()),
+                         timeout=120, check=False, preexec_fn=small_file_limit)
+        print(f"  ulimit -f 16M, default spool: rc {proc.returncode}, "
+              f"{itest.stderr_lines(proc)}", flush=True)
+        assert proc.returncode == 0, proc.stderr
+        assert "S3 ranges held in memory" in proc.stderr, proc.stderr
+        problems = ckpt_fixture.compare_tree(setup.fx, mnt)
+    assert not problems, problems
 
 
 def wrong_keys_one_line(setup):
@@ -586,6 +652,7 @@ def main():
         checks.run("coalesced_fetch_ahead", coalesced_fetch_ahead, setup)
         checks.run("failed_range_is_eio", failed_range_is_eio, setup)
         checks.run("memory_bounded", memory_bounded, setup)
+        checks.run("spool_options", spool_options, setup)
         checks.run("wrong_keys_one_line", wrong_keys_one_line, setup)
         checks.run("profile_keys", profile_keys, setup)
         checks.run("inspect_object", inspect_object, setup)

@@ -14,17 +14,12 @@ namespace {
 // Every variable find_config reads, cleared for a test and put back after it.
 class Env : public ::testing::Test {
  protected:
-  static constexpr const char* kVars[] = {"AWS_ACCESS_KEY_ID",
-                                          "AWS_SECRET_ACCESS_KEY",
-                                          "AWS_SESSION_TOKEN",
-                                          "AWS_PROFILE",
-                                          "AWS_REGION",
-                                          "AWS_DEFAULT_REGION",
-                                          "AWS_CONFIG_FILE",
-                                          "AWS_SHARED_CREDENTIALS_FILE",
-                                          "AWS_ENDPOINT_URL",
-                                          "AWS_ENDPOINT_URL_S3",
-                                          "HOME"};
+  static constexpr const char* kVars[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                          "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                                          "AWS_REGION",        "AWS_DEFAULT_REGION",
+                                          "AWS_CONFIG_FILE",   "AWS_SHARED_CREDENTIALS_FILE",
+                                          "AWS_ENDPOINT_URL",  "AWS_ENDPOINT_URL_S3",
+                                          "AWS_MAX_ATTEMPTS",  "HOME"};
   void SetUp() override {
     for (const char* v : kVars) {
       if (const char* s = std::getenv(v)) saved_.emplace_back(v, s);
@@ -89,6 +84,25 @@ TEST_F(Env, EndpointFromOptionOrEnvironment) {
             "https://obs.example");
   EXPECT_THROW(find_config({.endpoint = "ftp://x", .profile = "", .region = ""}), Error);
   EXPECT_EQ(find_config({}).region, "us-east-1");
+}
+
+// Requests per GET, retries included, as the AWS tools read them; a bad count is one line
+// naming the variable.
+TEST_F(Env, AttemptsFromAwsMaxAttempts) {
+  ::setenv("AWS_ACCESS_KEY_ID", "AK", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "SK", 1);
+  EXPECT_EQ(find_config({}).attempts, kDefaultAttempts);
+  ::setenv("AWS_MAX_ATTEMPTS", "2", 1);
+  EXPECT_EQ(find_config({}).attempts, 2);
+  for (const char* bad : {"0", "21", "3x", "-1"}) {
+    ::setenv("AWS_MAX_ATTEMPTS", bad, 1);
+    try {
+      find_config({});
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("AWS_MAX_ATTEMPTS"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST_F(Env, NoKeysIsOneLineNamingTheProfileAndFile) {

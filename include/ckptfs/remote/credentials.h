@@ -20,6 +20,8 @@ struct S3Options {
   std::string region;
 };
 
+inline constexpr int kDefaultAttempts = 6;
+
 struct S3Config {
   std::string access_key;
   std::string secret_key;
@@ -27,6 +29,9 @@ struct S3Config {
   std::string region;
   std::string endpoint;   // without a trailing slash; empty: AWS's virtual-hosted endpoint
   std::string keys_from;  // "the environment" or "profile X in FILE", for messages
+  // Requests sent for one GET or listing page, retries included: AWS_MAX_ATTEMPTS, as the AWS
+  // tools read it (1 to 20), else 6.
+  int attempts = kDefaultAttempts;
 };
 
 // Throws Error naming the profile, file or variable when no keys are found or a file is bad.

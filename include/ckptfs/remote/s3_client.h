@@ -3,7 +3,7 @@
 // that ETag and its answer is checked (status, Content-Range start and total size, ETag, byte
 // count; an answer without an ETag is refused), so a changed object is a Changed error, never
 // other bytes. Stalls (under kMinSpeed for stall_seconds), dropped connections, short bodies,
-// 5xx and 429 answers are retried with exponential backoff (kAttempts in all).
+// 5xx and 429 answers are retried with exponential backoff (S3Config::attempts in all).
 //
 // Thread-safety: an S3Client is immutable once made and may be used from any number of threads
 // at once; each thread keeps its own curl handles (remade after a fork).
@@ -55,10 +55,12 @@ class GetFeed {
   // The next get to send (its bytes' owner keeps them until done() is called for `tag`); false
   // when there is none now.
   virtual bool next(Get& get, uint64_t& tag) = 0;
-  // The get of `tag` ended: read (`error` empty), or not, after the retries; `changed` when the
-  // object is no longer the one scanned. Thrown exceptions end stream() (every GET in flight is
-  // dropped, not told).
-  virtual void done(uint64_t tag, std::string error, bool changed) = 0;
+  // Why a get was not read: the store (after the retries), the object is no longer the one
+  // scanned, or its bytes could not be stored here (Get::file could not be written).
+  enum class Failure { kStore, kChanged, kLocal };
+  // The get of `tag` ended: read (`error` empty), or not, for `why`. Thrown exceptions end
+  // stream() (every GET in flight is dropped, not told).
+  virtual void done(uint64_t tag, std::string error, Failure why) = 0;
 };
 
 struct FetchStats {
@@ -69,7 +71,6 @@ struct FetchStats {
 
 class S3Client {
  public:
-  static constexpr int kAttempts = 6;
   // Concurrent GETs of one fetch() call.
   static constexpr size_t kInFlight = 16;
   // How often stream() asks a feed that had nothing again while a slot is free.
@@ -84,7 +85,7 @@ class S3Client {
   std::vector<ObjectInfo> list(const std::string& bucket, const std::string& prefix) const;
 
   // Reads every get, up to kInFlight at a time. Throws Changed when an object changed, Error
-  // (naming s3://bucket/key and the offset) when a get still fails after kAttempts. With
+  // (naming s3://bucket/key and the offset) when a get still fails after its attempts. With
   // `errors` (resized to gets.size()), nothing is thrown for a get: its reason goes to its
   // slot (empty: read) and the other gets go on. Once `cancel` is set, the gets not yet read are
   // given up (their slots say so; without `errors`, Error), within a tenth of a second.
