@@ -17,7 +17,7 @@
 #   CKPTFS_QUICK=1          the build and the suite only
 #   CKPTFS_CONFORMANCE=0    no conformance stage (offline); CKPTFS_SANITIZERS=0 no asan stage
 #                           (the fuzz stage still builds build-fuzz); CKPTFS_TSAN=0 no tsan stage
-#   CKPTFS_FUZZ_SECONDS=N   the fuzz budget per target (default 20)
+#   CKPTFS_FUZZ_SECONDS=N   the fuzz budget per target (default 12)
 # and, for the self-test (which sets them), small runs of a stage:
 #   CKPTFS_BUILD=0          no build stage (build/ must be current)
 #   CKPTFS_CTEST_REGEX=RE   each ctest run takes only the tests matching RE (ctest -R)
@@ -203,7 +203,7 @@ stage_tsan() {
 stage_fuzz() {
   local targets=()
   read -ra targets <<<"${CKPTFS_FUZZ_TARGETS:-}"
-  bash scripts/fuzz.sh "${CKPTFS_FUZZ_SECONDS:-20}" "${targets[@]}"
+  bash scripts/fuzz.sh "${CKPTFS_FUZZ_SECONDS:-12}" "${targets[@]}"
 }
 
 stage_selftest() {
@@ -226,7 +226,7 @@ if wanted tsan; then
   run_stage "TSan build (build-tsan: test_fs and ckptfs)" stage_tsan_build
   run_stage "fs tests and the integration tests labelled tsan, under TSan" stage_tsan
 fi
-wanted fuzz && run_stage "fuzz targets, ${CKPTFS_FUZZ_SECONDS:-20} s each (build-fuzz)" stage_fuzz
+wanted fuzz && run_stage "fuzz targets, ${CKPTFS_FUZZ_SECONDS:-12} s each (build-fuzz)" stage_fuzz
 wanted selftest && run_stage "self-test: each stage fails on an injected failure" stage_selftest
 end_stage
 echo
