@@ -14,7 +14,7 @@ namespace ckptfs::fs {
 namespace {
 
 namespace stdfs = std::filesystem;
-constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kLimitMiB = 1 << 20;
 
 // A made-up /proc/self/cgroup and /sys/fs/cgroup.
 class MemoryLimitTest : public ::testing::Test {
@@ -45,24 +45,24 @@ TEST_F(MemoryLimitTest, NoLimitIsTheMachinesMemory) {
 // cgroup v2: the least memory.max of the group and the groups above it.
 TEST_F(MemoryLimitTest, AGroupAboveLimitsToo) {
   write(root_ / "sys/a/b/memory.max", "max\n");
-  write(root_ / "sys/a/memory.max", fmt::format("{}\n", 512 * kMiB));
-  EXPECT_EQ(limit("0::/a/b\n"), 512 * kMiB);
+  write(root_ / "sys/a/memory.max", fmt::format("{}\n", 512 * kLimitMiB));
+  EXPECT_EQ(limit("0::/a/b\n"), 512 * kLimitMiB);
 }
 
 // In a container the kernel may name a group from outside: the mount's own root group is the
 // container's.
 TEST_F(MemoryLimitTest, AGroupNamedFromOutsideIsTheRootGroup) {
-  write(root_ / "sys/memory.max", fmt::format("{}\n", 300 * kMiB));
-  EXPECT_EQ(limit("0::/host/slice/x\n"), 300 * kMiB);
+  write(root_ / "sys/memory.max", fmt::format("{}\n", 300 * kLimitMiB));
+  EXPECT_EQ(limit("0::/host/slice/x\n"), 300 * kLimitMiB);
 }
 
 // cgroup v1: the memory controller's memory.limit_in_bytes; other controllers' lines are not
 // memory limits.
 TEST_F(MemoryLimitTest, CgroupV1MemoryController) {
-  write(root_ / "sys/memory/job/memory.limit_in_bytes", fmt::format("{}\n", 768 * kMiB));
+  write(root_ / "sys/memory/job/memory.limit_in_bytes", fmt::format("{}\n", 768 * kLimitMiB));
   write(root_ / "sys/memory/memory.limit_in_bytes", "9223372036854771712\n");
   write(root_ / "sys/cpu/job/memory.limit_in_bytes", "1\n");
-  EXPECT_EQ(limit("5:cpu,cpuacct:/job\n4:memory:/job\n0::/\n"), 768 * kMiB);
+  EXPECT_EQ(limit("5:cpu,cpuacct:/job\n4:memory:/job\n0::/\n"), 768 * kLimitMiB);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ namespace ckptfs::fs {
 namespace {
 
 namespace stdfs = std::filesystem;
-constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kSpoolMiB = 1 << 20;
 
 class SpoolTest : public ::testing::Test {
  protected:
@@ -23,15 +23,15 @@ class SpoolTest : public ::testing::Test {
 };
 
 TEST_F(SpoolTest, LeavesNoFileBehindInItsDirectory) {
-  Spool spool(dir_, 4 * kMiB);
-  EXPECT_EQ(spool.capacity(), 4 * kMiB);
+  Spool spool(dir_, 4 * kSpoolMiB);
+  EXPECT_EQ(spool.capacity(), 4 * kSpoolMiB);
   EXPECT_TRUE(stdfs::is_empty(dir_));
 }
 
 // What one allocation holds survives the others' writes, and a freed extent is reused.
 TEST_F(SpoolTest, AllocationsAreDisjointAndFreedOnesReused) {
-  Spool spool(dir_, 4 * kMiB);
-  const std::vector<uint64_t> sizes = {100, kMiB, 5000, 3 * kMiB / 2};
+  Spool spool(dir_, 4 * kSpoolMiB);
+  const std::vector<uint64_t> sizes = {100, kSpoolMiB, 5000, 3 * kSpoolMiB / 2};
   std::vector<uint8_t*> got;
   for (size_t i = 0; i < sizes.size(); ++i) {
     got.push_back(spool.allocate(sizes[i]));
@@ -40,31 +40,31 @@ TEST_F(SpoolTest, AllocationsAreDisjointAndFreedOnesReused) {
   }
   for (size_t i = 0; i < sizes.size(); ++i)
     for (uint64_t k = 0; k < sizes[i]; k += 97) ASSERT_EQ(got[i][k], i + 1) << i << " at " << k;
-  EXPECT_EQ(spool.used(), 4096 + kMiB + 8192 + 3 * kMiB / 2);
+  EXPECT_EQ(spool.used(), 4096 + kSpoolMiB + 8192 + 3 * kSpoolMiB / 2);
   spool.free(got[1], sizes[1]);
-  EXPECT_EQ(spool.allocate(kMiB), got[1]) << "the freed extent is the best fit";
+  EXPECT_EQ(spool.allocate(kSpoolMiB), got[1]) << "the freed extent is the best fit";
 }
 
 // A freed extent's blocks leave the disk at once (a hole is punched), and the spool's room is
 // twice its capacity, no more: past that an allocation fails, it does not fault.
 TEST_F(SpoolTest, FreedBlocksLeaveTheDiskAndAFullSpoolSaysSo) {
-  Spool spool(dir_, 4 * kMiB);
-  uint8_t* a = spool.allocate(4 * kMiB);
+  Spool spool(dir_, 4 * kSpoolMiB);
+  uint8_t* a = spool.allocate(4 * kSpoolMiB);
   ASSERT_NE(a, nullptr);
-  std::memset(a, 7, 4 * kMiB);
-  EXPECT_GE(spool.disk_bytes(), 4 * kMiB);
-  uint8_t* b = spool.allocate(4 * kMiB);
+  std::memset(a, 7, 4 * kSpoolMiB);
+  EXPECT_GE(spool.disk_bytes(), 4 * kSpoolMiB);
+  uint8_t* b = spool.allocate(4 * kSpoolMiB);
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(spool.allocate(4096), nullptr);
-  spool.free(a, 4 * kMiB);
-  EXPECT_LT(spool.disk_bytes(), 4 * kMiB + kMiB);  // b's blocks, and a's are gone
+  spool.free(a, 4 * kSpoolMiB);
+  EXPECT_LT(spool.disk_bytes(), 4 * kSpoolMiB + kSpoolMiB);  // b's blocks, and a's are gone
   EXPECT_NE(spool.allocate(4096), nullptr);
 }
 
 TEST_F(SpoolTest, ADirectoryItCannotUseIsNamed) {
   const stdfs::path missing = dir_ / "no such dir";
   try {
-    Spool spool(missing, 4 * kMiB);
+    Spool spool(missing, 4 * kSpoolMiB);
     FAIL() << "a spool in a missing directory";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(missing.string()), std::string::npos) << e.what();
