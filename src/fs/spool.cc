@@ -123,11 +123,16 @@ void Spool::free(uint8_t* p, uint64_t size) noexcept {
   used_ -= size;
   const auto [from, to] = add_free(offset, size);
   // The blocks go back to the disk and the pages leave the page cache (and this mapping) now,
-  // not when memory runs short. The whole free extent it joins: a store into a range may dirty
-  // a large page (folio) of the page cache reaching past its end, into free room, which the
-  // filesystem then gives blocks (ext4: 1.7 MiB past a 32 MiB spool of ranges of random sizes).
-  ::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
-              static_cast<off_t>(to - from));
+  // not when memory runs short. With the free room up to a large page (folio, at most 2 MiB)
+  // each side, within the free extent it joins: a store into a range may dirty a folio reaching
+  // past its end, into free room, which the filesystem then gives blocks (ext4: 1.7 MiB past a
+  // 32 MiB spool of ranges of random sizes). Not the whole extent: the file's never-used room
+  // (twice the capacity) would be walked at every free.
+  constexpr uint64_t kLargestFolio = uint64_t{2} << 20;
+  const uint64_t first = std::max(from, offset - std::min(offset, kLargestFolio));
+  const uint64_t last = std::min(to, offset + size + kLargestFolio);
+  ::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first),
+              static_cast<off_t>(last - first));
 }
 
 uint64_t Spool::used() const {
