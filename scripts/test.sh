@@ -117,9 +117,22 @@ sanitizer_env() {  # REPORT_PREFIX
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$1"
   export LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
 }
+# A file holding nothing but LeakSanitizer's "Unable to get registers from thread N." is no
+# finding: a thread was ending while the leak check stopped the process, and LSan then counts
+# that thread's whole stack as reachable (it can hide a leak, never invent one). It is printed
+# and set aside; any other line in any file fails the stage.
 check_reports() {  # REPORT_PREFIX
-  if compgen -G "$1*" >/dev/null; then
-    cat "$1"* >&2
+  local f found=0 lsan='^==[0-9]+==Unable to get registers from thread [0-9]+\.$'
+  for f in "$1"*; do
+    [ -e "$f" ] || continue
+    if grep -qE "$lsan" "$f" && ! grep -qvE "$lsan" "$f"; then
+      echo "note: $f only says LeakSanitizer could not read an ending thread: $(cat "$f")" >&2
+      continue
+    fi
+    cat "$f" >&2
+    found=1
+  done
+  if [ "$found" -ne 0 ]; then
     echo "error: sanitizer reports (above), in $1*" >&2
     return 1
   fi
