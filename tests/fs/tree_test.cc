@@ -266,6 +266,19 @@ TEST_F(TreeTest, RowsInterleavingThreeSourcesAreCopiedSourceBySource) {
   expect_windows_match(tree, data_.concat(merged), 1111, 40000, 3);
 }
 
+TEST_F(TreeTest, RowsTakingSourcesOutOfOrderAndUnevenlyAreCopiedSourceBySource) {
+  // The sources met in a request in an order not theirs (2, 0, 1), one of them not in every
+  // row: grouping the runs by source keeps each source's runs in file order.
+  testing::TargetSpec merged{13, {testing::Bytes{"rows:"}}};
+  for (uint32_t row = 0; row < 3000; ++row) {
+    merged.pieces.push_back(testing::Range{2, row * 5ull, 5});
+    if (row % 3 != 0) merged.pieces.push_back(testing::Range{0, row * 3ull, 2});
+    merged.pieces.push_back(testing::Range{1, 7 + row * 4ull, 3});
+  }
+  const Tree tree(data_.make_plan_from({merged}));
+  expect_windows_match(tree, data_.concat(merged), 997, 30000, 3);
+}
+
 // A merge of column blocks where each source gives the next rows of its slice: per request,
 // each source's runs are one stretch of its file, read with preadv (into place for runs of
 // 4 KiB or more on average, else through a 256 KiB buffer).
