@@ -32,7 +32,8 @@ Expected bytes are the fixture generator's files.
 * flaky_answers_served: every other GET answered so (or 503): the mount serves exact bytes.
 * get_error_named: a 403 with an S3 error body: the line names the object and the S3 code.
 * drip_gives_up: a store that sends a byte every 50 ms: a READ ends with EIO within a minute
-  (each GET given up after --s3-timeout under 16 KiB/s, then retried), with or without
+  (each GET given up after --s3-timeout under 16 KiB/s, then retried once: AWS_MAX_ATTEMPTS=2,
+  as in bad_answers_refused), with or without
   fetch-ahead; `umount -z` while READs wait on it: the daemon exits within a minute.
 * odd_keys: keys with %, +, spaces, ?, # and unicode are fetched by their own key; `inspect`
   of a prefix says so by its URL (was: the staged temp folder's path).
@@ -41,6 +42,7 @@ Expected bytes are the fixture generator's files.
 * no_secret_printed: no line of any check above showed the secret key.
 """
 
+import contextlib
 import errno
 import os
 import socket
@@ -128,6 +130,18 @@ class Setup:
                          + self.args_s3(timeout), check=False, timeout=120)
         self.outputs.append(proc.stderr)
         return proc
+
+
+@contextlib.contextmanager
+def attempts(n):
+    """Requests per GET for the commands started meanwhile, as the AWS tools take
+    AWS_MAX_ATTEMPTS: a check of answers that never come right needs one retry to see that it
+    retries, not five with backoff (flaky_answers_served needs the default)."""
+    os.environ["AWS_MAX_ATTEMPTS"] = str(n)
+    try:
+        yield
+    finally:
+        del os.environ["AWS_MAX_ATTEMPTS"]
 
 
 def expected(setup):
@@ -353,7 +367,8 @@ def bad_answers_refused(setup):
         gets = len(setup.s3.requests)
         start = time.monotonic()
         try:
-            proc = setup.inspect(rel, timeout=2)
+            with attempts(2):
+                proc = setup.inspect(rel, timeout=2)
         finally:
             setup.s3.get_fault = None
         took = time.monotonic() - start
@@ -409,7 +424,7 @@ def drip_gives_up(setup):
         dripping = threading.Event()
         setup.s3.get_fault = lambda n, key, rng: "drip" if dripping.is_set() else None
         try:
-            with setup.mount(extra, timeout=2) as mnt:
+            with attempts(2), setup.mount(extra, timeout=2) as mnt:
                 dripping.set()
                 start = time.monotonic()
                 try:
