@@ -138,7 +138,6 @@ void Service::start_leases() {
 
 void Service::start_source_prefetch(size_t s3_bytes) noexcept {
   if (options_.read_ahead_max == 0) return;
-  if (getenv("CKPTFS_EXP_NO_SP")) return;  // EXPERIMENT
   try {
     if (!SourcePrefetch::any_remote(tree_)) return;
     SourcePrefetch::Options o;
