@@ -230,7 +230,7 @@ stage_selftest() {
 }
 
 if [ "${CKPTFS_BUILD:-1}" = 1 ]; then
-  run_stage "dependencies and Release build (-DCKPTFS_WERROR=ON)" stage_build
+  run_stage "dependencies and Release build (unity, -DCKPTFS_WERROR=ON)" stage_build
 fi
 wanted suite && run_stage "unit and integration tests" stage_suite
 wanted conformance && run_stage "conformance lane against real MindSpore" stage_conformance
