@@ -314,14 +314,16 @@ class Bench:
 
     def plan_of_rank0(self):
         """rank_0's plan, from a mount of the local copy (the same files, so the same extents:
-        a mount with a shipped index names its sources "?" in the plan files)."""
+        a mount with a shipped index names its sources "?" in the plan files); read once."""
+        if getattr(self, "plan0", None) is not None:
+            return self.plan0
         idx = os.path.join(self.work, "index-plan")
         shutil.rmtree(idx, ignore_errors=True)
         with self.mounted(self.fx.src_dir, ["--index-dir", idx, "--ranks", "0"]):
             with open(os.path.join(self.mnt, ".ckptfs", "plan", "rank_0.json")) as f:
-                plan = json.load(f)
+                self.plan0 = json.load(f)
         shutil.rmtree(idx, ignore_errors=True)
-        return plan
+        return self.plan0
 
     def target_figures(self, runs):
         """Issue 33's goal read for one target: a cold cat of rank_0 from a mount of the whole

@@ -137,11 +137,15 @@ def attempts(n):
     """Requests per GET for the commands started meanwhile, as the AWS tools take
     AWS_MAX_ATTEMPTS: a check of answers that never come right needs one retry to see that it
     retries, not five with backoff (flaky_answers_served needs the default)."""
+    before = os.environ.get("AWS_MAX_ATTEMPTS")
     os.environ["AWS_MAX_ATTEMPTS"] = str(n)
     try:
         yield
     finally:
-        del os.environ["AWS_MAX_ATTEMPTS"]
+        if before is None:
+            del os.environ["AWS_MAX_ATTEMPTS"]
+        else:
+            os.environ["AWS_MAX_ATTEMPTS"] = before
 
 
 def expected(setup):
