@@ -461,17 +461,25 @@ TEST_F(RemoteCacheTest, WithASpoolWholeBlocksNeedFitOnlyTheSpool) {
   cache.release(kMiB);
 }
 
-// A range evicted from the spool gives its blocks back to the disk.
+// A range evicted from the spool gives its blocks back to the disk: the file keeps about the
+// range that took its room, not the 8 MiB freed (8 MiB without the punch). About: a store may
+// dirty a large folio (up to 2 MiB) reaching past its range, which ext4 may give blocks when it
+// writes the folio back, so the bound allows one. The test's first form (2 MiB freed, under 2
+// MiB kept) failed once in a full run, its message lost; the likeliest cause is that slack, and
+// the messages now say which figure moved.
 TEST_F(RemoteCacheTest, ASpooledRangeFreedForRoomLeavesTheSpool) {
-  const std::shared_ptr<Spool> spool = spool_in_var_tmp(2 * kMiB);
+  const std::shared_ptr<Spool> spool = spool_in_var_tmp(8 * kMiB);
   RemoteCache cache(kMiB, 1, WholeBlocks{}, spool);
-  ASSERT_TRUE(cache.want(&object_, 0, 2 * kMiB));
+  ASSERT_TRUE(cache.want(&object_, 0, 8 * kMiB));
   cache.wait_idle();
-  ASSERT_TRUE(cache.want(&object_, 4 * kMiB, 5 * kMiB));  // frees [0, 2 MiB) for room
+  ASSERT_EQ(spool->used(), 8 * kMiB);
+  ASSERT_TRUE(cache.want(&object_, 12 * kMiB, 13 * kMiB));  // frees [0, 8 MiB) for room
   cache.wait_idle();
-  EXPECT_EQ(spool->used(), kMiB);
-  EXPECT_LT(spool->disk_bytes(), 2 * kMiB);
-  EXPECT_TRUE(holds(cache, 4 * kMiB, kMiB));
+  const RemoteCache::Stats stats = cache.stats();
+  EXPECT_EQ(spool->used(), kMiB) << "ranges " << stats.ranges << ", gone " << stats.gone;
+  EXPECT_LE(spool->disk_bytes(), 3 * kMiB) << "in use " << spool->used();
+  EXPECT_TRUE(holds(cache, 12 * kMiB, kMiB))
+      << "ranges " << stats.ranges << ", gone " << stats.gone << ", failed " << stats.failed;
 }
 
 // When the spool's disk has no room for a range, its readers fetch their runs themselves: a
