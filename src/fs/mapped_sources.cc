@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <utility>
 
 #include "bus_guard.h"
 #include "ckptfs/crypt/session_key.h"
@@ -60,27 +59,6 @@ bool preadv_all(int fd, std::span<iovec> iov, uint64_t offset) {
 // The page tables a source run lies in.
 MappedSources::Range tables_of(const plan::Run& run) {
   return {run.offset & ~(kTable - 1), (run.offset + run.length + kTable - 1) & ~(kTable - 1)};
-}
-
-// Puts each source's runs of `order` together, keeping their order within a source: a
-// counting sort over the request's distinct sources, in O(runs). A comparison sort of the 2,000
-// runs of 8 sources in a READ of a tensor-parallel view was 4% of the daemon's time over s3fs.
-void group_by_source(std::span<const plan::Run> runs, std::vector<uint32_t>& order,
-                     size_t plan_sources, detail::Scratch& scratch) {
-  detail::SourceMarks& marks = scratch.copy_marks;
-  std::vector<uint32_t>& starts = scratch.copy_starts;  // per source met, in the order met
-  marks.begin(plan_sources);
-  starts.clear();
-  for (const uint32_t i : order) {
-    if (marks.first(runs[i].source, static_cast<uint32_t>(starts.size()))) starts.push_back(0);
-    ++starts[marks.at(runs[i].source)];
-  }
-  uint32_t next = 0;
-  for (uint32_t& start : starts) next += std::exchange(start, next);
-  std::vector<uint32_t>& grouped = scratch.copy_grouped;
-  grouped.resize(order.size());
-  for (const uint32_t i : order) grouped[starts[marks.at(runs[i].source)]++] = i;
-  order.swap(grouped);
 }
 
 }  // namespace
@@ -149,7 +127,7 @@ ReadResult MappedSources::copy(std::span<const plan::Run> runs, char* out) {
   // A request that interleaves many sources (a merge of column blocks) would map a page
   // table of every one at once, and a fault maps up to 2 MiB: then take one source at a time.
   const bool one_by_one = sources > kFewSources;
-  if (one_by_one && !grouped) group_by_source(runs, order, maps_.size(), scratch);
+  if (one_by_one && !grouped) sort_by_source(runs, order);  // a counting sort, O(runs)
   // Mapping such sources costs more than it saves: each one's tables are faulted in and dropped
   // again (a TLB shootdown each) for every request, though the next request often reads on in
   // the same tables. So a source whose runs here are one stretch of its file (a column block

@@ -39,8 +39,6 @@ struct Scratch {
   // the page tables to drop after each source of a many-source request.
   std::vector<char*> copy_dest;
   std::vector<uint32_t> copy_order;
-  std::vector<uint32_t> copy_starts;   // group_by_source's counts, then where each source's go
-  std::vector<uint32_t> copy_grouped;  // group_by_source's result, swapped into copy_order
   SourceMarks copy_marks;
   std::vector<std::pair<uint32_t, MappedSources::Range>> copy_done;
   // MappedSources::note: the tables to let go once the budget is spanned.
