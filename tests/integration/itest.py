@@ -319,3 +319,20 @@ def tree_files(root):
         for name in files:
             out.append(os.path.relpath(os.path.join(dirpath, name), root))
     return sorted(out)
+
+
+@contextlib.contextmanager
+def attempts(n):
+    """Requests per GET for the commands started meanwhile, as the AWS tools take
+    AWS_MAX_ATTEMPTS: a check of answers that never come right needs one retry to see that it
+    retries, not five with backoff (checks of answers right at the second try need the
+    default)."""
+    before = os.environ.get("AWS_MAX_ATTEMPTS")
+    os.environ["AWS_MAX_ATTEMPTS"] = str(n)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["AWS_MAX_ATTEMPTS"]
+        else:
+            os.environ["AWS_MAX_ATTEMPTS"] = before

@@ -42,7 +42,6 @@ Expected bytes are the fixture generator's files.
 * no_secret_printed: no line of any check above showed the secret key.
 """
 
-import contextlib
 import errno
 import os
 import socket
@@ -130,22 +129,6 @@ class Setup:
                          + self.args_s3(timeout), check=False, timeout=120)
         self.outputs.append(proc.stderr)
         return proc
-
-
-@contextlib.contextmanager
-def attempts(n):
-    """Requests per GET for the commands started meanwhile, as the AWS tools take
-    AWS_MAX_ATTEMPTS: a check of answers that never come right needs one retry to see that it
-    retries, not five with backoff (flaky_answers_served needs the default)."""
-    before = os.environ.get("AWS_MAX_ATTEMPTS")
-    os.environ["AWS_MAX_ATTEMPTS"] = str(n)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["AWS_MAX_ATTEMPTS"]
-        else:
-            os.environ["AWS_MAX_ATTEMPTS"] = before
 
 
 def expected(setup):
@@ -371,7 +354,7 @@ def bad_answers_refused(setup):
         gets = len(setup.s3.requests)
         start = time.monotonic()
         try:
-            with attempts(2):
+            with itest.attempts(2):
                 proc = setup.inspect(rel, timeout=2)
         finally:
             setup.s3.get_fault = None
@@ -428,7 +411,7 @@ def drip_gives_up(setup):
         dripping = threading.Event()
         setup.s3.get_fault = lambda n, key, rng: "drip" if dripping.is_set() else None
         try:
-            with attempts(2), setup.mount(extra, timeout=2) as mnt:
+            with itest.attempts(2), setup.mount(extra, timeout=2) as mnt:
                 dripping.set()
                 start = time.monotonic()
                 try:

@@ -404,13 +404,12 @@ def failed_range_is_eio(setup):
     setup.proxy.faults = policy
     # Two requests per GET, as the AWS tools take AWS_MAX_ATTEMPTS: each READ that meets the
     # range gives up after one retry, not five with backoff (25 s of this test).
-    os.environ["AWS_MAX_ATTEMPTS"] = "2"
     try:
-        with setup.mount(setup.url, "view", idx, setup.s3_args(), log_file=log) as mnt:
+        with itest.attempts(2), setup.mount(setup.url, "view", idx, setup.s3_args(),
+                                            log_file=log) as mnt:
             served = read_all(mnt)
     finally:
         setup.proxy.faults = None
-        del os.environ["AWS_MAX_ATTEMPTS"]
     want = {f"rank_{t}/{name}": data for t, (name, data) in expected_bytes(setup).items()}
     failed = {rel: e for rel, e in served.items() if isinstance(e, OSError)}
     print(f"  failed: {sorted(failed)}", flush=True)
